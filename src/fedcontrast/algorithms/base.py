@@ -1,0 +1,222 @@
+"""The algorithm plugin interface.
+
+An algorithm is a pair — what a collaborator does on its own data, and what the aggregator does with
+what was uploaded — plus a declaration of every tensor that travels. The simulator and the OpenFL
+glue both drive a plugin through exactly these calls:
+
+1. ``initial_downlink(server)`` — what every site receives in round 0.
+2. each round, for each selected site and each name in ``tasks``:
+   ``run_task(name, site, received) → TaskResult`` (uploads, aggregation weight, metrics; anything the
+   site keeps goes into ``site.state``, which the engine persists between rounds).
+3. ``aggregate(uploads, weights, server) → Downlink`` (tensors for everyone, and per site).
+4. ``evaluate(downlink, server, test)`` — the round's test metrics.
+
+``upload_specs`` / ``download_specs`` declare names, shapes and dtypes; engines validate uploads
+against them (:func:`validate_uploads`) and the privacy audit reads them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..config import TrainingConfig
+from ..errors import ConfigError, FedContrastError
+
+WEIGHT_PREFIX = "model."
+
+
+# --- what travels ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor that crosses the network: its name, shape, dtype, direction and meaning."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    direction: str  # "upload" (site → aggregator) or "download" (aggregator → site)
+    per_site: bool = False  # download only: each site receives its own copy
+    description: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+
+
+class InvalidUploadError(FedContrastError):
+    """An upload that does not match the plugin's declaration; names the site and the tensor."""
+
+
+def validate_uploads(site: str, uploads: Mapping[str, torch.Tensor], specs: list[TensorSpec]) -> None:
+    """Reject an upload whose names, shapes or dtypes differ from ``specs`` or that holds NaN/inf."""
+    declared = {s.name: s for s in specs if s.direction == "upload"}
+    extra = sorted(set(uploads) - set(declared))
+    if extra:
+        raise InvalidUploadError(f"site {site!r} uploaded undeclared tensor(s) {extra[:3]}; rejected")
+    missing = sorted(set(declared) - set(uploads))
+    if missing:
+        raise InvalidUploadError(f"site {site!r} did not upload declared tensor(s) {missing[:3]}; rejected")
+    for name, t in uploads.items():
+        spec = declared[name]
+        if tuple(t.shape) != spec.shape:
+            raise InvalidUploadError(f"site {site!r} uploaded {name!r} with shape {tuple(t.shape)}, "
+                                     f"declared {spec.shape}; rejected")
+        if str(t.dtype).removeprefix("torch.") != spec.dtype:
+            raise InvalidUploadError(f"site {site!r} uploaded {name!r} as {t.dtype}, declared {spec.dtype}; rejected")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise InvalidUploadError(f"site {site!r} uploaded {name!r} with NaN or infinite values; rejected")
+
+
+def weight_specs(model: nn.Module, direction: str, description: str) -> list[TensorSpec]:
+    """One spec per floating-point entry of ``model.state_dict()`` (parameters and BN statistics)."""
+    return [TensorSpec(WEIGHT_PREFIX + k, tuple(v.shape), str(v.dtype).removeprefix("torch."),
+                       direction, description=description)
+            for k, v in model.state_dict().items() if v.is_floating_point()]
+
+
+def weight_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Detached copies of the model's floating-point state, named ``model.<key>``.
+
+    Integer buffers (BatchNorm's ``num_batches_tracked``) stay on the site: averaging a counter is
+    meaningless and it does not affect the forward pass when a momentum is set.
+    """
+    return {WEIGHT_PREFIX + k: v.detach().clone() for k, v in model.state_dict().items()
+            if v.is_floating_point()}
+
+
+def load_weights(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Copy every ``model.<key>`` tensor of ``tensors`` into ``model``, in place."""
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, value in tensors.items():
+            if name.startswith(WEIGHT_PREFIX):
+                key = name[len(WEIGHT_PREFIX):]
+                if key not in state:
+                    raise FedContrastError(f"received weight {name!r} that the local model does not have")
+                state[key].copy_(value)
+
+
+def nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+# --- contexts ----------------------------------------------------------------------------------
+@dataclass
+class SiteContext:
+    """What a collaborator task sees. ``model`` is a scratch network whose weights are unspecified
+    on entry: a task loads what it needs from ``received`` and ``state``."""
+
+    name: str
+    data: Any  # fedcontrast.data.ArrayDataset: this site's private training shard
+    model: nn.Module
+    training: TrainingConfig
+    round_num: int
+    seed: int
+    device: torch.device
+    state: dict[str, Any] = field(default_factory=dict)  # persisted by the engine between rounds
+    public: Any = None  # the public data set, when the run has one
+
+
+@dataclass
+class ServerContext:
+    """What the aggregator task sees: a scratch model, persistent server state, optional public data."""
+
+    model: nn.Module
+    round_num: int
+    seed: int
+    device: torch.device
+    num_classes: int
+    state: dict[str, Any] = field(default_factory=dict)
+    public: Any = None
+
+
+@dataclass
+class TaskResult:
+    uploads: dict[str, torch.Tensor]
+    weight: float  # aggregation weight, normally the number of local training samples
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Downlink:
+    """What the aggregator sends: the same tensors to every site, plus per-site tensors."""
+
+    global_tensors: dict[str, torch.Tensor]
+    personal: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def for_site(self, site: str) -> dict[str, torch.Tensor]:
+        return {**self.global_tensors, **self.personal.get(site, {})}
+
+
+# --- the plugin --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NoHyperparameters:
+    """For algorithms without settings of their own."""
+
+
+class Algorithm(ABC):
+    """Base class of an algorithm plugin; subclasses set the class attributes and the abstract calls."""
+
+    name: ClassVar[str]
+    Hyperparameters: ClassVar[type] = NoHyperparameters
+    tasks: ClassVar[tuple[str, ...]] = ("train",)  # collaborator tasks of one round, in order
+    supports_dp: ClassVar[bool] = False
+
+    def __init__(self, hp: Any | None = None) -> None:
+        self.hp = hp if hp is not None else self.Hyperparameters()
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any] | None) -> Algorithm:
+        """Build from a plain mapping (YAML, CLI); unknown keys and bad values raise ConfigError."""
+        settings = dict(settings or {})
+        known = {f.name for f in dataclasses.fields(cls.Hyperparameters)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise ConfigError(f"{cls.name} has no setting(s) {', '.join(unknown)}; "
+                              f"known: {', '.join(sorted(known)) or 'none'}")
+        try:
+            return cls(cls.Hyperparameters(**settings))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"invalid {cls.name} setting: {exc}") from None
+
+    def validate_training(self, training: TrainingConfig) -> None:
+        """Raise ConfigError when the hyper-parameters cannot work with ``training``; engines call
+        it once before the first round."""
+
+    # collaborator side
+    def run_task(self, task: str, site: SiteContext, received: Mapping[str, torch.Tensor]) -> TaskResult:
+        if task not in self.tasks:
+            raise ConfigError(f"{self.name} has no collaborator task {task!r}; tasks: {', '.join(self.tasks)}")
+        return getattr(self, f"task_{task}")(site, received)
+
+    # aggregator side
+    def initial_downlink(self, server: ServerContext) -> Downlink:
+        """Round 0: the freshly initialised global weights."""
+        return Downlink(weight_tensors(server.model))
+
+    @abstractmethod
+    def aggregate(self, uploads: Mapping[str, Mapping[str, torch.Tensor]], weights: Mapping[str, float],
+                  server: ServerContext) -> Downlink:
+        """Combine every selected site's uploads (site → name → tensor) into the next downlink."""
+
+    def evaluate(self, downlink: Downlink, server: ServerContext, test: Any) -> dict[str, float]:
+        """Test metrics of the global model carried by ``downlink``."""
+        from ..evaluation import evaluate_classifier
+
+        load_weights(server.model, downlink.global_tensors)
+        return evaluate_classifier(server.model, test, server.device)
+
+    # declarations
+    def upload_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+        return weight_specs(model, "upload", "local model weights after training")
+
+    def download_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+        return weight_specs(model, "download", "global model weights")

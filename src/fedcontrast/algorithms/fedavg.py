@@ -1,0 +1,38 @@
+"""FedAvg (McMahan et al. 2017; MOON §2.1): local cross-entropy SGD, sample-weighted averaging."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from ..aggregation import weighted_average
+from .base import Algorithm, Downlink, ServerContext, SiteContext, TaskResult, load_weights, weight_tensors
+from .registry import register_algorithm
+from .training import ExtraLoss, site_generator, train_supervised
+
+
+@register_algorithm
+class FedAvg(Algorithm):
+    """Collaborator: E epochs of cross-entropy SGD from the global weights. Uploads: weights.
+    Aggregator: ``w = Σ_k n_k/n · w_k``."""
+
+    name = "fedavg"
+
+    def local_loss(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> ExtraLoss | None:
+        """The term added to cross-entropy; ``None`` for plain FedAvg. Called after the global
+        weights are loaded into ``site.model``."""
+        return None
+
+    def task_train(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> TaskResult:
+        load_weights(site.model, received)
+        extra = self.local_loss(site, received)
+        stats = train_supervised(site.model, site.data, site.training, generator=site_generator(site.seed),
+                                 device=site.device, extra_loss=extra)
+        metrics = {"loss": stats.loss, "ce": stats.ce, "accuracy": stats.accuracy}
+        metrics.update(stats.components)
+        return TaskResult(weight_tensors(site.model), float(len(site.data)), metrics)
+
+    def aggregate(self, uploads: Mapping[str, Mapping[str, torch.Tensor]], weights: Mapping[str, float],
+                  server: ServerContext) -> Downlink:
+        return Downlink(weighted_average(uploads, weights))

@@ -1,0 +1,107 @@
+"""MOON: model-contrastive federated learning (Li et al., CVPR 2021, §3)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..config import TrainingConfig
+from ..errors import ConfigError
+from ..losses import check_temperature, moon_contrastive_loss
+from .base import SiteContext, load_weights
+from .fedavg import FedAvg
+from .registry import register_algorithm
+from .training import ExtraLoss
+
+PREVIOUS_WEIGHTS = "moon.previous_weights"  # key in the site's persistent state
+
+
+@dataclass(frozen=True)
+class MoonHyperparameters:
+    mu: float = 5.0  # 5 for CIFAR-10, 1 for CIFAR-100 (paper §4.1)
+    temperature: float = 0.5
+    # Compute R_global(x) and R_prev(x) once per round instead of in every step. "auto" does so when
+    # it is exact: no random augmentation (the frozen models are always in eval mode).
+    cache_reference_representations: bool | str = "auto"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.mu, (int, float)) and math.isfinite(self.mu) and self.mu >= 0):
+            raise ValueError(f"mu must be a number >= 0, got {self.mu!r}")
+        check_temperature(self.temperature)
+        if self.cache_reference_representations not in (True, False, "auto"):
+            raise ValueError("cache_reference_representations must be true, false or auto, "
+                             f"got {self.cache_reference_representations!r}")
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A copy in eval mode with gradients off: the paper's frozen R_global / R_prev."""
+    frozen = copy.deepcopy(model).eval()
+    frozen.requires_grad_(False)
+    return frozen
+
+
+@torch.no_grad()
+def represent_all(model: nn.Module, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
+    """``model.represent`` over every sample. Shape: ``(N, C, H, W) → (N, d)``."""
+    return torch.cat([model.represent(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
+
+
+@register_algorithm
+class Moon(FedAvg):
+    """Loss ``CE + μ · l_con``, ``l_con`` contrasting the local representation with the global
+    model's (positive) and the previous local model's (negative). Aggregation: FedAvg.
+
+    R_prev is the model this site uploaded the last time it took part; it is kept in the site's
+    persistent state (on the site's disk under OpenFL) and is the global model on the first round.
+    """
+
+    name = "moon"
+    Hyperparameters = MoonHyperparameters
+
+    def validate_training(self, training: TrainingConfig) -> None:
+        if self.hp.cache_reference_representations is True and training.augmentation != "none":
+            raise ConfigError("moon.cache_reference_representations=true is only exact without random "
+                              f"augmentation, but training.augmentation is {training.augmentation!r}")
+
+    def uses_cache(self, training: TrainingConfig) -> bool:
+        setting = self.hp.cache_reference_representations
+        return training.augmentation == "none" if setting == "auto" else bool(setting)
+
+    def local_loss(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> ExtraLoss:
+        self.validate_training(site.training)
+        global_model = frozen_copy(site.model)  # site.model holds the global weights now
+        previous = site.state.get(PREVIOUS_WEIGHTS)
+        if previous is None:
+            prev_model = global_model
+        else:
+            prev_model = frozen_copy(site.model)
+            load_weights(prev_model, previous)
+        mu, tau = self.hp.mu, self.hp.temperature
+
+        if self.uses_cache(site.training):
+            x_all = site.data.x.to(site.device)
+            z_glob_all = represent_all(global_model, x_all)  # (N, d)
+            z_prev_all = z_glob_all if previous is None else represent_all(prev_model, x_all)
+
+            def extra(x, idx, z, logits):
+                con = moon_contrastive_loss(z, z_glob_all[idx], z_prev_all[idx], temperature=tau)
+                return mu * con, {"contrastive": con.detach()}
+        else:
+            def extra(x, idx, z, logits):
+                with torch.no_grad():
+                    z_glob = global_model.represent(x)
+                    z_prev = z_glob if previous is None else prev_model.represent(x)
+                con = moon_contrastive_loss(z, z_glob, z_prev, temperature=tau)
+                return mu * con, {"contrastive": con.detach()}
+
+        return extra
+
+    def task_train(self, site: SiteContext, received: Mapping[str, torch.Tensor]):
+        result = super().task_train(site, received)
+        site.state[PREVIOUS_WEIGHTS] = {k: v.clone() for k, v in result.uploads.items()}
+        return result

@@ -1,0 +1,181 @@
+"""The ``fedcontrast`` command line: simulate, compare, partition, algorithms.
+
+Errors caused by the user's input print one sentence and exit with code 2 (no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import RunConfig, load_yaml
+from .errors import ConfigError, FedContrastError
+
+# flag name → config key (None default = "not given": the YAML file or the default applies)
+RUN_FLAGS = {
+    "algorithm": str, "dataset": str, "data_root": str, "image_size": int, "test_fraction": float,
+    "public_fraction": float, "split_seed": int, "partition": str, "clients": int, "beta": float,
+    "shards_per_client": int, "min_samples": int, "model": str, "projection_dim": int, "rounds": int,
+    "sample_fraction": float, "seed": int, "target_accuracy": float, "device": str,
+}
+TRAINING_FLAGS = {"local_epochs": int, "batch_size": int, "lr": float, "momentum": float,
+                  "weight_decay": float, "augmentation": str}
+
+
+def _add_run_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
+    p.add_argument("--config", help="YAML file of settings; flags given on the command line override it")
+    for key, typ in {**RUN_FLAGS, **TRAINING_FLAGS}.items():
+        if key not in skip:
+            p.add_argument("--" + key.replace("_", "-"), dest=key, type=typ, default=None)
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="[ALG.]KEY=VALUE",
+                   help="an algorithm hyper-parameter, e.g. --set mu=1 or --set moon.temperature=0.2")
+
+
+def _parse_setting(text: str, default_algorithm: str | None) -> tuple[str, str, Any]:
+    if "=" not in text:
+        raise ConfigError(f"--set expects KEY=VALUE or ALGORITHM.KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    if "." in key:
+        algorithm, key = key.split(".", 1)
+    elif default_algorithm is None:
+        raise ConfigError(f"--set {text!r} must name its algorithm here, e.g. --set moon.{key}=...")
+    else:
+        algorithm = default_algorithm
+    return algorithm, key, yaml.safe_load(value)
+
+
+def config_from_args(args: argparse.Namespace, *, default_algorithm_for_set: bool = True) -> RunConfig:
+    data: dict[str, Any] = load_yaml(args.config) if args.config else {}
+    data = dict(data)
+    training = dict(data.get("training") or {})
+    for key in RUN_FLAGS:
+        if getattr(args, key, None) is not None:
+            data[key] = getattr(args, key)
+    for key in TRAINING_FLAGS:
+        if getattr(args, key, None) is not None:
+            training[key] = getattr(args, key)
+    data["training"] = training
+    hyper = {k: dict(v) for k, v in (data.get("hyperparameters") or {}).items()}
+    default_alg = data.get("algorithm", RunConfig.algorithm) if default_algorithm_for_set else None
+    for text in args.settings:
+        algorithm, key, value = _parse_setting(text, default_alg)
+        hyper.setdefault(algorithm, {})[key] = value
+    data["hyperparameters"] = hyper
+    return RunConfig.from_dict(data)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from .sim.simulator import print_progress, run_simulation
+
+    config = config_from_args(args)
+    run_dir = Path(args.runs_dir) / (args.name or config.default_name())
+    print(f"fedcontrast simulate: {config.algorithm} on {config.dataset}, {config.clients} sites, "
+          f"{config.partition} β={config.beta:g}, {config.rounds} rounds → {run_dir}", file=sys.stderr)
+    summary = run_simulation(config, run_dir, resume=args.resume, overwrite=args.overwrite,
+                             progress=None if args.quiet else print_progress())
+    print(f"final test accuracy {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f} "
+          f"at round {summary['best_round']}), {summary['wall_time_s']:.1f} s; results in {run_dir}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .sim.compare import format_table, run_comparison
+    from .sim.simulator import print_progress
+
+    base = config_from_args(args, default_algorithm_for_set=False)
+    seeds = args.seeds or [base.seed]
+    out = Path(args.runs_dir) / (args.name or f"compare-{base.dataset}-k{base.clients}-{base.partition}{base.beta:g}")
+
+    def factory(label: str):
+        print(f"== {label}", file=sys.stderr)
+        return None if args.quiet else print_progress()
+
+    run_comparison(base, args.algorithms, seeds, out, progress_factory=factory)
+    print(format_table(out), end="")
+    print(f"table: {out / 'compare.md'}, plot: {out / 'compare.png'}")
+    return 0
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    from .data import format_partition_table, load_dataset, partition_counts, partition_indices, write_partition_report
+
+    config = config_from_args(args)
+    splits = load_dataset(config.dataset, root=config.data_root, image_size=config.image_size,
+                          test_fraction=config.test_fraction, public_fraction=config.public_fraction,
+                          split_seed=config.split_seed)
+    labels = splits.train.y.numpy()
+    parts = partition_indices(labels, config.clients, method=config.partition, beta=config.beta,
+                              shards_per_client=config.shards_per_client, min_samples=config.min_samples,
+                              seed=config.seed)
+    counts = partition_counts(labels, parts, splits.num_classes)
+    print(format_partition_table(counts))
+    out = Path(args.out or Path(args.runs_dir) / f"partition-{config.dataset}-k{config.clients}-{config.partition}{config.beta:g}-s{config.seed}")
+    paths = write_partition_report(counts, out, title=f"{config.dataset}: {config.partition} "
+                                   f"β={config.beta:g}, seed {config.seed}")
+    print(f"wrote {paths['csv']} and {paths['png']}")
+    return 0
+
+
+def cmd_algorithms(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from .algorithms import available_algorithms, get_algorithm
+
+    for name in available_algorithms():
+        cls = get_algorithm(name)
+        fields = ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Hyperparameters))
+        print(f"{name:10s} tasks: {', '.join(cls.tasks):24s} settings: {fields or '-'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedcontrast", description="Contrastive federated learning on OpenFL.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("simulate", help="run a federation in one process")
+    _add_run_flags(p)
+    p.add_argument("--name", help="run name (default: from the settings)")
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--resume", action="store_true", help="continue the run from its last finished round")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier run of the same name")
+    p.add_argument("--quiet", action="store_true", help="no per-round progress")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("compare", help="several algorithms on the same partitions and seeds")
+    _add_run_flags(p, skip=("algorithm",))
+    p.add_argument("--algorithms", nargs="+", default=["fedavg", "fedprox", "moon"])
+    p.add_argument("--seeds", nargs="+", type=int)
+    p.add_argument("--name")
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("partition", help="show and save how a data set is split among sites")
+    _add_run_flags(p)
+    p.add_argument("--out", help="folder for partition.csv and partition.png")
+    p.add_argument("--runs-dir", default="runs")
+    p.set_defaults(func=cmd_partition)
+
+    p = sub.add_parser("algorithms", help="list the registered algorithms and their settings")
+    p.set_defaults(func=cmd_algorithms)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except FedContrastError as exc:
+        print(f"fedcontrast: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedcontrast: interrupted; finished rounds are saved, continue with --resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

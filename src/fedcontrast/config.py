@@ -1,0 +1,151 @@
+"""The typed run configuration shared by the simulator (and, later, the OpenFL plans).
+
+Every field is validated in ``__post_init__`` with :class:`ConfigError`; ``RunConfig.from_dict``
+rejects unknown keys by name, so a typo in a YAML file is an error rather than a silent default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+AUGMENTATIONS = ("none", "crop", "crop_flip")
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Local SGD settings shared by every supervised algorithm (MOON §4.1 defaults)."""
+
+    local_epochs: int = 10
+    batch_size: int = 64
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 1e-5
+    augmentation: str = "none"
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.local_epochs, int) and self.local_epochs >= 1,
+               f"training.local_epochs must be an integer >= 1, got {self.local_epochs!r}")
+        _check(isinstance(self.batch_size, int) and self.batch_size >= 2,
+               f"training.batch_size must be an integer >= 2, got {self.batch_size!r}")
+        _check(_finite(self.lr) and self.lr > 0, f"training.lr must be a number > 0, got {self.lr!r}")
+        _check(_finite(self.momentum) and 0 <= self.momentum < 1,
+               f"training.momentum must be in [0, 1), got {self.momentum!r}")
+        _check(_finite(self.weight_decay) and self.weight_decay >= 0,
+               f"training.weight_decay must be >= 0, got {self.weight_decay!r}")
+        _check(self.augmentation in AUGMENTATIONS,
+               f"training.augmentation must be one of {', '.join(AUGMENTATIONS)}, got {self.augmentation!r}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a run; saved as ``config.yaml`` beside its results."""
+
+    algorithm: str = "moon"
+    dataset: str = "digits"
+    data_root: str | None = None
+    image_size: int | None = None
+    test_fraction: float = 0.2
+    public_fraction: float = 0.1
+    split_seed: int = 0
+    partition: str = "dirichlet"
+    clients: int = 10
+    beta: float = 0.5
+    shards_per_client: int = 2
+    min_samples: int = 10
+    model: str = "simple_cnn"
+    projection_dim: int = 256
+    rounds: int = 50
+    sample_fraction: float = 1.0
+    seed: int = 0
+    target_accuracy: float | None = None
+    device: str = "auto"
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    hyperparameters: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.clients, int) and self.clients >= 1,
+               f"clients must be an integer >= 1, got {self.clients!r}")
+        _check(isinstance(self.rounds, int) and self.rounds >= 1,
+               f"rounds must be an integer >= 1, got {self.rounds!r}")
+        _check(_finite(self.beta) and self.beta > 0, f"beta must be a number > 0, got {self.beta!r}")
+        _check(_finite(self.sample_fraction) and 0 < self.sample_fraction <= 1,
+               f"sample_fraction must be in (0, 1], got {self.sample_fraction!r}")
+        _check(isinstance(self.seed, int) and self.seed >= 0, f"seed must be an integer >= 0, got {self.seed!r}")
+        _check(self.target_accuracy is None or (_finite(self.target_accuracy) and 0 < self.target_accuracy <= 1),
+               f"target_accuracy must be in (0, 1], got {self.target_accuracy!r}")
+        _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+               f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        _check(isinstance(self.hyperparameters, dict) and
+               all(isinstance(v, dict) for v in self.hyperparameters.values()),
+               "hyperparameters must map an algorithm name to a mapping of its settings")
+
+    # --- (de)serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        if not isinstance(data, dict):
+            raise ConfigError("a run configuration must be a mapping of settings")
+        data = dict(data)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        _check(not unknown, f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        training = data.pop("training", None) or {}
+        if isinstance(training, TrainingConfig):
+            training = dataclasses.asdict(training)
+        _check(isinstance(training, dict), "training must be a mapping of settings")
+        tknown = {f.name for f in dataclasses.fields(TrainingConfig)}
+        tunknown = sorted(set(training) - tknown)
+        _check(not tunknown, f"unknown training setting(s) {', '.join(tunknown)}; known: {', '.join(sorted(tknown))}")
+        try:
+            return cls(training=TrainingConfig(**training), **data)
+        except TypeError as exc:  # e.g. a list where a number belongs
+            raise ConfigError(f"invalid configuration: {exc}") from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> RunConfig:
+        return cls.from_dict(load_yaml(path))
+
+    def replace(self, **changes: Any) -> RunConfig:
+        data = self.to_dict()
+        for key, value in changes.items():
+            if key == "training":
+                data["training"] = {**data["training"], **value}
+            else:
+                data[key] = value
+        return RunConfig.from_dict(data)
+
+    def default_name(self) -> str:
+        return f"{self.algorithm}-{self.dataset}-k{self.clients}-{self.partition}{self.beta:g}-s{self.seed}"
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping; missing files and syntax errors become :class:`ConfigError`."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"configuration file {p} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"configuration file {p} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"configuration file {p} must hold a mapping of settings")
+    return data

@@ -1,0 +1,129 @@
+"""An institution's own images, one folder per class, read once with PIL.
+
+Layouts: ``root/<class>/<image>`` (split later), or ``root/train/<class>/`` and ``root/test/<class>/``
+when both exist (used as the splits). Class names are the sorted folder names of the training
+side; their positions are the labels.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from .raw import RawData
+
+IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
+
+_LAYOUT_HINT = "a folder holding one sub-folder of images per class"
+
+# PIL modes that hold a single grey channel; anything else is read as RGB.
+_GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "F"})
+
+
+def _visible_dirs(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _images_in(folder: Path) -> list[Path]:
+    return sorted(
+        p for p in folder.iterdir()
+        if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_SUFFIXES
+    )
+
+
+def _scan(folder: Path, class_names: tuple[str, ...] | None) -> tuple[tuple[str, ...], list[Path], np.ndarray]:
+    """List ``folder``'s class folders and images; ``class_names`` fixes the labels (test side)."""
+    dirs = _visible_dirs(folder)
+    if not dirs:
+        raise DataError(f"no class folders found in {folder}: put each class's images in {folder}/<class_name>/.")
+    names = tuple(d.name for d in dirs)
+    if class_names is not None:
+        unknown = sorted(set(names) - set(class_names))
+        if unknown:
+            raise DataError(
+                f"test classes {', '.join(unknown)} in {folder} have no training folder; "
+                "add them to the train folder or remove them."
+            )
+    label_of = {n: i for i, n in enumerate(class_names if class_names is not None else names)}
+
+    paths: list[Path] = []
+    labels: list[int] = []
+    for d in dirs:
+        images = _images_in(d)
+        if not images and class_names is None:
+            # An empty class would get a label no sample has; almost always a mistake in the folder.
+            raise DataError(
+                f"class folder {d} has no images ({', '.join(sorted(IMAGE_SUFFIXES))}); add images or remove it."
+            )
+        paths.extend(images)
+        labels.extend([label_of[d.name]] * len(images))
+    if not paths:
+        raise DataError(f"no images found in the class folders of {folder}; add .png or .jpg files.")
+    return names, paths, np.asarray(labels, dtype=np.int64)
+
+
+def _read_images(paths: list[Path], mode: str, image_size: int) -> np.ndarray:
+    """Read, convert and resize every image once; returns ``(N, C, S, S)`` uint8."""
+    from PIL import Image, UnidentifiedImageError  # lazy: only this source needs PIL
+
+    channels = 1 if mode == "L" else 3
+    out = np.empty((len(paths), channels, image_size, image_size), dtype=np.uint8)
+    for i, path in enumerate(paths):
+        try:
+            with Image.open(path) as img:
+                img = img.convert(mode).resize((image_size, image_size), Image.Resampling.BILINEAR)
+                pixels = np.asarray(img, dtype=np.uint8)
+        except (UnidentifiedImageError, OSError, ValueError) as err:
+            raise DataError(f"image {path} cannot be read ({type(err).__name__}); replace or remove it.") from err
+        out[i] = pixels[None] if channels == 1 else pixels.transpose(2, 0, 1)
+    return out
+
+
+def _all_grey(paths: list[Path]) -> bool:
+    """True when every image has a single grey channel (opening reads the header only)."""
+    from PIL import Image, UnidentifiedImageError
+
+    for path in paths:
+        try:
+            with Image.open(path) as img:
+                if img.mode not in _GREY_MODES:
+                    return False
+        except (UnidentifiedImageError, OSError) as err:
+            raise DataError(f"image {path} cannot be read ({type(err).__name__}); replace or remove it.") from err
+    return True
+
+
+def has_split_folders(root: str | None) -> bool:
+    """True when ``root`` has both ``train/`` and ``test/`` folders, which then are the splits."""
+    if root is None:
+        return False
+    base = Path(root).expanduser()
+    return (base / "train").is_dir() and (base / "test").is_dir()
+
+
+def load_imagefolder_raw(root: str | None, image_size: int) -> RawData:
+    """Read ``root`` as an image folder (see the module docstring) into uint8 NCHW arrays.
+
+    Images become RGB, or one grey channel when every image is grey, and are resized to
+    ``image_size`` × ``image_size`` (bilinear, aspect ratio not kept).
+    """
+    if root is None:
+        raise DataError(f"imagefolder needs a data folder: pass root= {_LAYOUT_HINT}.")
+    base = Path(root).expanduser()
+    if not base.is_dir():
+        raise DataError(f"image folder {base} does not exist; pass root= {_LAYOUT_HINT}.")
+
+    train_dir, test_dir = base / "train", base / "test"
+    has_split = has_split_folders(root)
+    class_names, train_paths, train_y = _scan(train_dir if has_split else base, None)
+    test_paths: list[Path] = []
+    test_y = None
+    if has_split:
+        _, test_paths, test_y = _scan(test_dir, class_names)
+
+    mode = "L" if _all_grey(train_paths + test_paths) else "RGB"
+    train_x = _read_images(train_paths, mode, image_size)
+    test_x = _read_images(test_paths, mode, image_size) if has_split else None
+    return RawData(train_x, train_y, test_x, test_y, class_names)

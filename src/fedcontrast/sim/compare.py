@@ -1,0 +1,87 @@
+"""``fedcontrast compare``: several algorithms on the same partitions and seeds, one table, one plot."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..config import RunConfig
+from .outputs import plot_curves, rounds_to_reach, write_json
+from .simulator import Progress, run_simulation
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def run_comparison(base: RunConfig, algorithms: Sequence[str], seeds: Sequence[int], out_dir: str | Path, *,
+                   resume: bool = True, progress_factory=None) -> list[dict[str, Any]]:
+    """Run every (algorithm, seed) pair into ``out_dir/<algorithm>-s<seed>`` and summarise.
+
+    The partition depends only on the seed, so algorithms compared at one seed see the same split.
+    Finished runs are reused, interrupted ones resumed. The first algorithm is the reference for
+    "rounds to reach the reference's final accuracy".
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    curves: dict[str, list[list[float]]] = {}
+    walls: dict[str, list[float]] = {}
+    for algorithm in algorithms:
+        for seed in seeds:
+            config = base.replace(algorithm=algorithm, seed=seed)
+            progress: Progress | None = progress_factory(f"{algorithm} seed {seed}") if progress_factory else None
+            summary = run_simulation(config, out / f"{algorithm}-s{seed}", resume=resume, progress=progress)
+            curves.setdefault(algorithm, []).append(summary["accuracy_curve"])
+            walls.setdefault(algorithm, []).append(summary["wall_time_s"])
+
+    reference = algorithms[0]
+    ref_final = statistics.fmean(c[-1] for c in curves[reference])
+    table = []
+    for algorithm in algorithms:
+        finals = [c[-1] for c in curves[algorithm]]
+        bests = [max(c) for c in curves[algorithm]]
+        reach = [rounds_to_reach(c, ref_final) for c in curves[algorithm]]
+        final_m, final_s = _mean_std(finals)
+        best_m, best_s = _mean_std(bests)
+        table.append({
+            "algorithm": algorithm, "seeds": len(finals),
+            "final_accuracy_mean": final_m, "final_accuracy_std": final_s,
+            "best_accuracy_mean": best_m, "best_accuracy_std": best_s,
+            f"rounds_to_{reference}_final": (statistics.fmean(reach) if all(r is not None for r in reach) else None),
+            "rounds_to_reference_per_seed": reach,
+            "wall_time_s_mean": statistics.fmean(walls[algorithm]),
+        })
+    _write_table(out, table, reference, ref_final, rounds=base.rounds)
+    mean_curves = {a: [statistics.fmean(v) for v in zip(*cs)] for a, cs in curves.items()}
+    std_curves = {a: [statistics.stdev(v) if len(v) > 1 else 0.0 for v in zip(*cs)] for a, cs in curves.items()}
+    plot_curves(out / "compare.png", mean_curves, bands=std_curves,
+                title=f"{base.dataset}, {base.clients} sites, {base.partition} β={base.beta:g}, "
+                      f"{len(seeds)} seed(s)")
+    write_json(out / "compare.json", {"reference": reference, "reference_final_accuracy": ref_final,
+                                      "table": table, "mean_curves": mean_curves})
+    return table
+
+
+def _write_table(out: Path, table: list[dict[str, Any]], reference: str, ref_final: float, *, rounds: int) -> None:
+    key = f"rounds_to_{reference}_final"
+    with (out / "compare.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[k for k in table[0] if k != "rounds_to_reference_per_seed"])
+        writer.writeheader()
+        writer.writerows({k: v for k, v in row.items() if k != "rounds_to_reference_per_seed"} for row in table)
+    lines = [f"| algorithm | final accuracy | best accuracy | rounds to {reference}'s final ({ref_final:.4f}) "
+             "| wall time / run |", "|---|---|---|---|---|"]
+    for row in table:
+        reach = row[key]
+        reach_s = f"{reach:.1f}" if reach is not None else (
+            f">{rounds} (per seed: {', '.join('-' if r is None else str(r) for r in row['rounds_to_reference_per_seed'])})")
+        lines.append(f"| {row['algorithm']} | {100 * row['final_accuracy_mean']:.2f} ± {100 * row['final_accuracy_std']:.2f} % "
+                     f"| {100 * row['best_accuracy_mean']:.2f} ± {100 * row['best_accuracy_std']:.2f} % "
+                     f"| {reach_s} | {row['wall_time_s_mean']:.1f} s |")
+    (out / "compare.md").write_text("\n".join(lines) + "\n")
+
+
+def format_table(out_dir: str | Path) -> str:
+    return (Path(out_dir) / "compare.md").read_text()

@@ -1,0 +1,124 @@
+"""What a run writes: metrics.csv, summary.json, accuracy.png, TensorBoard scalars."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+METRIC_COLUMNS = ("round", "site", "task", "samples", "loss", "accuracy", "bytes_uploaded",
+                  "bytes_downloaded", "extra")
+GLOBAL_SITE = "global"  # the site name of the aggregator's test evaluation rows
+
+
+def metric_row(round_num: int, site: str, task: str, samples: int, metrics: dict[str, float],
+               bytes_uploaded: int = 0, bytes_downloaded: int = 0) -> dict[str, Any]:
+    """One row of metrics.csv; metrics other than loss and accuracy go to the JSON ``extra`` column."""
+    extra = {k: round(float(v), 6) for k, v in sorted(metrics.items()) if k not in ("loss", "accuracy")}
+    return {"round": round_num, "site": site, "task": task, "samples": samples,
+            "loss": float(metrics.get("loss", math.nan)), "accuracy": float(metrics.get("accuracy", math.nan)),
+            "bytes_uploaded": bytes_uploaded, "bytes_downloaded": bytes_downloaded,
+            "extra": json.dumps(extra, separators=(",", ":"))}
+
+
+def write_metrics_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=METRIC_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+
+
+def test_accuracy_curve(rows: Sequence[dict[str, Any]]) -> list[float]:
+    """Global test accuracy after each round, in round order."""
+    return [r["accuracy"] for r in sorted((r for r in rows if r["site"] == GLOBAL_SITE),
+                                          key=lambda r: r["round"])]
+
+
+def rounds_to_reach(curve: Sequence[float], target: float | None) -> int | None:
+    """The first round (1-based) whose accuracy is ≥ ``target``; None if never or no target."""
+    if target is None:
+        return None
+    return next((i + 1 for i, acc in enumerate(curve) if acc >= target), None)
+
+
+def build_summary(rows: Sequence[dict[str, Any]], *, config: dict[str, Any], wall_time_s: float,
+                  rounds_total: int) -> dict[str, Any]:
+    curve = test_accuracy_curve(rows)
+    site_rows = [r for r in rows if r["site"] != GLOBAL_SITE]
+    per_site_round = {}
+    for r in site_rows:
+        key = (r["round"], r["site"])
+        per_site_round[key] = per_site_round.get(key, 0) + r["bytes_uploaded"]
+    best = max(range(len(curve)), key=lambda i: curve[i]) if curve else None
+    return {
+        "algorithm": config["algorithm"], "dataset": config["dataset"],
+        "rounds_completed": len(curve), "rounds_planned": rounds_total,
+        "final_accuracy": curve[-1] if curve else None,
+        "best_accuracy": curve[best] if curve else None,
+        "best_round": best + 1 if curve else None,
+        "target_accuracy": config.get("target_accuracy"),
+        "rounds_to_target": rounds_to_reach(curve, config.get("target_accuracy")),
+        "bytes_uploaded_per_site_per_round": (sum(per_site_round.values()) / len(per_site_round)
+                                              if per_site_round else 0),
+        "wall_time_s": round(wall_time_s, 3),
+        "accuracy_curve": curve,
+    }
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def plot_curves(path: Path, curves: dict[str, Sequence[float]], *, title: str,
+                bands: dict[str, Sequence[float]] | None = None) -> None:
+    """Test accuracy per round, one line per entry of ``curves`` (optional ± bands)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    for label, curve in curves.items():
+        xs = range(1, len(curve) + 1)
+        ax.plot(xs, curve, label=label, linewidth=1.6)
+        if bands and label in bands:
+            lo = [c - b for c, b in zip(curve, bands[label])]
+            hi = [c + b for c, b in zip(curve, bands[label])]
+            ax.fill_between(xs, lo, hi, alpha=0.2)
+    ax.set_xlabel("round")
+    ax.set_ylabel("global test accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+class TensorBoardLog:
+    """TensorBoard scalars; a missing tensorboard package only disables this output."""
+
+    def __init__(self, log_dir: Path, purge_step: int | None = None) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # pragma: no cover - tensorboard is a declared dependency
+            self.writer = None
+            return
+        self.writer = SummaryWriter(str(log_dir), purge_step=purge_step)
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        if self.writer is not None:
+            for key, value in values.items():
+                self.writer.add_scalar(key, value, step)
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

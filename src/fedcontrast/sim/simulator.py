@@ -1,0 +1,126 @@
+"""``fedcontrast simulate``: run a federation in one process, with outputs, checkpoints and resume."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import RunConfig
+from ..errors import CheckpointError, ConfigError
+from .checkpoint import load_checkpoint, save_checkpoint
+from .federation import Federation
+from .outputs import (GLOBAL_SITE, TensorBoardLog, build_summary, plot_curves, test_accuracy_curve,
+                      write_json, write_metrics_csv)
+
+OUTPUT_FILES = ("metrics.csv", "summary.json", "accuracy.png", "config.yaml", "checkpoint.pt", "tensorboard")
+# Settings that may change when a run is resumed: more rounds, another device.
+RESUMABLE_CHANGES = {"rounds", "device", "target_accuracy"}
+
+Progress = Callable[[int, int, dict[str, Any]], None]  # (round done 1-based, total, global row)
+
+
+def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse to clobber an earlier run unless asked: its results are somebody's data."""
+    existing = [n for n in OUTPUT_FILES if (run_dir / n).exists()]
+    if existing and not resume:
+        if not overwrite:
+            raise ConfigError(f"{run_dir} already holds a run ({', '.join(existing)}); continue it with "
+                              "--resume, choose another --name, or replace it with --overwrite")
+        for n in existing:
+            target = run_dir / n
+            shutil.rmtree(target) if target.is_dir() else target.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _check_resumable(saved: dict[str, Any], config: RunConfig, path: Path) -> None:
+    current = config.to_dict()
+    differing = sorted(k for k in set(saved) | set(current)
+                       if k not in RESUMABLE_CHANGES and saved.get(k) != current.get(k))
+    if differing:
+        raise CheckpointError(f"cannot resume from {path}: it was made with different settings "
+                              f"({', '.join(differing)}); use the original settings or another --name")
+
+
+def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
+                   progress: Progress | None = None, stop_after: int | None = None) -> dict[str, Any]:
+    """Run (or continue) ``config`` in ``run_dir``; returns the summary.
+
+    ``stop_after`` ends the call after that many rounds in total have finished, as a kill would
+    (used by tests of resume).
+    """
+    run_dir = Path(run_dir)
+    prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)
+    ckpt_path = run_dir / "checkpoint.pt"
+    checkpoint = load_checkpoint(ckpt_path) if resume and ckpt_path.exists() else None
+    if checkpoint is not None:
+        _check_resumable(checkpoint["config"], config, ckpt_path)
+
+    federation = Federation(config)  # data, partition, model: fails early on bad input
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    rows: list[dict[str, Any]] = []
+    start, elapsed = 0, 0.0
+    if checkpoint is not None:
+        federation.load_state_dict(checkpoint["federation"])
+        rows, start, elapsed = list(checkpoint["rows"]), checkpoint["rounds_done"], checkpoint["elapsed"]
+        write_metrics_csv(run_dir / "metrics.csv", rows)  # drop rows of a round that did not finish
+
+    tb = TensorBoardLog(run_dir / "tensorboard", purge_step=start + 1 if start else None)
+    end = config.rounds if stop_after is None else min(config.rounds, stop_after)
+    try:
+        for r in range(start, end):
+            t0 = time.perf_counter()
+            new_rows = federation.run_round(r)
+            elapsed += time.perf_counter() - t0
+            rows.extend(new_rows)
+            save_checkpoint(ckpt_path, {"config": config.to_dict(), "rounds_done": r + 1, "rows": rows,
+                                        "elapsed": elapsed, "federation": federation.state_dict()})
+            write_metrics_csv(run_dir / "metrics.csv", rows)
+            write_json(run_dir / "summary.json", build_summary(rows, config=config.to_dict(),
+                                                               wall_time_s=elapsed, rounds_total=config.rounds))
+            glob = next(row for row in new_rows if row["site"] == GLOBAL_SITE)
+            sites = [row for row in new_rows if row["site"] != GLOBAL_SITE]
+            tb.scalars(r + 1, {"test/accuracy": glob["accuracy"], "test/loss": glob["loss"],
+                               "train/loss": sum(s["loss"] for s in sites) / max(len(sites), 1),
+                               "bytes/uploaded": sum(s["bytes_uploaded"] for s in sites)})
+            if progress is not None:
+                progress(r + 1, config.rounds, glob)
+    finally:
+        tb.close()
+        curve = test_accuracy_curve(rows)
+        if curve:
+            plot_curves(run_dir / "accuracy.png", {config.algorithm: curve},
+                        title=f"{config.algorithm} on {config.dataset} ({config.clients} sites)")
+    summary = build_summary(rows, config=config.to_dict(), wall_time_s=elapsed, rounds_total=config.rounds)
+    write_json(run_dir / "summary.json", summary)
+    return summary
+
+
+def print_progress(stream=sys.stderr) -> Progress:
+    """A progress bar on a terminal, one line per round otherwise (logs, CI)."""
+    if stream.isatty():
+        from tqdm import tqdm
+
+        bar = None
+
+        def show(done: int, total: int, row: dict[str, Any]) -> None:
+            nonlocal bar
+            if bar is None:
+                bar = tqdm(total=total, initial=done - 1, desc="rounds", unit="round", file=stream)
+            bar.update(1)
+            bar.set_postfix(accuracy=f"{row['accuracy']:.4f}", loss=f"{row['loss']:.3f}")
+            if done == total:
+                bar.close()
+
+        return show
+
+    def line(done: int, total: int, row: dict[str, Any]) -> None:
+        print(f"round {done}/{total}  test accuracy {row['accuracy']:.4f}  test loss {row['loss']:.4f}",
+              file=stream, flush=True)
+
+    return line

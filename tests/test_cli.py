@@ -1,0 +1,67 @@
+"""The command line: bad input gets one sentence and exit code 2; good input produces the outputs."""
+
+import subprocess
+import sys
+
+import pytest
+
+from fedcontrast.cli import main
+
+TINY = ["--dataset", "synthetic", "--image-size", "16", "--clients", "2", "--rounds", "1",
+        "--local-epochs", "1", "--min-samples", "5", "--public-fraction", "0", "--quiet"]
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["simulate", "--algorithm", "nope"], "unknown algorithm 'nope'; known algorithms: fedavg"),
+    (["simulate", "--dataset", "imagenet"], "unknown data set"),
+    (["simulate", "--beta", "0"], "beta must be"),
+    (["simulate", "--beta", "-1"], "beta must be"),
+    (["simulate", "--dataset", "synthetic", "--clients", "5000"], "5000"),
+    (["simulate", "--dataset", "cifar10", "--data-root", "/nonexistent/cifar"], "/nonexistent/cifar"),
+    (["simulate", "--set", "mu=-3"], "mu"),
+    (["simulate", "--set", "moon.tau=1"], "no setting"),
+    (["simulate", "--lr", "0"], "lr"),
+    (["simulate", "--config", "/nonexistent.yaml"], "does not exist"),
+])
+def test_bad_input_exits_2_with_one_sentence(tmp_path, capsys, argv, fragment):
+    code = main(argv + ["--runs-dir", str(tmp_path)] if argv[0] == "simulate" else argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert fragment in err
+    assert len(err.splitlines()) == 1 or err.splitlines()[0].startswith("fedcontrast simulate:")
+    assert "Traceback" not in err
+
+
+def test_unknown_yaml_key(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("algorithm: moon\nrounds: 2\nroundz: 3\n")
+    assert main(["simulate", "--config", str(cfg), "--runs-dir", str(tmp_path)]) == 2
+    assert "roundz" in capsys.readouterr().err
+
+
+def test_simulate_then_resume_and_compare(tmp_path, capsys):
+    runs = ["--runs-dir", str(tmp_path)]
+    assert main(["simulate", "--algorithm", "moon", "--name", "r", *TINY, *runs]) == 0
+    assert (tmp_path / "r" / "metrics.csv").exists()
+    assert main(["simulate", "--algorithm", "moon", "--name", "r", *TINY, *runs]) == 2  # exists
+    assert main(["simulate", "--algorithm", "moon", "--name", "r", "--resume", *TINY, "--rounds", "2",
+                 *runs]) == 0
+    capsys.readouterr()
+    assert main(["compare", "--algorithms", "fedavg", "moon", "--seeds", "0", "1", "--name", "cmp", *TINY, *runs]) == 0
+    out = capsys.readouterr().out
+    assert "| fedavg |" in out and "| moon |" in out
+    assert (tmp_path / "cmp" / "compare.png").exists() and (tmp_path / "cmp" / "compare.csv").exists()
+
+
+def test_partition_command_prints_table_and_writes_report(tmp_path, capsys):
+    assert main(["partition", "--clients", "4", "--beta", "0.3", "--out", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert "total" in out
+    assert (tmp_path / "p" / "partition.csv").exists() and (tmp_path / "p" / "partition.png").exists()
+
+
+def test_process_exit_code_and_no_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "fedcontrast", "simulate", "--algorithm", "nope",
+                           "--runs-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "unknown algorithm" in proc.stderr
