@@ -73,10 +73,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     run_dir = Path(args.runs_dir) / (args.name or config.default_name())
-    print(f"fedcontrast simulate: {config.algorithm} on {config.dataset}, {config.clients} sites, "
-          f"{config.partition} β={config.beta:g}, {config.rounds} rounds → {run_dir}", file=sys.stderr)
+    header = (f"fedcontrast simulate: {config.algorithm} on {config.dataset}, {config.clients} sites, "
+              f"{config.partition} β={config.beta:g}, {config.rounds} rounds → {run_dir}")
     summary = run_simulation(config, run_dir, resume=args.resume, overwrite=args.overwrite,
-                             progress=None if args.quiet else print_progress())
+                             progress=None if args.quiet else print_progress(header))
     print(f"final test accuracy {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f} "
           f"at round {summary['best_round']}), {summary['wall_time_s']:.1f} s; results in {run_dir}")
     return 0
@@ -91,8 +91,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.runs_dir) / (args.name or f"compare-{base.dataset}-k{base.clients}-{base.partition}{base.beta:g}")
 
     def factory(label: str):
-        print(f"== {label}", file=sys.stderr)
-        return None if args.quiet else print_progress()
+        return None if args.quiet else print_progress(f"== {label}")
 
     run_comparison(base, args.algorithms, seeds, out, progress_factory=factory)
     print(format_table(out), end="")

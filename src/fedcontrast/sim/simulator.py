@@ -22,7 +22,9 @@ OUTPUT_FILES = ("metrics.csv", "summary.json", "accuracy.png", "config.yaml", "c
 # Settings that may change when a run is resumed: more rounds, another device.
 RESUMABLE_CHANGES = {"rounds", "device", "target_accuracy"}
 
-Progress = Callable[[int, int, dict[str, Any]], None]  # (round done 1-based, total, global row)
+# (rounds done, total, the round's global row): called once with row None when set-up has succeeded
+# (``rounds done`` is then the round a resumed run starts from), then after every round.
+Progress = Callable[[int, int, dict[str, Any] | None], None]
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
@@ -72,6 +74,8 @@ def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = Fal
 
     tb = TensorBoardLog(run_dir / "tensorboard", purge_step=start + 1 if start else None)
     end = config.rounds if stop_after is None else min(config.rounds, stop_after)
+    if progress is not None:
+        progress(start, config.rounds, None)
     try:
         for r in range(start, end):
             t0 = time.perf_counter()
@@ -101,26 +105,30 @@ def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = Fal
     return summary
 
 
-def print_progress(stream=sys.stderr) -> Progress:
-    """A progress bar on a terminal, one line per round otherwise (logs, CI)."""
-    if stream.isatty():
-        from tqdm import tqdm
+def print_progress(header: str = "", stream=sys.stderr) -> Progress:
+    """A progress bar on a terminal, one line per round otherwise (logs, CI); ``header`` is
+    printed once set-up has succeeded."""
+    bar = None
 
-        bar = None
+    def show(done: int, total: int, row: dict[str, Any] | None) -> None:
+        nonlocal bar
+        if row is None:
+            if header:
+                print(header, file=stream, flush=True)
+            if done:
+                print(f"resuming after round {done} of {total}", file=stream, flush=True)
+            if stream.isatty() and done < total:
+                from tqdm import tqdm
 
-        def show(done: int, total: int, row: dict[str, Any]) -> None:
-            nonlocal bar
-            if bar is None:
-                bar = tqdm(total=total, initial=done - 1, desc="rounds", unit="round", file=stream)
+                bar = tqdm(total=total, initial=done, desc="rounds", unit="round", file=stream)
+            return
+        if bar is not None:
             bar.update(1)
             bar.set_postfix(accuracy=f"{row['accuracy']:.4f}", loss=f"{row['loss']:.3f}")
             if done == total:
                 bar.close()
+        else:
+            print(f"round {done}/{total}  test accuracy {row['accuracy']:.4f}  test loss {row['loss']:.4f}",
+                  file=stream, flush=True)
 
-        return show
-
-    def line(done: int, total: int, row: dict[str, Any]) -> None:
-        print(f"round {done}/{total}  test accuracy {row['accuracy']:.4f}  test loss {row['loss']:.4f}",
-              file=stream, flush=True)
-
-    return line
+    return show
