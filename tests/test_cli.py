@@ -22,9 +22,11 @@ TINY = ["--dataset", "synthetic", "--image-size", "16", "--clients", "2", "--rou
     (["simulate", "--set", "moon.tau=1"], "no setting"),
     (["simulate", "--lr", "0"], "lr"),
     (["simulate", "--config", "/nonexistent.yaml"], "does not exist"),
+    (["compare", "--algorithms", "fedavg", "moon:mu"], "name:key=value"),
+    (["compare", "--algorithms", "fedavg", "moon:mu=-1"], "mu"),
 ])
 def test_bad_input_exits_2_with_one_sentence(tmp_path, capsys, argv, fragment):
-    code = main(argv + ["--runs-dir", str(tmp_path)] if argv[0] == "simulate" else argv)
+    code = main(argv + ["--runs-dir", str(tmp_path)])
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert fragment in err
@@ -47,9 +49,13 @@ def test_simulate_then_resume_and_compare(tmp_path, capsys):
     assert main(["simulate", "--algorithm", "moon", "--name", "r", "--resume", *TINY, "--rounds", "2",
                  *runs]) == 0
     capsys.readouterr()
-    assert main(["compare", "--algorithms", "fedavg", "moon", "--seeds", "0", "1", "--name", "cmp", *TINY, *runs]) == 0
+    assert main(["compare", "--algorithms", "fedavg", "moon", "moon:mu=0.5", "--seeds", "0", "1", "--name", "cmp",
+                 *TINY, *runs]) == 0
     out = capsys.readouterr().out
-    assert "| fedavg |" in out and "| moon |" in out
+    assert "| fedavg |" in out and "| moon |" in out and "| moon:mu=0.5 |" in out
+    import yaml
+    assert yaml.safe_load((tmp_path / "cmp" / "moon-mu0.5-s1" / "config.yaml").read_text())[
+        "hyperparameters"]["moon"]["mu"] == 0.5
     assert (tmp_path / "cmp" / "compare.png").exists() and (tmp_path / "cmp" / "compare.csv").exists()
 
 

@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="several algorithms on the same partitions and seeds")
     _add_run_flags(p, skip=("algorithm",))
-    p.add_argument("--algorithms", nargs="+", default=["fedavg", "fedprox", "moon"])
+    p.add_argument("--algorithms", nargs="+", default=["fedavg", "fedprox", "moon"],
+                   help="algorithms, or variants such as moon:mu=1,temperature=0.2; the first is the reference")
     p.add_argument("--seeds", nargs="+", type=int)
     p.add_argument("--name")
     p.add_argument("--runs-dir", default="runs")

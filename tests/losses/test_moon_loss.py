@@ -71,3 +71,14 @@ def test_info_nce_uniform_similarities_closed_form():
     # Equal similarities over M columns: -log(1/M) whatever the temperature.
     sims = torch.zeros(7, 5)
     assert info_nce(sims, 0, temperature=0.3).item() == pytest.approx(math.log(5), rel=1e-6)
+
+
+@pytest.mark.parametrize("batch", [2, 33])
+def test_precomputed_difference_matches_explicit_loop(batch):
+    from fedcontrast.losses import moon_loss_from_difference, moon_reference_difference
+
+    g = torch.Generator().manual_seed(100 + batch)
+    z, zg, zp = (torch.randn(batch, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    diff = moon_reference_difference(zg, zp)
+    got = moon_loss_from_difference(z, diff, temperature=0.5).item()
+    assert got == pytest.approx(reference_moon_loss(z, zg, zp, 0.5), rel=1e-10)

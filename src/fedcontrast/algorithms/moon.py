@@ -12,7 +12,7 @@ from torch import nn
 
 from ..config import TrainingConfig
 from ..errors import ConfigError
-from ..losses import check_temperature, moon_contrastive_loss
+from ..losses import check_temperature, moon_loss_from_difference, moon_reference_difference
 from .base import SiteContext, load_weights
 from .fedavg import FedAvg
 from .registry import register_algorithm
@@ -86,17 +86,21 @@ class Moon(FedAvg):
         if self.uses_cache(site.training):
             x_all = site.data.x.to(site.device)
             z_glob_all = represent_all(global_model, x_all)  # (N, d)
-            z_prev_all = z_glob_all if previous is None else represent_all(prev_model, x_all)
+            if previous is None:  # R_prev = R_global: the difference is 0 and the loss log 2
+                diff_all = torch.zeros_like(z_glob_all)
+            else:
+                diff_all = moon_reference_difference(z_glob_all, represent_all(prev_model, x_all))
 
             def extra(x, idx, z, logits):
-                con = moon_contrastive_loss(z, z_glob_all[idx], z_prev_all[idx], temperature=tau)
+                con = moon_loss_from_difference(z, diff_all[idx], temperature=tau)
                 return mu * con, {"contrastive": con.detach()}
         else:
             def extra(x, idx, z, logits):
                 with torch.no_grad():
-                    z_glob = global_model.represent(x)
-                    z_prev = z_glob if previous is None else prev_model.represent(x)
-                con = moon_contrastive_loss(z, z_glob, z_prev, temperature=tau)
+                    z_glob = global_model.represent(x)  # (B, d)
+                    diff = (torch.zeros_like(z_glob) if previous is None
+                            else moon_reference_difference(z_glob, prev_model.represent(x)))
+                con = moon_loss_from_difference(z, diff, temperature=tau)
                 return mu * con, {"contrastive": con.detach()}
 
         return extra

@@ -35,18 +35,38 @@ def info_nce(similarities: torch.Tensor, positive: torch.Tensor | int = 0, *,
     return F.cross_entropy(similarities / temperature, positive)
 
 
+def moon_reference_difference(z_glob: torch.Tensor, z_prev: torch.Tensor) -> torch.Tensor:
+    """``normalize(z_prev) − normalize(z_glob)``: everything MOON's loss needs from the frozen models.
+
+    Shape: ``(B, d), (B, d) → (B, d)``. Computing it once per round (per sample) is what makes
+    cached references cheap.
+    """
+    return F.normalize(z_prev, dim=1) - F.normalize(z_glob, dim=1)
+
+
+def moon_loss_from_difference(z: torch.Tensor, reference_difference: torch.Tensor, *,
+                              temperature: float) -> torch.Tensor:
+    """MOON's loss given :func:`moon_reference_difference` of the frozen representations.
+
+    With ``a = sim(z, z_glob)/τ`` and ``b = sim(z, z_prev)/τ``,
+    ``−log(e^a / (e^a + e^b)) = softplus(b − a)`` and ``b − a = normalize(z) · (n(z_prev) − n(z_glob)) / τ``:
+    one dot product per sample instead of two cosine similarities and a log-softmax.
+    Shape: ``z (B, d), reference_difference (B, d)`` → scalar.
+    """
+    check_temperature(temperature)
+    return F.softplus((F.normalize(z, dim=1) * reference_difference).sum(1) / temperature).mean()
+
+
 def moon_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, *,
                           temperature: float = 0.5) -> torch.Tensor:
     """MOON's model-contrastive loss (Li et al. 2021, eq. 3), averaged over the batch.
 
     ``l_con = −log( e^{sim(z,z_glob)/τ} / (e^{sim(z,z_glob)/τ} + e^{sim(z,z_prev)/τ}) )`` with
     ``sim`` the cosine similarity. ``z_glob`` and ``z_prev`` come from frozen models and should carry
-    no gradient.
+    no gradient. Computed as :func:`moon_loss_from_difference` (an exact rewriting, see there).
     Shape: ``z, z_glob, z_prev (B, d)`` → scalar.
     """
     if not (z.shape == z_glob.shape == z_prev.shape) or z.dim() != 2:
         raise ValueError("z, z_glob and z_prev must all have the same shape (B, d), got "
                          f"{tuple(z.shape)}, {tuple(z_glob.shape)}, {tuple(z_prev.shape)}")
-    positive = F.cosine_similarity(z, z_glob, dim=1)  # (B,)
-    negative = F.cosine_similarity(z, z_prev, dim=1)  # (B,)
-    return info_nce(torch.stack([positive, negative], dim=1), 0, temperature=temperature)
+    return moon_loss_from_difference(z, moon_reference_difference(z_glob, z_prev), temperature=temperature)

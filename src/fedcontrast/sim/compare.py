@@ -8,13 +8,36 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ..config import RunConfig
+from ..errors import ConfigError
 from .outputs import plot_curves, rounds_to_reach, write_json
+from .federation import build_algorithm
 from .simulator import Progress, run_simulation
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"moon"`` → ("moon", {}); ``"moon:mu=1,temperature=0.2"`` → ("moon", {"mu": 1, "temperature": 0.2})."""
+    name, _, rest = spec.partition(":")
+    settings: dict[str, Any] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"algorithm variant {spec!r} must look like name:key=value,key=value")
+        settings[key.strip()] = yaml.safe_load(value)
+    return name.strip(), settings
+
+
+def variant_config(base: RunConfig, spec: str, seed: int) -> RunConfig:
+    name, settings = parse_variant(spec)
+    hyper = {k: dict(v) for k, v in base.hyperparameters.items()}
+    hyper[name] = {**hyper.get(name, {}), **settings}
+    return base.replace(algorithm=name, seed=seed, hyperparameters=hyper)
 
 
 def run_comparison(base: RunConfig, algorithms: Sequence[str], seeds: Sequence[int], out_dir: str | Path, *,
@@ -23,17 +46,22 @@ def run_comparison(base: RunConfig, algorithms: Sequence[str], seeds: Sequence[i
 
     The partition depends only on the seed, so algorithms compared at one seed see the same split.
     Finished runs are reused, interrupted ones resumed. The first algorithm is the reference for
-    "rounds to reach the reference's final accuracy".
+    "rounds to reach the reference's final accuracy". An entry may carry settings, as in
+    ``moon:mu=1``, to compare variants of one algorithm.
     """
+    configs = {spec: variant_config(base, spec, base.seed) for spec in algorithms}
+    for config in configs.values():  # bad names or settings fail before any run starts
+        build_algorithm(config)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     curves: dict[str, list[list[float]]] = {}
     walls: dict[str, list[float]] = {}
     for algorithm in algorithms:
         for seed in seeds:
-            config = base.replace(algorithm=algorithm, seed=seed)
+            config = configs[algorithm].replace(seed=seed)
             progress: Progress | None = progress_factory(f"{algorithm} seed {seed}") if progress_factory else None
-            summary = run_simulation(config, out / f"{algorithm}-s{seed}", resume=resume, progress=progress)
+            run_name = algorithm.replace(":", "-").replace(",", "-").replace("=", "")
+            summary = run_simulation(config, out / f"{run_name}-s{seed}", resume=resume, progress=progress)
             curves.setdefault(algorithm, []).append(summary["accuracy_curve"])
             walls.setdefault(algorithm, []).append(summary["wall_time_s"])
 
