@@ -22,7 +22,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--algorithms", nargs="+", default=["fedavg", "fedprox", "moon"])
+    parser.add_argument("--algorithms", nargs="+", default=["fedavg", "fedprox", "moon", "moon:mu=1"])
     parser.add_argument("--out", default=str(Path(__file__).parent / "runs" / "accuracy"))
     args = parser.parse_args()
 
@@ -39,12 +39,14 @@ def main() -> None:
         "## Accuracy: FedAvg vs FedProx vs MOON on digits",
         "",
         f"Command: `.venv/bin/python benchmarks/accuracy.py --rounds {args.rounds} --seeds "
-        f"{' '.join(map(str, args.seeds))}` ({wall / 60:.1f} min on {machine()}).",
+        f"{' '.join(map(str, args.seeds))} --algorithms {' '.join(args.algorithms)}` "
+        f"({wall / 60:.1f} min for the runs not already in benchmarks/runs, on {machine()}).",
         "",
         f"Setting: scikit-learn digits (32×32), {base.clients} sites, Dirichlet β={base.beta}, "
         f"{args.rounds} rounds, {base.training.local_epochs} local epochs, batch {base.training.batch_size}, "
         f"SGD lr {base.training.lr} momentum {base.training.momentum} wd {base.training.weight_decay}, "
-        "MOON μ=5 τ=0.5, FedProx μ=0.01 (the paper's CIFAR-10 defaults). Mean ± std over seeds "
+        "MOON μ=5 τ=0.5, FedProx μ=0.01 (the paper's CIFAR-10 defaults; `moon:mu=1` is the paper's CIFAR-100 "
+        "value). Mean ± std over seeds "
         f"{', '.join(map(str, args.seeds))}; each seed is its own partition, shared by all algorithms.",
         "",
         md,

@@ -38,3 +38,17 @@ def test_bad_model_settings():
         build_model("vgg", in_channels=1, image_size=32, num_classes=10)
     with pytest.raises(ConfigError, match="16x16"):
         build_model("simple_cnn", in_channels=1, image_size=8, num_classes=10)
+
+
+@pytest.mark.parametrize("shape", [(3, 6, 28, 28), (2, 16, 10, 10), (1, 2, 7, 9)])
+def test_fast_max_pool_equals_max_pool2d(shape):
+    from fedcontrast.models.encoders import MaxPool2x2
+
+    x = torch.randn(*shape)
+    with torch.no_grad():  # the fast path
+        assert torch.equal(MaxPool2x2()(x), torch.nn.functional.max_pool2d(x, 2))
+    xg = x.clone().requires_grad_()
+    out = MaxPool2x2()(xg)
+    out.sum().backward()
+    assert torch.equal(out.detach(), torch.nn.functional.max_pool2d(x, 2))
+    assert xg.grad.sum().item() == out.numel()  # one winner per window

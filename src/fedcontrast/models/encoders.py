@@ -6,7 +6,24 @@ An encoder maps ``(B, C, H, W)`` images to ``(B, feature_dim)`` features and exp
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+
+class MaxPool2x2(nn.Module):
+    """2×2 max-pooling, stride 2, identical in value to ``nn.MaxPool2d(2)``.
+
+    Without autograd (evaluation, MOON's frozen reference models) it takes the maximum of four
+    strided views, which on CPU is over ten times faster than ``max_pool2d``'s NCHW kernel; with
+    autograd it uses ``max_pool2d``, whose backward is the faster one.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and x.requires_grad:
+            return F.max_pool2d(x, 2)
+        h, w = x.shape[-2] // 2 * 2, x.shape[-1] // 2 * 2
+        rows = torch.maximum(x[..., 0:h:2, :w], x[..., 1:h:2, :w])
+        return torch.maximum(rows[..., 0::2], rows[..., 1::2])
 
 
 class SimpleCNN(nn.Module):
@@ -20,8 +37,8 @@ class SimpleCNN(nn.Module):
     def __init__(self, in_channels: int = 3, image_size: int = 32) -> None:
         super().__init__()
         self.conv = nn.Sequential(
-            nn.Conv2d(in_channels, 6, 5), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-            nn.Conv2d(6, 16, 5), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(in_channels, 6, 5), nn.ReLU(inplace=True), MaxPool2x2(),
+            nn.Conv2d(6, 16, 5), nn.ReLU(inplace=True), MaxPool2x2(),
         )
         side = ((image_size - 4) // 2 - 4) // 2
         if side < 1:

@@ -36,7 +36,8 @@ def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
 def variant_config(base: RunConfig, spec: str, seed: int) -> RunConfig:
     name, settings = parse_variant(spec)
     hyper = {k: dict(v) for k, v in base.hyperparameters.items()}
-    hyper[name] = {**hyper.get(name, {}), **settings}
+    if settings:
+        hyper[name] = {**hyper.get(name, {}), **settings}
     return base.replace(algorithm=name, seed=seed, hyperparameters=hyper)
 
 
