@@ -15,6 +15,7 @@ from pathlib import Path
 from _results import machine, write_section
 
 from fedcontrast.config import RunConfig
+from fedcontrast.sim import run_simulation
 from fedcontrast.sim.compare import format_table, run_comparison
 
 
@@ -31,6 +32,12 @@ def main() -> None:
     table = run_comparison(base, args.algorithms, args.seeds, args.out,
                            progress_factory=lambda label: print(f"== {label}", file=sys.stderr) or None)
     wall = time.perf_counter() - t0
+    # The ceiling: the same CNN trained on the union of the sites' data (one site, IID), as many epochs.
+    ceiling = [run_simulation(base.replace(algorithm="fedavg", clients=1, partition="iid", seed=seed,
+                                           rounds=max(1, args.rounds // 10),
+                                           training={"local_epochs": 10 * base.training.local_epochs}),
+                              Path(args.out) / f"centralised-s{seed}", resume=True)["final_accuracy"]
+               for seed in args.seeds]
     md = format_table(args.out)
     print(md)
     rows = {r["algorithm"]: r for r in table}
@@ -50,6 +57,9 @@ def main() -> None:
         f"{', '.join(map(str, args.seeds))}; each seed is its own partition, shared by all algorithms.",
         "",
         md,
+        f"Ceiling — the same CNN trained centrally on all sites' data for {10 * base.training.local_epochs * max(1, args.rounds // 10)} "
+        f"epochs: {100 * sum(ceiling) / len(ceiling):.2f} % (mean over the seeds).",
+        "",
     ]
     if "moon" in rows and ref in rows:
         gap = 100 * (rows["moon"]["final_accuracy_mean"] - rows[ref]["final_accuracy_mean"])

@@ -80,6 +80,12 @@ class RunConfig:
     hyperparameters: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if isinstance(self.training, dict):  # RunConfig(training={...}) as well as from_dict
+            try:
+                object.__setattr__(self, "training", TrainingConfig(**self.training))
+            except TypeError as exc:
+                raise ConfigError(f"invalid training settings: {exc}") from None
+        _check(isinstance(self.training, TrainingConfig), "training must be a mapping of settings")
         _check(isinstance(self.clients, int) and self.clients >= 1,
                f"clients must be an integer >= 1, got {self.clients!r}")
         _check(isinstance(self.rounds, int) and self.rounds >= 1,

@@ -14,35 +14,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..algorithms import (Algorithm, Downlink, ServerContext, SiteContext, get_algorithm, nbytes,
-                          validate_uploads)
+from ..algorithms import Downlink, ServerContext, SiteContext, nbytes, validate_uploads
 from ..config import RunConfig
-from ..data import load_dataset, partition_indices
-from ..errors import ConfigError
-from ..models import build_model
+from ..construction import (build_algorithm, derive_seed, initial_model, load_splits, partition, resolve_device,
+                     server_seed, site_name, task_seed)
 from .outputs import GLOBAL_SITE, metric_row
 
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {name!r} was requested but CUDA is not available on this machine")
-    return torch.device(name)
-
-
-def derive_seed(*parts: int) -> int:
-    """A 63-bit seed from integers: the same parts always give the same seed, any process."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0] >> 1)
-
-
-def build_algorithm(config: RunConfig) -> Algorithm:
-    """The configured plugin; settings for other algorithms are validated too, so typos surface."""
-    for name, settings in config.hyperparameters.items():
-        get_algorithm(name).from_settings(settings)
-    algorithm = get_algorithm(config.algorithm).from_settings(config.hyperparameters.get(config.algorithm))
-    algorithm.validate_training(config.training)
-    return algorithm
+__all__ = ["Federation", "build_algorithm", "derive_seed"]
 
 
 @dataclass
@@ -60,22 +38,15 @@ class Federation:
         self.config = config
         self.device = resolve_device(config.device)
         self.algorithm = build_algorithm(config)
-        splits = load_dataset(config.dataset, root=config.data_root, image_size=config.image_size,
-                              test_fraction=config.test_fraction, public_fraction=config.public_fraction,
-                              split_seed=config.split_seed)
-        self.splits = splits
-        parts = partition_indices(splits.train.y.numpy(), config.clients, method=config.partition,
-                                  beta=config.beta, shards_per_client=config.shards_per_client,
-                                  min_samples=config.min_samples, seed=config.seed)
-        self.partition = parts
+        splits = self.splits = load_splits(config)
+        parts = self.partition = partition(config, splits)
         on_device = (lambda d: d) if self.device.type == "cpu" else (lambda d: _to_device(d, self.device))
-        self.sites = [Site(f"site_{i}", i, on_device(splits.train.subset(p))) for i, p in enumerate(parts)]
+        self.sites = [Site(site_name(i), i, on_device(splits.train.subset(p))) for i, p in enumerate(parts)]
         self.test = on_device(splits.test)
         self.public = on_device(splits.public) if splits.public is not None else None
-        torch.manual_seed(config.seed)  # the initial global model
-        model = build_model(config.model, in_channels=splits.in_channels, image_size=splits.image_size,
-                            num_classes=splits.num_classes, projection_dim=config.projection_dim).to(self.device)
-        self.server = ServerContext(model=model, round_num=0, seed=derive_seed(config.seed, 0, 1 << 20),
+        model = initial_model(config, in_channels=splits.in_channels, image_size=splits.image_size,
+                              num_classes=splits.num_classes).to(self.device)
+        self.server = ServerContext(model=model, round_num=0, seed=server_seed(config, 0),
                                     device=self.device, num_classes=splits.num_classes, public=self.public)
         self.site_model = copy.deepcopy(model)  # scratch network the site tasks load weights into
         self.upload_specs = self.algorithm.upload_specs(model, splits.num_classes)
@@ -116,7 +87,7 @@ class Federation:
             merged: dict[str, torch.Tensor] = {}
             for t, task in enumerate(self.algorithm.tasks):
                 ctx = SiteContext(name=site.name, data=site.data, model=self.site_model, training=cfg.training,
-                                  round_num=round_num, seed=derive_seed(cfg.seed, round_num, site.index, t),
+                                  round_num=round_num, seed=task_seed(cfg, round_num, site.index, t),
                                   device=self.device, state=site.state, public=self.public)
                 result = self.algorithm.run_task(task, ctx, received)
                 merged.update(result.uploads)
@@ -126,7 +97,7 @@ class Federation:
             validate_uploads(site.name, merged, self.upload_specs)
             uploads[site.name] = merged
         self.server.round_num = round_num
-        self.server.seed = derive_seed(cfg.seed, round_num, 1 << 20)
+        self.server.seed = server_seed(cfg, round_num)
         self.downlink = self.algorithm.aggregate(uploads, weights, self.server)
         evaluation = self.algorithm.evaluate(self.downlink, self.server, self.test)
         rows.append(metric_row(round_num + 1, GLOBAL_SITE, "evaluate", len(self.test),

@@ -1,0 +1,148 @@
+"""Run a whole federation on this machine with the stock ``fx`` commands, and watch it.
+
+``fx plan initialize`` once, then ``fx aggregator start`` and one ``fx collaborator start -n NAME``
+per collaborator, each its own OS process talking mutual TLS over localhost. Progress is read from
+the aggregator's ``save/rounds.jsonl``; if any process fails, the others are stopped and the reason
+is reported in one sentence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import FedContrastError
+from .components import FINAL_MODEL, ROUNDS_FILE
+from .plan import collaborator_names, read_workspace_config
+from .pki import fx_executable
+
+
+class FederationFailed(FedContrastError):
+    """A party of the federation exited with an error; the message says which and why."""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+
+
+def initialize_plan(workspace: Path) -> None:
+    proc = subprocess.run([fx_executable(), "plan", "initialize"], cwd=workspace, env=_env(), capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=600)
+    if proc.returncode != 0 or not (workspace / "save" / "init.pbuf").exists():
+        tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-4:])
+        raise FederationFailed(f"'fx plan initialize' failed in {workspace} (exit {proc.returncode}): {tail}")
+
+
+def read_rounds(workspace: Path) -> list[dict[str, Any]]:
+    path = workspace / "save" / ROUNDS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def failure_reason(log_path: Path) -> str:
+    """The last line a fedcontrast component wrote as an error, else the log's last line."""
+    if not log_path.exists():
+        return "no log was written"
+    lines = [l.strip() for l in log_path.read_text(errors="replace").splitlines() if l.strip()]
+    for line in reversed(lines):
+        if "fedcontrast" in line and "error:" in line:
+            return line.split("error:", 1)[1].strip()
+    return lines[-1] if lines else "its log is empty"
+
+
+def start(workspace: Path, args: list[str], log_name: str) -> subprocess.Popen:
+    log = open(workspace / "logs" / log_name, "a")
+    return subprocess.Popen([fx_executable(), *args], cwd=workspace, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def stop_all(processes: dict[str, subprocess.Popen], grace: float = 10.0) -> None:
+    for proc in processes.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in processes.values():
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_federation(workspace: str | Path, *, timeout: float = 3600, poll: float = 0.25,
+                   on_round: Callable[[dict[str, Any]], None] | None = None,
+                   collaborators: list[str] | None = None) -> list[dict[str, Any]]:
+    """Start the aggregator and the collaborators of ``workspace`` and wait for the end.
+
+    Returns the per-round records (``save/rounds.jsonl``). Raises :class:`FederationFailed` naming
+    the party that failed (the others are stopped) or on ``timeout``.
+    """
+    ws = Path(workspace)
+    config = read_workspace_config(ws)
+    names = collaborators if collaborators is not None else collaborator_names(ws)
+    (ws / "logs").mkdir(exist_ok=True)
+    processes = {"aggregator": start(ws, ["aggregator", "start"], "aggregator.log")}
+    for name in names:
+        processes[name] = start(ws, ["collaborator", "start", "-n", name], f"{name}.log")
+    seen = len(read_rounds(ws))
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            records = read_rounds(ws)
+            for record in records[seen:]:
+                if on_round is not None:
+                    on_round(record)
+            seen = len(records)
+            for party, proc in processes.items():
+                code = proc.poll()
+                if code not in (None, 0):
+                    log = ws / "logs" / ("aggregator.log" if party == "aggregator" else f"{party}.log")
+                    raise FederationFailed(f"the {'aggregator' if party == 'aggregator' else 'collaborator ' + party} "
+                                           f"exited with code {code}: {failure_reason(log)} (log: {log})")
+            if all(proc.poll() == 0 for proc in processes.values()):
+                break
+            if time.monotonic() > deadline:
+                raise FederationFailed(f"the federation did not finish within {timeout:.0f} s; logs in {ws / 'logs'}")
+            time.sleep(poll)
+    finally:
+        stop_all(processes)
+    records = read_rounds(ws)
+    for record in records[seen:]:
+        if on_round is not None:
+            on_round(record)
+    if len(records) < config.rounds:
+        raise FederationFailed(f"the federation ended after {len(records)} of {config.rounds} rounds; "
+                               f"logs in {ws / 'logs'}")
+    return records
+
+
+def export_results(workspace: str | Path, out_dir: str | Path) -> dict[str, Any]:
+    """Copy the final model and write accuracy.png, rounds.csv and summary.json into ``out_dir``."""
+    from ..sim.outputs import plot_curves, write_json
+
+    ws, out = Path(workspace), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = read_workspace_config(ws)
+    records = read_rounds(ws)
+    shutil.copyfile(ws / "save" / FINAL_MODEL, out / FINAL_MODEL)
+    curve = [r.get("accuracy") for r in records]
+    with open(out / "rounds.csv", "w") as f:
+        f.write("round,accuracy,loss\n")
+        f.writelines(f"{r['round']},{r.get('accuracy', '')},{r.get('loss', '')}\n" for r in records)
+    if curve and all(a is not None for a in curve):
+        plot_curves(out / "accuracy.png", {f"{config.algorithm} (OpenFL)": curve},
+                    title=f"{config.algorithm} on {config.dataset}: {config.clients} collaborators, mTLS")
+    summary = {"algorithm": config.algorithm, "dataset": config.dataset, "collaborators": config.clients,
+               "rounds_completed": len(records), "final_accuracy": curve[-1] if curve else None,
+               "best_accuracy": max((a for a in curve if a is not None), default=None),
+               "final_model": str(out / FINAL_MODEL), "accuracy_curve": curve}
+    write_json(out / "summary.json", summary)
+    return summary

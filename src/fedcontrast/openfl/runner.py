@@ -1,0 +1,105 @@
+"""OpenFL TaskRunner that exposes the configured plugin's collaborator tasks as OpenFL tasks."""
+
+from __future__ import annotations
+
+import functools
+import os
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from openfl.federated.task.runner import TaskRunner
+from openfl.utilities import TensorKey
+
+from ..algorithms import ServerContext, SiteContext
+from ..config import RunConfig
+from ..construction import build_algorithm, initial_model, resolve_device, server_seed, task_seed
+from ..errors import CheckpointError
+
+WEIGHT_METRIC = "fedcontrast_aggregation_weight"  # n_k, sent as a metric so the aggregator has it exactly
+
+
+class PluginTaskRunner(TaskRunner):
+    """One OpenFL task per plugin task (``tasks.<name>.function: <name>`` in the plan).
+
+    Inputs are the plugin's declared downloads (GLOBAL ``model`` tensors of this round); outputs are
+    its uploads, tagged ``trained``, plus its metrics. Per-site state (MOON's previous model) is kept
+    in ``state_dir/<collaborator>.pt`` on the site's disk, so a restarted collaborator keeps it.
+    """
+
+    def __init__(self, data_loader=None, run_config: dict[str, Any] | None = None,
+                 state_dir: str = "local_state/sites", **kwargs: Any) -> None:
+        super().__init__(data_loader, **kwargs)
+        self.config = RunConfig.from_dict(run_config or {})
+        self.algorithm = build_algorithm(self.config)
+        self.device = resolve_device(self.config.device)
+        meta = data_loader.meta
+        self.model = initial_model(self.config, in_channels=meta.in_channels, image_size=meta.image_size,
+                                   num_classes=meta.num_classes).to(self.device)
+        server = ServerContext(model=self.model, round_num=0, seed=server_seed(self.config, 0),
+                               device=self.device, num_classes=meta.num_classes, public=meta.public)
+        self.initial_tensors = {k: v.detach().cpu().numpy()
+                                for k, v in self.algorithm.initial_downlink(server).global_tensors.items()}
+        self.download_names = [s.name for s in self.algorithm.download_specs(self.model, meta.num_classes)
+                               if not s.per_site]
+        self.state_dir = Path(state_dir)
+        self.required_tensorkeys_for_function: dict[str, list[TensorKey]] = {}
+        self.initialize_tensorkeys_for_functions()
+        for task in self.algorithm.tasks:
+            setattr(self, task, functools.partial(self.run_plugin_task, task))
+
+    # --- what OpenFL calls ----------------------------------------------------------------------
+    def get_tensor_dict(self, with_opt_vars: bool = False) -> dict[str, np.ndarray]:
+        """The round-0 downlink; ``fx plan initialize`` writes it to ``save/init.pbuf``."""
+        return dict(self.initial_tensors)
+
+    def initialize_tensorkeys_for_functions(self, with_opt_vars: bool = False) -> None:
+        keys = [TensorKey(name, "GLOBAL", 0, False, ("model",)) for name in self.download_names]
+        for task in self.algorithm.tasks:
+            self.required_tensorkeys_for_function[task] = keys
+
+    def get_required_tensorkeys_for_function(self, func_name: str, **kwargs: Any) -> list[TensorKey]:
+        return self.required_tensorkeys_for_function[func_name]
+
+    def run_plugin_task(self, task: str, col_name: str, round_num: int,
+                        input_tensor_dict: dict[str, np.ndarray], **kwargs: Any):
+        loader = self.data_loader
+        index = loader.site_index if loader.site_index is not None else zlib.crc32(col_name.encode()) % (1 << 20)
+        state = self._load_state(col_name)
+        received = {k: torch.from_numpy(np.array(v, dtype=np.float32, copy=True)).to(self.device)
+                    for k, v in input_tensor_dict.items()}
+        site = SiteContext(name=col_name, data=loader.train, model=self.model, training=self.config.training,
+                           round_num=round_num, seed=task_seed(self.config, round_num, index,
+                                                              self.algorithm.tasks.index(task)),
+                           device=self.device, state=state, public=loader.public)
+        result = self.algorithm.run_task(task, site, received)
+        self._save_state(col_name, site.state)
+        uploads = {TensorKey(name, col_name, round_num, False, ("trained",)): t.detach().cpu().numpy()
+                   for name, t in result.uploads.items()}
+        uploads[TensorKey(WEIGHT_METRIC, col_name, round_num, True, ("metric",))] = np.array(result.weight)
+        for key, value in result.metrics.items():
+            uploads[TensorKey(f"{task}_{key}", col_name, round_num, True, ("metric",))] = np.array(value)
+        return uploads, {}
+
+    # --- per-site state on the site's disk ------------------------------------------------------
+    def _state_path(self, col_name: str) -> Path:
+        return self.state_dir / f"{col_name}.pt"
+
+    def _load_state(self, col_name: str) -> dict[str, Any]:
+        path = self._state_path(col_name)
+        if not path.exists():
+            return {}
+        try:
+            return torch.load(path, map_location=self.device, weights_only=True)
+        except Exception as exc:
+            raise CheckpointError(f"this site's state file {path} is corrupt ({type(exc).__name__}); "
+                                  "move it away to start the site afresh") from None
+
+    def _save_state(self, col_name: str, state: dict[str, Any]) -> None:
+        path = self._state_path(col_name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
