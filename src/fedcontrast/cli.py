@@ -131,6 +131,89 @@ def cmd_algorithms(args: argparse.Namespace) -> int:
     return 0
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cmd_workspace_create(args: argparse.Namespace) -> int:
+    from .openfl.plan import DEFAULT_PORT, create_workspace
+
+    config = config_from_args(args)
+    ws = create_workspace(args.directory, config, collaborators=args.collaborators, address=args.address,
+                          port=args.port or DEFAULT_PORT, tls=not args.no_tls)
+    print(f"workspace {ws}: {config.algorithm} on {config.dataset}, {args.collaborators or config.clients} "
+          f"collaborators, TLS {'off' if args.no_tls else 'on (mutual)'}")
+    print(f"next: fedcontrast pki {ws}   (local development PKI; see certs/README.md for real sites)")
+    print(f"then, in {ws}: fx plan initialize; fx aggregator start; fx collaborator start -n site_0 ...")
+    return 0
+
+
+def cmd_pki(args: argparse.Namespace) -> int:
+    from .openfl.pki import dev_pki_commands, make_dev_pki
+    from .openfl.plan import collaborator_names
+
+    names = args.collaborators or collaborator_names(args.workspace)
+    if args.dry_run:
+        print("\n".join(" ".join(c) for c in dev_pki_commands(names, fqdn=args.fqdn)))
+        return 0
+    make_dev_pki(args.workspace, names, fqdn=args.fqdn)
+    print(f"certificate authority, aggregator and {len(names)} collaborator certificates in {Path(args.workspace) / 'cert'}")
+    return 0
+
+
+def cmd_federation(args: argparse.Namespace) -> int:
+    import shutil
+    import time
+
+    from .openfl.launch import export_results, initialize_plan, run_federation
+    from .openfl.pki import make_dev_pki
+    from .openfl.plan import collaborator_names, create_workspace, read_workspace_config
+
+    config = config_from_args(args).replace(clients=args.collaborators)
+    run_dir = Path(args.runs_dir) / (args.name or f"federation-{config.algorithm}-{config.dataset}-k{config.clients}-s{config.seed}")
+    ws = run_dir / "workspace"
+    if (run_dir / "summary.json").exists() and args.resume:
+        print(f"{run_dir} already finished; its results:")
+        print((run_dir / "summary.json").read_text())
+        return 0
+    if run_dir.exists() and not args.resume:
+        if not args.overwrite:
+            raise ConfigError(f"{run_dir} already holds a federation; continue it with --resume, choose another "
+                              "--name, or replace it with --overwrite")
+        shutil.rmtree(run_dir)
+    t0 = time.perf_counter()
+    if not (ws / "save" / "init.pbuf").exists():
+        if ws.exists():
+            shutil.rmtree(ws)  # set-up never finished: nothing of value in it yet
+        print(f"workspace {ws}: {config.algorithm} on {config.dataset}, {config.clients} collaborators, "
+              f"{config.rounds} rounds, mutual TLS on localhost", file=sys.stderr)
+        create_workspace(ws, config, port=args.port or _free_port())
+        print("making the development PKI with fx (CA, aggregator and collaborator certificates):", file=sys.stderr)
+        make_dev_pki(ws, collaborator_names(ws), log=lambda m: print(m, file=sys.stderr))
+        print("fx plan initialize", file=sys.stderr)
+        initialize_plan(ws)
+    else:
+        config = read_workspace_config(ws)
+        print(f"resuming the federation in {ws}", file=sys.stderr)
+    print(f"starting fx aggregator start and {config.clients} × fx collaborator start ...", file=sys.stderr)
+
+    def show(record):
+        acc = record.get("accuracy")
+        print(f"round {record['round']}/{record['rounds']}  global test accuracy "
+              f"{'n/a' if acc is None else f'{acc:.4f}'}", file=sys.stderr, flush=True)
+
+    run_federation(ws, timeout=args.timeout, on_round=show)
+    summary = export_results(ws, run_dir)
+    print(f"final global test accuracy {summary['final_accuracy']:.4f} after {summary['rounds_completed']} rounds "
+          f"({time.perf_counter() - t0:.0f} s); final model (torch state_dict): {run_dir / 'final_model.pt'}; "
+          f"plot: {run_dir / 'accuracy.png'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedcontrast", description="Contrastive federated learning on OpenFL.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -160,6 +243,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", default="runs")
     p.set_defaults(func=cmd_partition)
 
+    p = sub.add_parser("federation", help="run a real OpenFL federation on this machine (fx, mutual TLS)")
+    _add_run_flags(p, skip=("clients",))
+    p.add_argument("--collaborators", type=int, default=3)
+    p.add_argument("--name", help="run name (default: from the settings)")
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--port", type=int, help="aggregator port (default: a free one)")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds before the federation is stopped")
+    p.add_argument("--resume", action="store_true", help="restart the parties of an interrupted federation")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=cmd_federation)
+
+    p = sub.add_parser("workspace", help="OpenFL workspaces")
+    wsub = p.add_subparsers(dest="workspace_command", required=True)
+    w = wsub.add_parser("create", help="write an OpenFL workspace (plan, collaborators, data) for any plugin")
+    _add_run_flags(w, skip=("clients",))
+    w.add_argument("--collaborators", type=int, required=True)
+    w.add_argument("--address", default="localhost", help="the aggregator's host name (its certificate's name)")
+    w.add_argument("--port", type=int)
+    w.add_argument("--no-tls", action="store_true", help="plain gRPC (testing only)")
+    w.add_argument("directory")
+    w.set_defaults(func=cmd_workspace_create)
+
+    p = sub.add_parser("pki", help="make a local development PKI in a workspace with fx commands")
+    p.add_argument("workspace")
+    p.add_argument("--collaborators", nargs="+", help="names (default: plan/cols.yaml)")
+    p.add_argument("--fqdn", default="localhost")
+    p.add_argument("--dry-run", action="store_true", help="print the fx commands only")
+    p.set_defaults(func=cmd_pki)
+
     p = sub.add_parser("algorithms", help="list the registered algorithms and their settings")
     p.set_defaults(func=cmd_algorithms)
     return parser
@@ -171,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except FedContrastError as exc:
         print(f"fedcontrast: error: {exc}", file=sys.stderr)
-        return 2
+        return getattr(exc, "exit_code", 2)
     except KeyboardInterrupt:
         print("fedcontrast: interrupted; finished rounds are saved, continue with --resume", file=sys.stderr)
         return 130

@@ -27,6 +27,8 @@ from .pki import fx_executable
 class FederationFailed(FedContrastError):
     """A party of the federation exited with an error; the message says which and why."""
 
+    exit_code = 1
+
 
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
@@ -55,6 +57,10 @@ def failure_reason(log_path: Path) -> str:
     for line in reversed(lines):
         if "fedcontrast" in line and "error:" in line:
             return line.split("error:", 1)[1].strip()
+    for line in reversed(lines):
+        if "No such file" in line and "cert/" in line:
+            return (f"a certificate or key file is missing ({line.rsplit(':', 1)[-1].strip()}): make this "
+                    "party's certificate with the PKI steps before starting it")
     return lines[-1] if lines else "its log is empty"
 
 
