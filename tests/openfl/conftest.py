@@ -49,12 +49,12 @@ def pki(tmp_path_factory):
     return {"cert": main / "cert", "other_ca_client": other / "cert" / "client"}
 
 
-@pytest.fixture
-def make_workspace(tmp_path, pki):
-    """A ready workspace (plan, PKI, init.pbuf) for a config; ``max_retries`` bounds collaborator retries."""
+def workspace_factory(root: Path, pki: dict):
+    """Makes ready workspaces (plan, PKI, init.pbuf) under ``root``; ``max_retries`` bounds
+    collaborator retries."""
 
     def make(config: RunConfig, *, name: str = "ws", max_retries: int = 30) -> Path:
-        ws = create_workspace(tmp_path / name, config, port=free_port(), max_retries=max_retries)
+        ws = create_workspace(root / name, config, port=free_port(), max_retries=max_retries)
         shutil.rmtree(ws / "cert")
         shutil.copytree(pki["cert"], ws / "cert")
         cols = {"collaborators": [f"site_{i}" for i in range(config.clients)]}
@@ -63,3 +63,8 @@ def make_workspace(tmp_path, pki):
         return ws
 
     return make
+
+
+@pytest.fixture
+def make_workspace(tmp_path, pki):
+    return workspace_factory(tmp_path, pki)

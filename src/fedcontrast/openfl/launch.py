@@ -83,6 +83,28 @@ def stop_all(processes: dict[str, subprocess.Popen], grace: float = 10.0) -> Non
             proc.wait()
 
 
+def _log_path(ws: Path, party: str) -> Path:
+    return ws / "logs" / ("aggregator.log" if party == "aggregator" else f"{party}.log")
+
+
+def _explain_failure(ws: Path, processes: dict[str, subprocess.Popen], failed: list[str]) -> str:
+    """The root cause: when the aggregator stops a failed federation, collaborators exit first
+    saying only that; give the aggregator a moment and report its reason instead."""
+    aggregator = processes["aggregator"]
+    if "aggregator" not in failed:
+        try:
+            aggregator.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pass
+        if aggregator.poll() not in (None, 0):
+            failed = ["aggregator"]
+    party = failed[0]
+    who = "the aggregator" if party == "aggregator" else f"collaborator {party}"
+    code = processes[party].poll()
+    log = _log_path(ws, party)
+    return f"{who} exited with code {code}: {failure_reason(log)} (log: {log})"
+
+
 def run_federation(workspace: str | Path, *, timeout: float = 3600, poll: float = 0.25,
                    on_round: Callable[[dict[str, Any]], None] | None = None,
                    collaborators: list[str] | None = None) -> list[dict[str, Any]]:
@@ -107,12 +129,9 @@ def run_federation(workspace: str | Path, *, timeout: float = 3600, poll: float 
                 if on_round is not None:
                     on_round(record)
             seen = len(records)
-            for party, proc in processes.items():
-                code = proc.poll()
-                if code not in (None, 0):
-                    log = ws / "logs" / ("aggregator.log" if party == "aggregator" else f"{party}.log")
-                    raise FederationFailed(f"the {'aggregator' if party == 'aggregator' else 'collaborator ' + party} "
-                                           f"exited with code {code}: {failure_reason(log)} (log: {log})")
+            failed = [party for party, proc in processes.items() if proc.poll() not in (None, 0)]
+            if failed:
+                raise FederationFailed(_explain_failure(ws, processes, failed))
             if all(proc.poll() == 0 for proc in processes.values()):
                 break
             if time.monotonic() > deadline:

@@ -1,0 +1,191 @@
+"""Bad parties and bad input in a real federation: each is refused with one clear sentence and a
+non-zero exit, and nothing already written is damaged."""
+
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import grpc
+import pytest
+import torch
+import yaml
+
+from fedcontrast.algorithms import registry
+from fedcontrast.openfl.launch import FederationFailed, failure_reason, read_rounds, run_federation, start, stop_all
+from fedcontrast.openfl.plan import create_workspace
+
+from .conftest import FEDERATION_TIMEOUT, free_port, small_config, workspace_factory
+
+
+def run_collaborator(ws, name, timeout=150):
+    proc = start(ws, ["collaborator", "start", "-n", name], f"{name}.log")
+    try:
+        code = proc.wait(timeout=timeout)
+    finally:
+        stop_all({name: proc})
+    return code, failure_reason(ws / "logs" / f"{name}.log")
+
+
+def wait_for_port(port, proc, deadline=90):
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        assert proc.poll() is None, "the aggregator died while starting"
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise AssertionError("the aggregator did not start listening")
+
+
+@pytest.fixture(scope="module")
+def aggregator(tmp_path_factory, pki):
+    """One running aggregator (mutual TLS) that the refused parties below try to join."""
+    make = workspace_factory(tmp_path_factory.mktemp("refusals"), pki)
+    ws = make(small_config(algorithm="fedavg", rounds=1), max_retries=2)
+    with open(ws / "plan" / "data.yaml", "a") as f:
+        f.write("intruder,shard:0\n")  # it has data and a valid certificate, but is not in cols.yaml
+    proc = start(ws, ["aggregator", "start"], "aggregator.log")
+    port = yaml.safe_load((ws / "plan" / "plan.yaml").read_text())["network"]["settings"]["agg_port"]
+    wait_for_port(port, proc)
+    yield {"ws": ws, "proc": proc, "port": port, "pki": pki}
+    stop_all({"aggregator": proc})
+
+
+def copy_workspace(src, dst):
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("logs", "local_state"))
+    (dst / "logs").mkdir()
+    (dst / "local_state").mkdir()
+    return dst
+
+
+def test_collaborator_not_in_cols_yaml_is_refused(aggregator):
+    code, reason = run_collaborator(aggregator["ws"], "intruder")
+    assert code != 0
+    assert "refused this collaborator" in reason and "cols.yaml" in reason
+
+
+def test_certificate_signed_by_another_ca_is_refused(aggregator, tmp_path):
+    ws = copy_workspace(aggregator["ws"], tmp_path / "other_ca")
+    for suffix in ("crt", "key"):
+        shutil.copyfile(aggregator["pki"]["other_ca_client"] / f"col_site_1.{suffix}",
+                        ws / "cert" / "client" / f"col_site_1.{suffix}")
+    code, reason = run_collaborator(ws, "site_1")
+    assert code != 0
+    assert "TLS handshake failed" in reason and "gave up after 2 retries" in reason
+
+
+def test_missing_client_certificate_is_named(aggregator, tmp_path):
+    ws = copy_workspace(aggregator["ws"], tmp_path / "no_cert")
+    for suffix in ("crt", "key"):
+        (ws / "cert" / "client" / f"col_site_1.{suffix}").unlink()
+    code, reason = run_collaborator(ws, "site_1")
+    assert code != 0
+    assert "certificate or key file is missing" in reason and "col_site_1" in reason
+
+
+def test_tls_client_without_certificate_is_refused_by_the_aggregator(aggregator):
+    from openfl.protocols import aggregator_pb2, aggregator_pb2_grpc
+
+    root = (aggregator["ws"] / "cert" / "cert_chain.crt").read_bytes()
+    channel = grpc.secure_channel(f"localhost:{aggregator['port']}", grpc.ssl_channel_credentials(root_certificates=root))
+    with pytest.raises(grpc.RpcError) as info:
+        aggregator_pb2_grpc.AggregatorStub(channel).GetTasks(aggregator_pb2.GetTasksRequest(), timeout=15)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    channel.close()
+
+
+def test_plan_that_differs_from_the_aggregators_is_refused(aggregator, tmp_path):
+    ws = copy_workspace(aggregator["ws"], tmp_path / "other_plan")
+    plan = yaml.safe_load((ws / "plan" / "plan.yaml").read_text())
+    plan["aggregator"]["settings"]["rounds_to_train"] = 7  # any edit changes the plan's hash
+    (ws / "plan" / "plan.yaml").write_text(yaml.safe_dump(plan))
+    code, reason = run_collaborator(ws, "site_0")
+    assert code != 0
+    assert "plan differs from the aggregator's" in reason
+
+
+def test_refusals_left_the_aggregator_unharmed(aggregator):
+    # Runs after the refusals above (file order): the aggregator is still up and still waiting for round 0.
+    assert aggregator["proc"].poll() is None
+    assert read_rounds(aggregator["ws"]) == []
+
+
+def test_unreachable_aggregator_gives_up_with_a_clear_message(make_workspace):
+    ws = make_workspace(small_config(), max_retries=2)  # no aggregator is started
+    started = time.monotonic()
+    code, reason = run_collaborator(ws, "site_0")
+    assert code != 0
+    assert "cannot reach the aggregator" in reason and "gave up after 2 retries" in reason
+    assert time.monotonic() - started < 120
+
+
+PLUGINS = '''
+import torch
+from fedcontrast.algorithms.fedavg import FedAvg
+
+
+class NanUpload(FedAvg):
+    """site_1 uploads NaN weights in the second round."""
+    name = "nan_upload"
+
+    def task_train(self, site, received):
+        result = super().task_train(site, received)
+        if site.name == "site_1" and site.round_num == 1:
+            key = next(iter(result.uploads))
+            result.uploads[key] = torch.full_like(result.uploads[key], float("nan"))
+        return result
+
+
+class BrokenAggregator(FedAvg):
+    """The aggregator task raises in the first round."""
+    name = "broken_aggregator"
+
+    def aggregate(self, uploads, weights, server):
+        raise RuntimeError("deliberate failure in the aggregator task")
+'''
+
+
+@pytest.fixture
+def test_plugins(tmp_path, monkeypatch):
+    """Two faulty plugins, installed as a third-party package (entry points) for every process."""
+    pkg = tmp_path / "plugins"
+    pkg.mkdir()
+    (pkg / "faulty_plugins.py").write_text(textwrap.dedent(PLUGINS))
+    dist = pkg / "faulty_plugins-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: faulty-plugins\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[fedcontrast.algorithms]\n"
+                                           "nan_upload = faulty_plugins:NanUpload\n"
+                                           "broken_aggregator = faulty_plugins:BrokenAggregator\n")
+    monkeypatch.setenv("PYTHONPATH", str(pkg))
+    monkeypatch.syspath_prepend(str(pkg))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    yield
+    sys.modules.pop("faulty_plugins", None)
+
+
+def test_bad_upload_is_rejected_with_the_sender_named(make_workspace, test_plugins):
+    ws = make_workspace(small_config(algorithm="nan_upload", rounds=3))
+    with pytest.raises(FederationFailed) as info:
+        run_federation(ws, timeout=FEDERATION_TIMEOUT)
+    message = str(info.value)
+    assert "the aggregator exited with code 3" in message
+    assert "site 'site_1'" in message and "NaN" in message
+    # Round 2 was aggregated from site_0 alone (not poisoned), exported, and then the federation stopped.
+    assert [r["round"] for r in read_rounds(ws)] == [1, 2]
+    final = torch.load(ws / "save" / "final_model.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in final.values() if v.is_floating_point())
+
+
+def test_exception_in_aggregator_task_stops_the_federation(make_workspace, test_plugins):
+    ws = make_workspace(small_config(algorithm="broken_aggregator"))
+    started = time.monotonic()
+    with pytest.raises(FederationFailed) as info:
+        run_federation(ws, timeout=FEDERATION_TIMEOUT)
+    assert "deliberate failure in the aggregator task" in str(info.value)
+    assert "round 0 could not be aggregated" in str(info.value)
+    assert time.monotonic() - started < FEDERATION_TIMEOUT / 2  # stopped, did not hang
