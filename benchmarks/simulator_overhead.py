@@ -62,7 +62,6 @@ def simulator_rounds(config: RunConfig, rounds: int) -> list[float]:
     stamps = []
     tmp = tempfile.mkdtemp()
     try:
-        t_start = time.perf_counter()
         run_simulation(config.replace(rounds=rounds), f"{tmp}/run",
                        progress=lambda done, total, row: stamps.append(time.perf_counter()))
     finally:

@@ -152,6 +152,14 @@ def cmd_workspace_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan_write(args: argparse.Namespace) -> int:
+    from .openfl.plan import write_plan_templates
+
+    for path in write_plan_templates(args.directory, args.collaborators):
+        print(f"wrote {path}")
+    return 0
+
+
 def cmd_pki(args: argparse.Namespace) -> int:
     from .openfl.pki import dev_pki_commands, make_dev_pki
     from .openfl.plan import collaborator_names
@@ -264,6 +272,13 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--no-tls", action="store_true", help="plain gRPC (testing only)")
     w.add_argument("directory")
     w.set_defaults(func=cmd_workspace_create)
+
+    p = sub.add_parser("plan", help="OpenFL plan templates")
+    psub = p.add_subparsers(dest="plan_command", required=True)
+    w = psub.add_parser("write", help="write plan/defaults.yaml and one plan per registered algorithm")
+    w.add_argument("directory", nargs="?", default="plan")
+    w.add_argument("--collaborators", type=int, default=3)
+    w.set_defaults(func=cmd_plan_write)
 
     p = sub.add_parser("pki", help="make a local development PKI in a workspace with fx commands")
     p.add_argument("workspace")

@@ -7,11 +7,14 @@ test's workspace; each federation test gets a fresh workspace, port and ``fx pla
 import shutil
 import socket
 import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
 
+from fedcontrast.algorithms import registry
 from fedcontrast.config import RunConfig
 from fedcontrast.openfl.launch import initialize_plan
 from fedcontrast.openfl.pki import fx_executable, make_dev_pki
@@ -68,3 +71,75 @@ def workspace_factory(root: Path, pki: dict):
 @pytest.fixture
 def make_workspace(tmp_path, pki):
     return workspace_factory(tmp_path, pki)
+
+
+PLUGINS = '''
+import torch
+from fedcontrast.algorithms import TensorSpec
+from fedcontrast.algorithms.fedavg import FedAvg
+
+
+class NanUpload(FedAvg):
+    """site_1 uploads NaN weights in the second round."""
+    name = "nan_upload"
+
+    def task_train(self, site, received):
+        result = super().task_train(site, received)
+        if site.name == "site_1" and site.round_num == 1:
+            key = next(iter(result.uploads))
+            result.uploads[key] = torch.full_like(result.uploads[key], float("nan"))
+        return result
+
+
+class BrokenAggregator(FedAvg):
+    """The aggregator task raises in the first round."""
+    name = "broken_aggregator"
+
+    def aggregate(self, uploads, weights, server):
+        raise RuntimeError("deliberate failure in the aggregator task")
+
+
+class PersonalEcho(FedAvg):
+    """Sends each site its own number (100 × site index + round) and records what each site got."""
+    name = "personal_echo"
+
+    def download_specs(self, model, num_classes):
+        return super().download_specs(model, num_classes) + [
+            TensorSpec("echo.count", (1,), "float32", "download", per_site=True)]
+
+    def initial_downlink(self, server):
+        downlink = super().initial_downlink(server)
+        downlink.personal = {s: {"echo.count": torch.zeros(1)} for s in server.sites}
+        return downlink
+
+    def task_train(self, site, received):
+        site.state.setdefault("echo.seen", []).append(float(received["echo.count"]))
+        return super().task_train(site, received)
+
+    def aggregate(self, uploads, weights, server):
+        downlink = super().aggregate(uploads, weights, server)
+        downlink.personal = {s: {"echo.count": torch.tensor([server.round_num + 1.0 + 100 * int(s.split("_")[1])])}
+                             for s in uploads}
+        return downlink
+'''
+
+
+@pytest.fixture
+def test_plugins(tmp_path, monkeypatch):
+    """Test plugins installed as a third-party package (entry points), for every process."""
+    pkg = tmp_path / "plugins"
+    pkg.mkdir()
+    (pkg / "test_only_plugins.py").write_text(textwrap.dedent(PLUGINS))
+    dist = pkg / "test_only_plugins-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: test-only-plugins\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[fedcontrast.algorithms]\n"
+                                           "nan_upload = test_only_plugins:NanUpload\n"
+                                           "broken_aggregator = test_only_plugins:BrokenAggregator\n"
+                                           "personal_echo = test_only_plugins:PersonalEcho\n")
+    monkeypatch.setenv("PYTHONPATH", str(pkg))
+    monkeypatch.syspath_prepend(str(pkg))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+    yield
+    sys.modules.pop("test_only_plugins", None)

@@ -4,8 +4,8 @@ The exported final model is compared with the simulator's for the same config an
 plugin code, shards, seeds and aggregation order make them identical bit for bit on the CPU.
 """
 
-import signal
 import os
+import signal
 import time
 
 import pytest
@@ -14,7 +14,8 @@ import torch
 from fedcontrast.algorithms.base import WEIGHT_PREFIX
 from fedcontrast.evaluation import evaluate_classifier
 from fedcontrast.models import build_model
-from fedcontrast.openfl.launch import export_results, read_rounds, run_federation, start, stop_all
+from fedcontrast.openfl.launch import (export_results, read_rounds, run_federation, start, stop_all,
+                                      threads_per_collaborator)
 from fedcontrast.openfl.plan import read_workspace_config
 from fedcontrast.sim import Federation
 
@@ -22,9 +23,16 @@ from .conftest import FEDERATION_TIMEOUT, small_config
 
 
 def simulator_final_weights(config):
-    federation = Federation(config)
-    for r in range(config.rounds):
-        federation.run_round(r)
+    """The simulator's final global weights, computed with the collaborators' thread count (the
+    count changes the last bits of float sums)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads_per_collaborator(config.clients))
+    try:
+        federation = Federation(config)
+        for r in range(config.rounds):
+            federation.run_round(r)
+    finally:
+        torch.set_num_threads(previous)
     return {k[len(WEIGHT_PREFIX):]: v for k, v in federation.downlink.global_tensors.items()}, federation
 
 
@@ -64,17 +72,18 @@ def test_killed_aggregator_and_collaborator_resume_without_loss(make_workspace):
     config = small_config(rounds=3)
     ws = make_workspace(config, max_retries=120)
     deadline = time.monotonic() + FEDERATION_TIMEOUT
-    procs = {"aggregator": start(ws, ["aggregator", "start"], "aggregator.log")}
+    threads = threads_per_collaborator(2)
+    procs = {"aggregator": start(ws, ["aggregator", "start"], "aggregator.log", threads)}
     for name in ("site_0", "site_1"):
-        procs[name] = start(ws, ["collaborator", "start", "-n", name], f"{name}.log")
+        procs[name] = start(ws, ["collaborator", "start", "-n", name], f"{name}.log", threads)
     try:
         _wait_for_rounds(ws, 1, deadline)
         for party in ("aggregator", "site_1"):  # kill -9: no chance to clean up
             os.killpg(procs[party].pid, signal.SIGKILL)
             procs[party].wait()
         finished = len(read_rounds(ws))
-        procs["aggregator"] = start(ws, ["aggregator", "start"], "aggregator.log")
-        procs["site_1"] = start(ws, ["collaborator", "start", "-n", "site_1"], "site_1.log")
+        procs["aggregator"] = start(ws, ["aggregator", "start"], "aggregator.log", threads)
+        procs["site_1"] = start(ws, ["collaborator", "start", "-n", "site_1"], "site_1.log", threads)
         for party, proc in procs.items():
             assert proc.wait(timeout=max(1, deadline - time.monotonic())) == 0, party
     finally:
@@ -84,3 +93,16 @@ def test_killed_aggregator_and_collaborator_resume_without_loss(make_workspace):
     exported = torch.load(ws / "save" / "final_model.pt", weights_only=True)
     simulated, _ = simulator_final_weights(read_workspace_config(ws))
     assert_same_weights(exported, simulated)
+
+
+def test_per_site_downlinks_reach_only_their_site(make_workspace, test_plugins):
+    config = small_config(algorithm="personal_echo", rounds=3)
+    ws = make_workspace(config)
+    run_federation(ws, timeout=FEDERATION_TIMEOUT)
+    federation = Federation(read_workspace_config(ws))
+    for r in range(config.rounds):
+        federation.run_round(r)
+    for i in (0, 1):
+        seen = torch.load(ws / "local_state" / "sites" / f"site_{i}.pt", weights_only=True)["echo.seen"]
+        assert seen == [0.0, 1.0 + 100 * i, 2.0 + 100 * i]  # its own number each round, no other site's
+        assert federation.sites[i].state["echo.seen"] == seen  # what the simulator delivers

@@ -3,9 +3,6 @@ non-zero exit, and nothing already written is damaged."""
 
 import shutil
 import socket
-import subprocess
-import sys
-import textwrap
 import time
 
 import grpc
@@ -13,11 +10,9 @@ import pytest
 import torch
 import yaml
 
-from fedcontrast.algorithms import registry
 from fedcontrast.openfl.launch import FederationFailed, failure_reason, read_rounds, run_federation, start, stop_all
-from fedcontrast.openfl.plan import create_workspace
 
-from .conftest import FEDERATION_TIMEOUT, free_port, small_config, workspace_factory
+from .conftest import FEDERATION_TIMEOUT, small_config, workspace_factory
 
 
 def run_collaborator(ws, name, timeout=150):
@@ -120,52 +115,6 @@ def test_unreachable_aggregator_gives_up_with_a_clear_message(make_workspace):
     assert code != 0
     assert "cannot reach the aggregator" in reason and "gave up after 2 retries" in reason
     assert time.monotonic() - started < 120
-
-
-PLUGINS = '''
-import torch
-from fedcontrast.algorithms.fedavg import FedAvg
-
-
-class NanUpload(FedAvg):
-    """site_1 uploads NaN weights in the second round."""
-    name = "nan_upload"
-
-    def task_train(self, site, received):
-        result = super().task_train(site, received)
-        if site.name == "site_1" and site.round_num == 1:
-            key = next(iter(result.uploads))
-            result.uploads[key] = torch.full_like(result.uploads[key], float("nan"))
-        return result
-
-
-class BrokenAggregator(FedAvg):
-    """The aggregator task raises in the first round."""
-    name = "broken_aggregator"
-
-    def aggregate(self, uploads, weights, server):
-        raise RuntimeError("deliberate failure in the aggregator task")
-'''
-
-
-@pytest.fixture
-def test_plugins(tmp_path, monkeypatch):
-    """Two faulty plugins, installed as a third-party package (entry points) for every process."""
-    pkg = tmp_path / "plugins"
-    pkg.mkdir()
-    (pkg / "faulty_plugins.py").write_text(textwrap.dedent(PLUGINS))
-    dist = pkg / "faulty_plugins-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: faulty-plugins\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[fedcontrast.algorithms]\n"
-                                           "nan_upload = faulty_plugins:NanUpload\n"
-                                           "broken_aggregator = faulty_plugins:BrokenAggregator\n")
-    monkeypatch.setenv("PYTHONPATH", str(pkg))
-    monkeypatch.syspath_prepend(str(pkg))
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    monkeypatch.setattr(registry, "_entry_points_loaded", False)
-    yield
-    sys.modules.pop("faulty_plugins", None)
 
 
 def test_bad_upload_is_rejected_with_the_sender_named(make_workspace, test_plugins):

@@ -6,7 +6,6 @@ import json
 import pytest
 
 from fedcontrast.algorithms import available_algorithms
-from fedcontrast.config import TrainingConfig
 from fedcontrast.errors import CheckpointError, ConfigError
 from fedcontrast.sim import run_simulation
 
@@ -49,7 +48,7 @@ def test_same_seed_gives_identical_metrics(tmp_path, tiny_config):
     run_simulation(config, tmp_path / "a")
     run_simulation(config, tmp_path / "b")
     assert read_csv(tmp_path / "a" / "metrics.csv") == read_csv(tmp_path / "b" / "metrics.csv")
-    other = run_simulation(config.replace(seed=1), tmp_path / "c")
+    run_simulation(config.replace(seed=1), tmp_path / "c")
     assert read_csv(tmp_path / "c" / "metrics.csv") != read_csv(tmp_path / "a" / "metrics.csv")
 
 

@@ -135,6 +135,7 @@ class ServerContext:
     num_classes: int
     state: dict[str, Any] = field(default_factory=dict)
     public: Any = None
+    sites: list[str] = field(default_factory=list)  # every site of the federation, for per-site downlinks
 
 
 @dataclass

@@ -20,13 +20,15 @@ from ..algorithms import InvalidUploadError, ServerContext, validate_uploads
 from ..config import RunConfig
 from ..construction import build_algorithm, initial_model, resolve_device, server_seed
 from ..errors import FedContrastError
-from .runner import WEIGHT_METRIC
+from .runner import PERSONAL_TAG, WEIGHT_METRIC
 
 logger = logging.getLogger(__name__)
 
 # Sites whose upload was rejected in the current round; the aggregator reads and clears this after
 # the round (see components.SafeAggregator) and stops the federation, naming them.
 REJECTED: list[str] = []
+# Where per-site downlinks are saved for a restarted aggregator (set by components.SafeAggregator).
+PERSONAL_DIR: str | None = None
 
 
 class AggregationFailure(FedContrastError):
@@ -78,11 +80,41 @@ class PluginAggregation(AggregationFunction):
             raise AggregationFailure(f"round {fl_round}: every upload was rejected; nothing to aggregate")
         self.server.round_num = fl_round
         self.server.seed = server_seed(self.config, fl_round)
+        self.server.sites = list(sites)
         downlink = self.algorithm.aggregate(valid, {s: weights[s] for s in valid}, self.server)
         if downlink.personal:
-            raise AggregationFailure(f"{self.algorithm.name} sends per-site tensors, which this glue "
-                                     "version does not deliver yet")
+            origin = aggregator_origin(db)
+            for site, tensors in downlink.personal.items():
+                for name, tensor in tensors.items():
+                    db.store(tensor_name=name, origin=origin, fl_round=fl_round + 1, tags=(site, PERSONAL_TAG),
+                             nparray=tensor.detach().cpu().numpy())
+            if PERSONAL_DIR is not None:
+                save_personal(PERSONAL_DIR, fl_round + 1, downlink.personal)
         return {name: t.detach().cpu().numpy() for name, t in downlink.global_tensors.items()}
+
+
+def aggregator_origin(db) -> str:
+    """The aggregator's id, as the origin of the global model rows it wrote."""
+    rows = db[db["tags"] == ("model",)]
+    if len(rows) == 0:
+        raise AggregationFailure("the tensor database holds no global model rows; cannot address per-site tensors")
+    return rows["origin"].iloc[0]
+
+
+def personal_path(directory: str, round_number: int):
+    from pathlib import Path
+
+    return Path(directory) / f"personal_round_{round_number}.pt"
+
+
+def save_personal(directory: str, round_number: int, personal: dict[str, dict[str, torch.Tensor]]) -> None:
+    """Per-site downlinks are not in OpenFL's persistent DB: keep them so a restart can serve them."""
+    import os
+
+    path = personal_path(directory, round_number)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({s: {k: v.detach().cpu() for k, v in t.items()} for s, t in personal.items()}, tmp)
+    os.replace(tmp, path)
 
 
 def read_round(db, fl_round: int, sites: tuple[str, ...]) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, float]]:

@@ -27,7 +27,10 @@ from ..algorithms import Downlink, ServerContext, load_weights
 from ..config import RunConfig
 from ..construction import build_algorithm, initial_model, load_splits, resolve_device, server_seed
 from ..errors import FedContrastError
+from openfl.utilities import TensorKey
+
 from . import aggregation
+from .runner import PERSONAL_TAG
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +89,31 @@ class SafeAggregator(Aggregator):
                  report_dir: str = "save", **kwargs: Any) -> None:
         self.failure: str | None = None  # set before super(): recovery may replay a round end
         callbacks = list(kwargs.pop("callbacks", None) or [])  # the stock default is a shared list
-        callbacks.append(RoundReport(RunConfig.from_dict(run_config or {}), model_shape or {}, report_dir))
+        config = RunConfig.from_dict(run_config or {})
+        callbacks.append(RoundReport(config, model_shape or {}, report_dir))
         super().__init__(callbacks=callbacks, **kwargs)
+        aggregation.PERSONAL_DIR = report_dir
+        self._serve_personal_downlinks(config, model_shape or {}, report_dir)
+
+    def _serve_personal_downlinks(self, config: RunConfig, shape: dict[str, int], report_dir: str) -> None:
+        """Put this round's per-site tensors into the tensor DB: round 0's from the plugin's initial
+        downlink, a resumed round's from the file the aggregation function wrote (OpenFL's own
+        persistence keeps only the global model)."""
+        path = aggregation.personal_path(report_dir, self.round_number)
+        if path.exists():
+            personal = torch.load(path, weights_only=True)
+        elif self.round_number == 0:
+            model = initial_model(config, **shape)
+            server = ServerContext(model=model, round_num=0, seed=server_seed(config, 0), device=torch.device("cpu"),
+                                   num_classes=shape["num_classes"], sites=list(self.authorized_cols))
+            personal = build_algorithm(config).initial_downlink(server).personal
+            if personal:
+                aggregation.save_personal(report_dir, 0, personal)
+        else:
+            personal = {}
+        for site, tensors in personal.items():
+            self.tensor_db.cache_tensor({TensorKey(name, self.uuid, self.round_number, False,
+                                                   (site, PERSONAL_TAG)): t.numpy() for name, t in tensors.items()})
 
     def _save_model(self, round_number, file_path):
         # With no "validate_agg" metric the best score stays None and persisting the round does
@@ -175,12 +201,16 @@ class BoundedRetry:
 class SafeCollaborator(Collaborator):
     """The stock collaborator with bounded retries and an explained exit when the federation fails."""
 
-    def __init__(self, max_retries: int = 30, **kwargs: Any) -> None:
+    def __init__(self, max_retries: int = 30, poll_interval: float = 0.05, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # The aggregator can only say "sleep N whole seconds" when it has no task yet; a site that
+        # finished early would then start the next round up to a second late. Asking again sooner
+        # costs one small gRPC call.
+        self.poll_interval = poll_interval
         policy = self.client.sleeping_policy
         self.client.sleeping_policy = BoundedRetry(policy.reconnect_interval, policy.uri, max_retries)
 
-    def run(self) -> None:  # Collaborator.run of OpenFL 1.9, plus the two checks marked below
+    def run(self) -> None:  # Collaborator.run of OpenFL 1.9, plus the lines marked below
         self.callbacks.on_experiment_begin()
         while True:
             tasks, round_number, sleep_time, time_to_quit = self.client.get_tasks()
@@ -191,7 +221,7 @@ class SafeCollaborator(Collaborator):
                                               "federation after a failed round; see the aggregator's log")
                 break
             if not tasks:
-                time.sleep(sleep_time)
+                time.sleep(min(sleep_time, self.poll_interval))  # changed: see poll_interval
                 continue
             logger.info("Round: %d Received Tasks: %s", round_number, tasks)
             self.callbacks.on_round_begin(round_number)

@@ -19,6 +19,7 @@ from ..construction import build_algorithm, initial_model, resolve_device, serve
 from ..errors import CheckpointError
 
 WEIGHT_METRIC = "fedcontrast_aggregation_weight"  # n_k, sent as a metric so the aggregator has it exactly
+PERSONAL_TAG = "personal"  # tags (site, "personal"): a downlink tensor meant for that site only
 
 
 class PluginTaskRunner(TaskRunner):
@@ -42,8 +43,9 @@ class PluginTaskRunner(TaskRunner):
                                device=self.device, num_classes=meta.num_classes, public=meta.public)
         self.initial_tensors = {k: v.detach().cpu().numpy()
                                 for k, v in self.algorithm.initial_downlink(server).global_tensors.items()}
-        self.download_names = [s.name for s in self.algorithm.download_specs(self.model, meta.num_classes)
-                               if not s.per_site]
+        specs = self.algorithm.download_specs(self.model, meta.num_classes)
+        self.download_names = [s.name for s in specs if not s.per_site]
+        self.personal_names = [s.name for s in specs if s.per_site]
         self.state_dir = Path(state_dir)
         self.required_tensorkeys_for_function: dict[str, list[TensorKey]] = {}
         self.initialize_tensorkeys_for_functions()
@@ -57,6 +59,8 @@ class PluginTaskRunner(TaskRunner):
 
     def initialize_tensorkeys_for_functions(self, with_opt_vars: bool = False) -> None:
         keys = [TensorKey(name, "GLOBAL", 0, False, ("model",)) for name in self.download_names]
+        # Per-site tensors: OpenFL asks for (this collaborator, "personal") and serves only its own.
+        keys += [TensorKey(name, "GLOBAL", 0, False, (PERSONAL_TAG,)) for name in self.personal_names]
         for task in self.algorithm.tasks:
             self.required_tensorkeys_for_function[task] = keys
 

@@ -47,7 +47,8 @@ class Federation:
         model = initial_model(config, in_channels=splits.in_channels, image_size=splits.image_size,
                               num_classes=splits.num_classes).to(self.device)
         self.server = ServerContext(model=model, round_num=0, seed=server_seed(config, 0),
-                                    device=self.device, num_classes=splits.num_classes, public=self.public)
+                                    device=self.device, num_classes=splits.num_classes, public=self.public,
+                                    sites=[site.name for site in self.sites])
         self.site_model = copy.deepcopy(model)  # scratch network the site tasks load weights into
         self.upload_specs = self.algorithm.upload_specs(model, splits.num_classes)
         self.downlink: Downlink = self.algorithm.initial_downlink(self.server)

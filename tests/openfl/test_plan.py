@@ -1,0 +1,52 @@
+"""Plans come from the typed configuration: the committed ones must equal what the code generates."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedcontrast.algorithms import available_algorithms
+from fedcontrast.config import RunConfig
+from fedcontrast.errors import ConfigError
+from fedcontrast.openfl.plan import (build_plan, collaborator_names, create_workspace, plan_templates,
+                                     read_workspace_config)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_committed_plan_templates_are_current():
+    for name, plan in plan_templates().items():
+        committed = yaml.safe_load((ROOT / "plan" / f"{name}.yaml").read_text())
+        assert committed == plan, f"plan/{name}.yaml is stale: run `fedcontrast plan write plan`"
+
+
+def test_committed_workspace_is_current():
+    ws = ROOT / "workspaces" / "digits-moon"
+    committed = yaml.safe_load((ws / "plan" / "plan.yaml").read_text())
+    assert committed == build_plan(RunConfig(algorithm="moon", dataset="digits", clients=3))
+    assert collaborator_names(ws) == ["site_0", "site_1", "site_2"]
+
+
+@pytest.mark.parametrize("algorithm", available_algorithms())
+def test_plan_runs_the_plugins_tasks_over_mutual_tls(algorithm):
+    config = RunConfig(algorithm=algorithm, clients=2, rounds=4)
+    plan = build_plan(config)
+    assert plan["network"]["settings"]["use_tls"] and plan["network"]["settings"]["require_client_auth"]
+    tasks = plan["assigner"]["settings"]["task_groups"][0]["tasks"]
+    assert set(plan["tasks"]) == set(tasks) and tasks
+    assert plan["aggregator"]["settings"]["rounds_to_train"] == 4
+    for part in ("data_loader", "task_runner"):
+        assert RunConfig.from_dict(plan[part]["settings"]["run_config"]) == config
+
+
+def test_workspace_round_trip_and_refusals(tmp_path):
+    config = RunConfig(algorithm="fedprox", clients=4, hyperparameters={"fedprox": {"mu": 0.1}})
+    ws = create_workspace(tmp_path / "ws", config, collaborators=2)
+    assert read_workspace_config(ws) == config.replace(clients=2)
+    assert (ws / "plan" / "data.yaml").read_text() == "site_0,shard:0\nsite_1,shard:1\n"
+    with pytest.raises(ConfigError, match="already holds a workspace"):
+        create_workspace(tmp_path / "ws", config)
+    with pytest.raises(ConfigError, match="sample_fraction"):
+        build_plan(config.replace(sample_fraction=0.5))
+    with pytest.raises(ConfigError, match="not a workspace"):
+        read_workspace_config(tmp_path / "nowhere")
