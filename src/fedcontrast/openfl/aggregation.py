@@ -1,10 +1,11 @@
 """OpenFL aggregation function that runs the plugin's aggregator task over the whole round.
 
-OpenFL calls an aggregation function once per tensor name; a plugin's rule may need every tensor of
-every site at once (dual aggregation, prototype fill, distillation). So the first call of a round
-reads all uploads of the round from the tensor database, validates each site's upload against the
-plugin's declaration, runs ``algorithm.aggregate`` once, and later calls of the round only look the
-result up.
+A plugin's rule may need every tensor of every site at once (dual aggregation, prototype fill,
+distillation). Each site uploads everything it declares as one packed vector (see ``packing``), so
+OpenFL calls this function once per round with every site's upload: it unpacks and validates each
+one against the plugin's declaration, runs ``algorithm.aggregate`` once, stores per-site downlinks
+for the next round, and returns the packed global downlink, which OpenFL serves as next round's
+model.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..algorithms import InvalidUploadError, ServerContext, validate_uploads
 from ..config import RunConfig
 from ..construction import build_algorithm, initial_model, resolve_device, server_seed
 from ..errors import FedContrastError
+from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, unpack
 from .runner import PERSONAL_TAG, WEIGHT_METRIC
 
 logger = logging.getLogger(__name__)
@@ -51,28 +53,27 @@ class PluginAggregation(AggregationFunction):
         self.server = ServerContext(model=model, round_num=0, seed=server_seed(self.config, 0), device=device,
                                     num_classes=shape["num_classes"])
         self.specs = self.algorithm.upload_specs(model, shape["num_classes"])
-        self._round_key: tuple | None = None
-        self._result: dict[str, np.ndarray] = {}
+        downloads = self.algorithm.download_specs(model, shape["num_classes"])
+        self.global_specs = [s for s in downloads if not s.per_site]
+        self.personal_specs = [s for s in downloads if s.per_site]
 
     def call(self, local_tensors, tensor_db, tensor_name: str, fl_round: int, tags: tuple[str, ...]) -> np.ndarray:
-        sites = tuple(sorted(lt.col_name for lt in local_tensors))
-        key = (fl_round, sites)
-        if key != self._round_key:
-            self._result = self._aggregate_round(tensor_db, fl_round, sites)
-            self._round_key = key
-        if tensor_name not in self._result:
-            raise AggregationFailure(f"{self.algorithm.name} produced no tensor {tensor_name!r} in round {fl_round}")
-        return self._result[tensor_name]
+        """Called once per round, for the packed upload of the round's last task."""
+        if tensor_name != GLOBAL_PACKED:
+            raise AggregationFailure(f"unexpected tensor {tensor_name!r}: fedcontrast sends one packed tensor")
+        return self._aggregate_round(tensor_db, fl_round, {lt.col_name: lt.tensor for lt in local_tensors})
 
-    def _aggregate_round(self, db, fl_round: int, sites: tuple[str, ...]) -> dict[str, np.ndarray]:
-        uploads, weights = read_round(db, fl_round, sites)
+    def _aggregate_round(self, db, fl_round: int, packed: dict[str, np.ndarray]) -> np.ndarray:
+        sites = tuple(sorted(packed))
+        weights = read_weights(db, fl_round, sites)
         valid = {}
         for site in sites:
             try:
                 if site not in weights:
                     raise InvalidUploadError(f"site {site!r} sent no aggregation weight; rejected")
-                validate_uploads(site, uploads[site], self.specs)
-                valid[site] = uploads[site]
+                uploads = unpack(packed[site], self.specs, sender=f"site {site!r}")
+                validate_uploads(site, uploads, self.specs)
+                valid[site] = uploads
             except InvalidUploadError as exc:
                 logger.error("round %d: %s", fl_round, exc)
                 REJECTED.append(str(exc))
@@ -85,12 +86,11 @@ class PluginAggregation(AggregationFunction):
         if downlink.personal:
             origin = aggregator_origin(db)
             for site, tensors in downlink.personal.items():
-                for name, tensor in tensors.items():
-                    db.store(tensor_name=name, origin=origin, fl_round=fl_round + 1, tags=(site, PERSONAL_TAG),
-                             nparray=tensor.detach().cpu().numpy())
+                db.store(tensor_name=PERSONAL_PACKED, origin=origin, fl_round=fl_round + 1, tags=(site, PERSONAL_TAG),
+                         nparray=pack(tensors, self.personal_specs))
             if PERSONAL_DIR is not None:
                 save_personal(PERSONAL_DIR, fl_round + 1, downlink.personal)
-        return {name: t.detach().cpu().numpy() for name, t in downlink.global_tensors.items()}
+        return pack(downlink.global_tensors, self.global_specs)
 
 
 def aggregator_origin(db) -> str:
@@ -117,25 +117,16 @@ def save_personal(directory: str, round_number: int, personal: dict[str, dict[st
     os.replace(tmp, path)
 
 
-def read_round(db, fl_round: int, sites: tuple[str, ...]) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, float]]:
-    """Every site's ``trained`` tensors and aggregation weight of ``fl_round`` from the tensor DB.
+def read_weights(db, fl_round: int, sites: tuple[str, ...]) -> dict[str, float]:
+    """Each site's aggregation weight (its sample count, sent as a metric) for ``fl_round``.
 
-    Collaborator rows carry the site name among their tags (in no fixed order); rows of the
-    aggregator's own tensors do not.
+    Collaborator rows carry the site name among their tags (in no fixed order).
     """
-    uploads: dict[str, dict[str, torch.Tensor]] = {s: {} for s in sites}
     weights: dict[str, float] = {}
     wanted = set(sites)
-    rows = db[db["round"] == fl_round]
-    for name, row_tags, array in zip(rows["tensor_name"], rows["tags"], rows["nparray"]):
-        tagset = set(row_tags)
-        owners = tagset & wanted
-        if len(owners) != 1:
-            continue
-        site = owners.pop()
-        rest = tagset - {site}
-        if rest == {"trained"}:
-            uploads[site][name] = torch.from_numpy(np.array(array, copy=True))
-        elif rest == {"metric"} and name == WEIGHT_METRIC:
-            weights[site] = float(np.asarray(array))
-    return uploads, weights
+    rows = db[(db["round"] == fl_round) & (db["tensor_name"] == WEIGHT_METRIC)]
+    for row_tags, array in zip(rows["tags"], rows["nparray"]):
+        owners = set(row_tags) & wanted
+        if len(owners) == 1 and set(row_tags) - owners == {"metric"}:
+            weights[owners.pop()] = float(np.asarray(array))
+    return weights

@@ -30,6 +30,7 @@ from ..errors import FedContrastError
 from openfl.utilities import TensorKey
 
 from . import aggregation
+from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, unpack
 from .runner import PERSONAL_TAG
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ class RoundReport(Callback):
         self.algorithm = build_algorithm(config)
         device = resolve_device(config.device)
         self.model = initial_model(config, **model_shape).to(device)
+        self.global_specs = [s for s in self.algorithm.download_specs(self.model, model_shape["num_classes"])
+                             if not s.per_site]
         self.server = ServerContext(model=self.model, round_num=0, seed=server_seed(config, 0), device=device,
                                     num_classes=model_shape["num_classes"])
         try:
@@ -67,12 +70,13 @@ class RoundReport(Callback):
 
     def on_round_end(self, round_num: int, logs: dict | None = None) -> None:
         tensors = self.tensor_db.get_tensors_by_round_and_tags(round_num + 1, ("model",))
-        weights = {k.tensor_name: torch.from_numpy(v.copy()) for k, v in tensors.items()}
+        packed = next(v for k, v in tensors.items() if k.tensor_name == GLOBAL_PACKED)
+        weights = unpack(packed, self.global_specs)
         load_weights(self.model, weights)
         tmp = self.out_dir / (FINAL_MODEL + ".tmp")
         torch.save(self.model.state_dict(), tmp)
         os.replace(tmp, self.out_dir / FINAL_MODEL)
-        record: dict[str, Any] = {"round": round_num + 1, "rounds": self.config.rounds}
+        record: dict[str, Any] = {"round": round_num + 1, "rounds": self.config.rounds, "time": time.time()}
         if self.test is not None:
             record.update(self.algorithm.evaluate(Downlink(weights), self.server, self.test))
         record["site_metrics"] = {k: float(v) for k, v in (logs or {}).items()}
@@ -111,9 +115,12 @@ class SafeAggregator(Aggregator):
                 aggregation.save_personal(report_dir, 0, personal)
         else:
             personal = {}
-        for site, tensors in personal.items():
-            self.tensor_db.cache_tensor({TensorKey(name, self.uuid, self.round_number, False,
-                                                   (site, PERSONAL_TAG)): t.numpy() for name, t in tensors.items()})
+        if personal:
+            specs = [s for s in build_algorithm(config).download_specs(initial_model(config, **shape),
+                                                                      shape["num_classes"]) if s.per_site]
+            self.tensor_db.cache_tensor({TensorKey(PERSONAL_PACKED, self.uuid, self.round_number, False,
+                                                   (site, PERSONAL_TAG)): pack(tensors, specs)
+                                         for site, tensors in personal.items()})
 
     def _save_model(self, round_number, file_path):
         # With no "validate_agg" metric the best score stays None and persisting the round does

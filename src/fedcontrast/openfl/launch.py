@@ -120,7 +120,7 @@ def _explain_failure(ws: Path, processes: dict[str, subprocess.Popen], failed: l
     return f"{who} exited with code {code}: {failure_reason(log)} (log: {log})"
 
 
-def run_federation(workspace: str | Path, *, timeout: float = 3600, poll: float = 0.25,
+def run_federation(workspace: str | Path, *, timeout: float = 3600, poll: float = 0.1,
                    on_round: Callable[[dict[str, Any]], None] | None = None,
                    collaborators: list[str] | None = None) -> list[dict[str, Any]]:
     """Start the aggregator and the collaborators of ``workspace`` and wait for the end.

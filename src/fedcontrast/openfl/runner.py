@@ -17,6 +17,7 @@ from ..algorithms import ServerContext, SiteContext
 from ..config import RunConfig
 from ..construction import build_algorithm, initial_model, resolve_device, server_seed, task_seed
 from ..errors import CheckpointError
+from .packing import GLOBAL_PACKED, PERSONAL_PACKED, UPLOAD_PACKED, pack, unpack
 
 WEIGHT_METRIC = "fedcontrast_aggregation_weight"  # n_k, sent as a metric so the aggregator has it exactly
 PERSONAL_TAG = "personal"  # tags (site, "personal"): a downlink tensor meant for that site only
@@ -41,11 +42,12 @@ class PluginTaskRunner(TaskRunner):
                                    num_classes=meta.num_classes).to(self.device)
         server = ServerContext(model=self.model, round_num=0, seed=server_seed(self.config, 0),
                                device=self.device, num_classes=meta.num_classes, public=meta.public)
-        self.initial_tensors = {k: v.detach().cpu().numpy()
-                                for k, v in self.algorithm.initial_downlink(server).global_tensors.items()}
         specs = self.algorithm.download_specs(self.model, meta.num_classes)
-        self.download_names = [s.name for s in specs if not s.per_site]
-        self.personal_names = [s.name for s in specs if s.per_site]
+        self.global_specs = [s for s in specs if not s.per_site]
+        self.personal_specs = [s for s in specs if s.per_site]
+        self.upload_specs = self.algorithm.upload_specs(self.model, meta.num_classes)
+        self.initial_packed = pack(self.algorithm.initial_downlink(server).global_tensors, self.global_specs)
+        self._pending: dict[str, dict[str, torch.Tensor]] = {}  # uploads of earlier tasks of the round
         self.state_dir = Path(state_dir)
         self.required_tensorkeys_for_function: dict[str, list[TensorKey]] = {}
         self.initialize_tensorkeys_for_functions()
@@ -54,13 +56,13 @@ class PluginTaskRunner(TaskRunner):
 
     # --- what OpenFL calls ----------------------------------------------------------------------
     def get_tensor_dict(self, with_opt_vars: bool = False) -> dict[str, np.ndarray]:
-        """The round-0 downlink; ``fx plan initialize`` writes it to ``save/init.pbuf``."""
-        return dict(self.initial_tensors)
+        """The round-0 downlink, packed; ``fx plan initialize`` writes it to ``save/init.pbuf``."""
+        return {GLOBAL_PACKED: self.initial_packed.copy()}
 
     def initialize_tensorkeys_for_functions(self, with_opt_vars: bool = False) -> None:
-        keys = [TensorKey(name, "GLOBAL", 0, False, ("model",)) for name in self.download_names]
-        # Per-site tensors: OpenFL asks for (this collaborator, "personal") and serves only its own.
-        keys += [TensorKey(name, "GLOBAL", 0, False, (PERSONAL_TAG,)) for name in self.personal_names]
+        keys = [TensorKey(GLOBAL_PACKED, "GLOBAL", 0, False, ("model",))]
+        if self.personal_specs:  # OpenFL asks for (this collaborator, "personal") and serves only its own
+            keys.append(TensorKey(PERSONAL_PACKED, "GLOBAL", 0, False, (PERSONAL_TAG,)))
         for task in self.algorithm.tasks:
             self.required_tensorkeys_for_function[task] = keys
 
@@ -72,16 +74,27 @@ class PluginTaskRunner(TaskRunner):
         loader = self.data_loader
         index = loader.site_index if loader.site_index is not None else zlib.crc32(col_name.encode()) % (1 << 20)
         state = self._load_state(col_name)
-        received = {k: torch.from_numpy(np.array(v, dtype=np.float32, copy=True)).to(self.device)
-                    for k, v in input_tensor_dict.items()}
+        received = unpack(input_tensor_dict[GLOBAL_PACKED], self.global_specs)
+        if self.personal_specs:
+            received.update(unpack(input_tensor_dict[PERSONAL_PACKED], self.personal_specs))
+        received = {k: v.to(self.device) for k, v in received.items()}
         site = SiteContext(name=col_name, data=loader.train, model=self.model, training=self.config.training,
                            round_num=round_num, seed=task_seed(self.config, round_num, index,
                                                               self.algorithm.tasks.index(task)),
                            device=self.device, state=state, public=loader.public)
         result = self.algorithm.run_task(task, site, received)
         self._save_state(col_name, site.state)
-        uploads = {TensorKey(name, col_name, round_num, False, ("trained",)): t.detach().cpu().numpy()
-                   for name, t in result.uploads.items()}
+        # One packed upload per round, sent with the round's last task (two tasks uploading the
+        # same tensor name in one round would confuse OpenFL's aggregation).
+        pending = self._pending.setdefault(col_name, {})
+        pending.update(result.uploads)
+        uploads = {}
+        if task == self.algorithm.tasks[-1]:
+            missing = [s.name for s in self.upload_specs if s.name not in pending]
+            if missing:
+                raise ValueError(f"{self.algorithm.name} did not produce its declared upload(s) {missing[:3]}")
+            uploads[TensorKey(UPLOAD_PACKED, col_name, round_num, False, ("trained",))] = pack(pending, self.upload_specs)
+            del self._pending[col_name]
         uploads[TensorKey(WEIGHT_METRIC, col_name, round_num, True, ("metric",))] = np.array(result.weight)
         for key, value in result.metrics.items():
             uploads[TensorKey(f"{task}_{key}", col_name, round_num, True, ("metric",))] = np.array(value)
