@@ -122,6 +122,7 @@ class SiteContext:
     device: torch.device
     state: dict[str, Any] = field(default_factory=dict)  # persisted by the engine between rounds
     public: Any = None  # the public data set, when the run has one
+    scratch: dict[str, Any] = field(default_factory=dict)  # this task only; never persisted
 
 
 @dataclass
@@ -199,6 +200,10 @@ class Algorithm(ABC):
         return getattr(self, f"task_{task}")(site, received)
 
     # aggregator side
+    def check_upload(self, site: str, uploads: Mapping[str, torch.Tensor], weight: float) -> None:
+        """Checks of meaning beyond names, shapes, dtypes and finiteness (engines check those with
+        :func:`validate_uploads` first); raise :class:`InvalidUploadError` naming ``site``."""
+
     def initial_downlink(self, server: ServerContext) -> Downlink:
         """Round 0: the freshly initialised global weights."""
         return Downlink(weight_tensors(server.model))

@@ -31,7 +31,13 @@ class FedAvg(Algorithm):
                                  device=site.device, extra_loss=extra)
         metrics = {"loss": stats.loss, "ce": stats.ce, "accuracy": stats.accuracy}
         metrics.update(stats.components)
-        return TaskResult(weight_tensors(site.model), float(len(site.data)), metrics)
+        uploads = weight_tensors(site.model)
+        uploads.update(self.extra_uploads(site))
+        return TaskResult(uploads, float(len(site.data)), metrics)
+
+    def extra_uploads(self, site: SiteContext) -> dict[str, torch.Tensor]:
+        """Tensors uploaded besides the weights; called after local training."""
+        return {}
 
     def aggregate(self, uploads: Mapping[str, Mapping[str, torch.Tensor]], weights: Mapping[str, float],
                   server: ServerContext) -> Downlink:

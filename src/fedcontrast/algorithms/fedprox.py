@@ -36,7 +36,7 @@ class FedProx(FedAvg):
         global_params = [p.detach().clone() for p in params]  # w_glob, loaded just before
         mu = self.hp.mu
 
-        def extra(x, idx, z, logits):
+        def extra(x, idx, z, logits, epoch):
             term = proximal_term(params, global_params, mu=mu)
             return term, {"proximal": term.detach()}
 

@@ -13,7 +13,7 @@ from torch import nn
 from ..config import TrainingConfig
 from ..errors import ConfigError
 from ..losses import check_temperature, moon_loss_from_difference, moon_reference_difference
-from .base import SiteContext, load_weights
+from .base import WEIGHT_PREFIX, SiteContext, load_weights
 from .fedavg import FedAvg
 from .registry import register_algorithm
 from .training import ExtraLoss
@@ -63,6 +63,11 @@ class Moon(FedAvg):
     name = "moon"
     Hyperparameters = MoonHyperparameters
 
+    @property
+    def moon_weight(self) -> float:
+        """μ of ``CE + μ · l_con``."""
+        return self.hp.mu
+
     def validate_training(self, training: TrainingConfig) -> None:
         if self.hp.cache_reference_representations is True and training.augmentation != "none":
             raise ConfigError("moon.cache_reference_representations=true is only exact without random "
@@ -81,7 +86,7 @@ class Moon(FedAvg):
         else:
             prev_model = frozen_copy(site.model)
             load_weights(prev_model, previous)
-        mu, tau = self.hp.mu, self.hp.temperature
+        mu, tau = self.moon_weight, self.hp.temperature
 
         if self.uses_cache(site.training):
             x_all = site.data.x.to(site.device)
@@ -91,11 +96,11 @@ class Moon(FedAvg):
             else:
                 diff_all = moon_reference_difference(z_glob_all, represent_all(prev_model, x_all))
 
-            def extra(x, idx, z, logits):
+            def extra(x, idx, z, logits, epoch):
                 con = moon_loss_from_difference(z, diff_all[idx], temperature=tau)
                 return mu * con, {"contrastive": con.detach()}
         else:
-            def extra(x, idx, z, logits):
+            def extra(x, idx, z, logits, epoch):
                 with torch.no_grad():
                     z_glob = global_model.represent(x)  # (B, d)
                     diff = (torch.zeros_like(z_glob) if previous is None
@@ -107,5 +112,5 @@ class Moon(FedAvg):
 
     def task_train(self, site: SiteContext, received: Mapping[str, torch.Tensor]):
         result = super().task_train(site, received)
-        site.state[PREVIOUS_WEIGHTS] = {k: v.clone() for k, v in result.uploads.items()}
+        site.state[PREVIOUS_WEIGHTS] = {k: v.clone() for k, v in result.uploads.items() if k.startswith(WEIGHT_PREFIX)}
         return result

@@ -15,8 +15,8 @@ from torch import nn
 
 from ..config import TrainingConfig
 
-# extra_loss(x, idx, z, logits) -> (term added to the loss, {component name: detached raw value})
-ExtraLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+# extra_loss(x, idx, z, logits, epoch) -> (term added to the loss, {component name: detached raw value})
+ExtraLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int],
                      tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
@@ -80,7 +80,7 @@ def train_supervised(model: nn.Module, data, cfg: TrainingConfig, *, generator: 
             ce = F.cross_entropy(logits, y)
             loss = ce
             if extra_loss is not None:
-                term, parts = extra_loss(x, idx_d, z, logits)
+                term, parts = extra_loss(x, idx_d, z, logits, epoch)
                 loss = ce + term
                 for key, value in parts.items():
                     component_sums[key] = component_sums.get(key, 0) + value

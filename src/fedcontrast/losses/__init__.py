@@ -1,8 +1,8 @@
 """Loss functions: pure functions of tensors, one paper each."""
 
-from .contrastive import (check_temperature, info_nce, moon_contrastive_loss, moon_loss_from_difference,
+from .contrastive import (check_temperature, global_class_contrastive_loss, info_nce, moon_contrastive_loss, moon_loss_from_difference,
                           moon_reference_difference)
 from .proximal import proximal_term
 
-__all__ = ["check_temperature", "info_nce", "moon_contrastive_loss", "moon_loss_from_difference",
+__all__ = ["check_temperature", "global_class_contrastive_loss", "info_nce", "moon_contrastive_loss", "moon_loss_from_difference",
            "moon_reference_difference", "proximal_term"]

@@ -100,3 +100,24 @@ def moon_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.T
         raise ValueError("z, z_glob and z_prev must all have the same shape (B, d), got "
                          f"{tuple(z.shape)}, {tuple(z_glob.shape)}, {tuple(z_prev.shape)}")
     return moon_loss_from_difference(z, moon_reference_difference(z_glob, z_prev), temperature=temperature)
+
+
+def global_class_contrastive_loss(z: torch.Tensor, labels: torch.Tensor, class_reps: torch.Tensor,
+                                  present: torch.Tensor, *, temperature: float = 0.5) -> torch.Tensor:
+    """FedSSC's ``l_glob`` (Hu et al. 2023, eq. 3): supervised contrast against shared class representations.
+
+    ``l_glob(i) = −log( e^{sim(z_i, s^{y_i})/τ} / Σ_{c present} e^{sim(z_i, s^c)/τ} )``, averaged over the
+    samples whose own class is present. Classes without a shared representation (``present[c] == 0``)
+    are left out of the sum; with none present, or no sample of a present class, the loss is 0.
+    Shapes: ``z (B, d)``, ``labels (B,)``, ``class_reps (C, d)``, ``present (C,)`` → scalar.
+    """
+    check_temperature(temperature)
+    if z.dim() != 2 or class_reps.dim() != 2 or z.shape[1] != class_reps.shape[1]:
+        raise ValueError(f"z (B, d) and class_reps (C, d) must share d, got {tuple(z.shape)} and {tuple(class_reps.shape)}")
+    mask = present.to(torch.bool)
+    usable = mask[labels]  # (B,) samples whose class has a representation
+    if not bool(usable.any()):
+        return z.sum() * 0.0  # keeps the graph: a zero term, zero gradient
+    sims = F.normalize(z[usable], dim=1) @ F.normalize(class_reps, dim=1).T / temperature  # (B', C)
+    sims = sims.masked_fill(~mask, float("-inf"))
+    return F.cross_entropy(sims, labels[usable])

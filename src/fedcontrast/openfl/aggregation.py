@@ -73,6 +73,7 @@ class PluginAggregation(AggregationFunction):
                     raise InvalidUploadError(f"site {site!r} sent no aggregation weight; rejected")
                 uploads = unpack(packed[site], self.specs, sender=f"site {site!r}")
                 validate_uploads(site, uploads, self.specs)
+                self.algorithm.check_upload(site, uploads, weights[site])
                 valid[site] = uploads
             except InvalidUploadError as exc:
                 logger.error("round %d: %s", fl_round, exc)

@@ -96,6 +96,7 @@ class Federation:
                 rows.append(metric_row(round_num + 1, site.name, task, len(site.data), result.metrics,
                                        nbytes(result.uploads), down if t == 0 else 0))
             validate_uploads(site.name, merged, self.upload_specs)
+            self.algorithm.check_upload(site.name, merged, weights[site.name])
             uploads[site.name] = merged
         self.server.round_num = round_num
         self.server.seed = server_seed(cfg, round_num)

@@ -1,0 +1,182 @@
+"""FedSSC: MOON plus supervised contrast against class representations shared between sites
+(Hu, Feng, Yang, Chen 2023; ALGORITHMS.md, FedSSC)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..aggregation import weighted_average
+from ..losses import check_temperature, global_class_contrastive_loss
+from .base import (WEIGHT_PREFIX, Downlink, InvalidUploadError, ServerContext, SiteContext, TensorSpec,
+                   weight_specs, weight_tensors)
+from .moon import Moon
+from .registry import register_algorithm
+from .training import ExtraLoss
+
+CLASS_MEANS = "fedssc.class_means"  # upload (C, d): mean z of each class sent, zero rows otherwise
+CLASS_COUNTS = "fedssc.class_counts"  # upload (C,): samples behind each mean, 0 = not sent
+CLASS_REPS = "fedssc.class_reps"  # download (C, d): the shared s^c
+CLASS_PRESENT = "fedssc.class_present"  # download (C,): 1 where s^c exists
+SCHEDULES = ("linear", "cosine", "constant")
+
+
+@dataclass(frozen=True)
+class FedSSCHyperparameters:
+    mu_moon: float = 5.0
+    temperature: float = 0.5
+    mu_glob_start: float = 1.0  # μ_glob decays from start to end over warmup_rounds (paper §V)
+    mu_glob_end: float = 0.1
+    warmup_rounds: int = 100
+    schedule: str = "linear"
+    k: int = 3  # uploaded class means averaged per class, chosen at random among the senders
+    min_class_samples: int = 10  # classes with fewer local samples are never uploaded
+    cache_reference_representations: bool | str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("mu_moon", "mu_glob_start", "mu_glob_end"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        check_temperature(self.temperature)
+        if not (isinstance(self.warmup_rounds, int) and self.warmup_rounds >= 1):
+            raise ValueError(f"warmup_rounds must be an integer >= 1, got {self.warmup_rounds!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if not (isinstance(self.k, int) and self.k >= 1):
+            raise ValueError(f"k must be an integer >= 1, got {self.k!r}")
+        if not (isinstance(self.min_class_samples, int) and self.min_class_samples >= 1):
+            raise ValueError(f"min_class_samples must be an integer >= 1, got {self.min_class_samples!r}")
+        if self.cache_reference_representations not in (True, False, "auto"):
+            raise ValueError("cache_reference_representations must be true, false or auto")
+
+
+def mu_glob_schedule(round_num: int, *, start: float, end: float, warmup_rounds: int, schedule: str = "linear") -> float:
+    """μ_glob(t): from ``start`` at round 0 to ``end`` at ``warmup_rounds`` and after."""
+    progress = min(max(round_num, 0), warmup_rounds) / warmup_rounds
+    if schedule == "constant":
+        return start
+    if schedule == "cosine":
+        progress = 0.5 * (1 - math.cos(math.pi * progress))
+    return start + (end - start) * progress
+
+
+def sample_class_representations(means: Mapping[str, torch.Tensor], counts: Mapping[str, torch.Tensor], *,
+                                 k: int, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s^c`` = plain mean of ``k`` class means drawn at random among the sites that sent class c
+    (all of them if fewer than ``k``). Sites are ordered by name before drawing, so the draw depends
+    only on the seed. Returns ``(reps (C, d), present (C,))``."""
+    sites = sorted(means)
+    first = means[sites[0]]
+    reps = torch.zeros_like(first)
+    present = torch.zeros(first.shape[0], dtype=first.dtype)
+    for c in range(first.shape[0]):
+        senders = [s for s in sites if counts[s][c] > 0]
+        if not senders:
+            continue
+        chosen = senders if len(senders) <= k else [senders[i] for i in sorted(rng.choice(len(senders), k, replace=False))]
+        reps[c] = torch.stack([means[s][c] for s in chosen]).mean(0)
+        present[c] = 1.0
+    return reps, present
+
+
+@register_algorithm
+class FedSSC(Moon):
+    """Loss ``CE + μ_moon · l_con + μ_glob(t) · l_glob``; uploads weights and, for each class with at
+    least ``min_class_samples`` local samples, its mean projected representation over the last
+    local epoch with its count. Aggregator: FedAvg on weights; ``s^c`` from ``k`` random senders."""
+
+    name = "fedssc"
+    Hyperparameters = FedSSCHyperparameters
+
+    @property
+    def moon_weight(self) -> float:
+        return self.hp.mu_moon
+
+    def mu_glob(self, round_num: int) -> float:
+        hp = self.hp
+        return mu_glob_schedule(round_num, start=hp.mu_glob_start, end=hp.mu_glob_end,
+                                warmup_rounds=hp.warmup_rounds, schedule=hp.schedule)
+
+    # --- collaborator ---------------------------------------------------------------------------
+    def local_loss(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> ExtraLoss:
+        moon = super().local_loss(site, received)
+        reps, present = received[CLASS_REPS], received[CLASS_PRESENT]
+        mu_glob, tau = self.mu_glob(site.round_num), self.hp.temperature
+        use_glob = mu_glob > 0 and bool(present.any())
+        num_classes, dim = reps.shape
+        sums = site.scratch["class_sums"] = torch.zeros(num_classes, dim, device=site.device)
+        counts = site.scratch["class_counts"] = torch.zeros(num_classes, device=site.device)
+        labels_all = site.data.y.to(site.device)
+        last_epoch = site.training.local_epochs - 1
+
+        def extra(x, idx, z, logits, epoch):
+            term, parts = moon(x, idx, z, logits, epoch)
+            labels = labels_all[idx]
+            if use_glob:
+                glob = global_class_contrastive_loss(z, labels, reps, present, temperature=tau)
+                term = term + mu_glob * glob
+                parts["global_contrastive"] = glob.detach()
+            if epoch == last_epoch:  # the shared means are over the last local epoch
+                sums.index_add_(0, labels, z.detach())
+                counts.index_add_(0, labels, torch.ones_like(labels, dtype=counts.dtype))
+            return term, parts
+
+        return extra
+
+    def extra_uploads(self, site: SiteContext) -> dict[str, torch.Tensor]:
+        sums, counts = site.scratch["class_sums"], site.scratch["class_counts"]
+        # Data minimisation: a class below the threshold leaves the site as a zero row and count 0.
+        sent = counts >= self.hp.min_class_samples
+        means = torch.where(sent[:, None], sums / counts.clamp_min(1)[:, None], torch.zeros_like(sums))
+        return {CLASS_MEANS: means.float(), CLASS_COUNTS: torch.where(sent, counts, torch.zeros_like(counts)).long()}
+
+    # --- aggregator -----------------------------------------------------------------------------
+    def check_upload(self, site: str, uploads: Mapping[str, torch.Tensor], weight: float) -> None:
+        counts, means = uploads[CLASS_COUNTS], uploads[CLASS_MEANS]
+        if bool((counts < 0).any()):
+            raise InvalidUploadError(f"site {site!r} uploaded negative class counts; rejected")
+        if bool(((counts > 0) & (counts < self.hp.min_class_samples)).any()):
+            raise InvalidUploadError(f"site {site!r} uploaded a class mean from fewer than "
+                                     f"{self.hp.min_class_samples} samples; rejected")
+        if bool(((counts == 0) & (means.abs().sum(1) > 0)).any()):
+            raise InvalidUploadError(f"site {site!r} uploaded a class mean with a count of 0; rejected")
+        if float(counts.sum()) > weight:
+            raise InvalidUploadError(f"site {site!r} uploaded class counts summing to {int(counts.sum())}, "
+                                     f"more than its {int(weight)} samples; rejected")
+
+    def aggregate(self, uploads, weights, server: ServerContext) -> Downlink:
+        weights_only = {s: {k: v for k, v in u.items() if k.startswith(WEIGHT_PREFIX)} for s, u in uploads.items()}
+        reps, present = sample_class_representations(
+            {s: u[CLASS_MEANS] for s, u in uploads.items()}, {s: u[CLASS_COUNTS] for s, u in uploads.items()},
+            k=self.hp.k, rng=np.random.default_rng(server.seed))
+        return Downlink({**weighted_average(weights_only, weights), CLASS_REPS: reps, CLASS_PRESENT: present},
+                        metrics={"classes_shared": float(present.sum())})
+
+    def initial_downlink(self, server: ServerContext) -> Downlink:
+        dim = server.model.projection_dim
+        return Downlink({**weight_tensors(server.model), CLASS_REPS: torch.zeros(server.num_classes, dim),
+                         CLASS_PRESENT: torch.zeros(server.num_classes)})
+
+    # --- declarations ---------------------------------------------------------------------------
+    def upload_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+        d = model.projection_dim
+        return weight_specs(model, "upload", "local model weights after training") + [
+            TensorSpec(CLASS_MEANS, (num_classes, d), "float32", "upload",
+                       description=f"mean projected representation per class with >= {self.hp.min_class_samples} "
+                                   "local samples (zero rows for the others)"),
+            TensorSpec(CLASS_COUNTS, (num_classes,), "int64", "upload",
+                       description="local samples behind each class mean (0 = class not shared)")]
+
+    def download_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+        d = model.projection_dim
+        return weight_specs(model, "download", "global model weights") + [
+            TensorSpec(CLASS_REPS, (num_classes, d), "float32", "download",
+                       description=f"shared class representations (mean of up to {self.hp.k} sites' class means)"),
+            TensorSpec(CLASS_PRESENT, (num_classes,), "float32", "download",
+                       description="1 where a class representation is shared")]
