@@ -25,6 +25,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--algorithms", nargs="+", default=["fedavg", "fedprox", "moon", "moon:mu=1"])
     parser.add_argument("--out", default=str(Path(__file__).parent / "runs" / "accuracy"))
+    parser.add_argument("--section", default="accuracy", help="section of RESULTS.md to write")
+    parser.add_argument("--title", default="Accuracy: FedAvg vs FedProx vs MOON on digits")
     args = parser.parse_args()
 
     base = RunConfig(dataset="digits", clients=10, partition="dirichlet", beta=0.5, rounds=args.rounds)
@@ -43,10 +45,11 @@ def main() -> None:
     rows = {r["algorithm"]: r for r in table}
     ref = args.algorithms[0]
     lines = [
-        "## Accuracy: FedAvg vs FedProx vs MOON on digits",
+        f"## {args.title}",
         "",
         f"Command: `.venv/bin/python benchmarks/accuracy.py --rounds {args.rounds} --seeds "
-        f"{' '.join(map(str, args.seeds))} --algorithms {' '.join(args.algorithms)}` "
+        f"{' '.join(map(str, args.seeds))} --algorithms {' '.join(args.algorithms)}"
+        + (f" --section {args.section} --title '{args.title}'" if args.section != "accuracy" else "") + "` "
         f"({wall / 60:.1f} min for the runs not already in benchmarks/runs, on {machine()}).",
         "",
         f"Setting: scikit-learn digits (32×32), {base.clients} sites, Dirichlet β={base.beta}, "
@@ -61,13 +64,16 @@ def main() -> None:
         f"epochs: {100 * sum(ceiling) / len(ceiling):.2f} % (mean over the seeds).",
         "",
     ]
-    if "moon" in rows and ref in rows:
+    if "fedssc" in rows and "moon" in rows:
+        gap = 100 * (rows["fedssc"]["final_accuracy_mean"] - rows["moon"]["final_accuracy_mean"])
+        lines += [f"FedSSC − MOON: {gap:+.2f} points final accuracy (goal ≥ 0).", ""]
+    if "moon" in rows and ref in rows and "fedssc" not in rows:
         gap = 100 * (rows["moon"]["final_accuracy_mean"] - rows[ref]["final_accuracy_mean"])
         reach = rows["moon"][f"rounds_to_{ref}_final"]
         lines += [f"MOON − {ref}: {gap:+.2f} points final accuracy (goal ≥ +2). Rounds for MOON to reach "
                   f"{ref}'s final accuracy: {reach if reach is not None else 'not reached in every seed'} "
                   f"of {args.rounds} (goal ≤ half).", ""]
-    write_section("accuracy", "\n".join(lines))
+    write_section(args.section, "\n".join(lines))
 
 
 if __name__ == "__main__":
