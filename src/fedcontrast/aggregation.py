@@ -53,3 +53,34 @@ def weighted_average(uploads: Mapping[str, Mapping[str, torch.Tensor]],
             acc += share[site] * t.to(torch.float64)
         result[name] = acc.to(ref.dtype)
     return result
+
+
+def global_prototypes(prototypes: Mapping[str, torch.Tensor], counts: Mapping[str, torch.Tensor], *,
+                      weighting: str = "count") -> tuple[torch.Tensor, torch.Tensor]:
+    """FedPCL's global prototypes ``G^c`` and which classes have one.
+
+    ``count``: ``G^c = Σ_{i has c} n_i^c P_i^c / Σ_i n_i^c``. ``paper_eq6``: the paper's eq. 6,
+    ``(1/|N_c|) Σ_{i ∈ N_c} (n_i^c / N_c) P_i^c`` — the same average divided by the number of sites
+    ``|N_c|`` that have class c. Shapes: ``(C, d)`` and ``(C,)`` per site → ``(C, d)``, ``(C,)``.
+    """
+    if weighting not in ("count", "paper_eq6"):
+        raise ValueError(f"prototype weighting must be count or paper_eq6, got {weighting!r}")
+    sites = sorted(prototypes)
+    total = torch.zeros_like(prototypes[sites[0]], dtype=torch.float64)
+    n = torch.zeros(total.shape[0], dtype=torch.float64)
+    holders = torch.zeros_like(n)
+    for s in sites:
+        c = counts[s].to(torch.float64)
+        total += c[:, None] * prototypes[s].to(torch.float64)
+        n += c
+        holders += (c > 0).to(torch.float64)
+    present = n > 0
+    result = torch.where(present[:, None], total / n.clamp_min(1)[:, None], torch.zeros_like(total))
+    if weighting == "paper_eq6":
+        result = result / holders.clamp_min(1)[:, None]
+    return result.to(prototypes[sites[0]].dtype), present.to(prototypes[sites[0]].dtype)
+
+
+def fill_missing_prototypes(local: torch.Tensor, counts: torch.Tensor, global_protos: torch.Tensor) -> torch.Tensor:
+    """A site's local prototype set with ``G^c`` in place of every class it lacks (``count == 0``)."""
+    return torch.where((counts > 0)[:, None], local, global_protos)

@@ -216,9 +216,11 @@ def cmd_federation(args: argparse.Namespace) -> int:
 
     run_federation(ws, timeout=args.timeout, on_round=show)
     summary = export_results(ws, run_dir)
-    print(f"final global test accuracy {summary['final_accuracy']:.4f} after {summary['rounds_completed']} rounds "
-          f"({time.perf_counter() - t0:.0f} s); final model (torch state_dict): {run_dir / 'final_model.pt'}; "
-          f"plot: {run_dir / 'accuracy.png'}")
+    acc = summary["final_accuracy"]
+    final = (f"final model (torch state_dict): {summary['final_model']}" if summary["final_model"]
+             else f"final global tensors: {summary['final_downlink']}")
+    print(f"final global test accuracy {'n/a (no global model)' if acc is None else f'{acc:.4f}'} after "
+          f"{summary['rounds_completed']} rounds ({time.perf_counter() - t0:.0f} s); {final}; results in {run_dir}")
     return 0
 
 

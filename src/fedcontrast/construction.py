@@ -48,6 +48,7 @@ def build_algorithm(config: RunConfig) -> Algorithm:
         get_algorithm(name).from_settings(settings)
     algorithm = get_algorithm(config.algorithm).from_settings(config.hyperparameters.get(config.algorithm))
     algorithm.validate_training(config.training)
+    algorithm.num_sites = config.clients
     return algorithm
 
 

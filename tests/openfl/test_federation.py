@@ -108,3 +108,25 @@ def test_per_site_downlinks_reach_only_their_site(make_workspace, test_plugins):
         seen = torch.load(ws / "local_state" / "sites" / f"site_{i}.pt", weights_only=True)["echo.seen"]
         assert seen == [0.0, 1.0 + 100 * i, 2.0 + 100 * i]  # its own number each round, no other site's
         assert federation.sites[i].state["echo.seen"] == seen  # what the simulator delivers
+
+
+def test_fedpcl_federation_two_tasks_per_round_matches_simulator(make_workspace, tmp_path):
+    # Two collaborator tasks per round (train, then prototypes), prototypes only on the wire.
+    config = small_config(algorithm="fedpcl", public_fraction=0.1,
+                          hyperparameters={"fedpcl": {"projection_hidden": [32, 64], "pretrain_epochs": 3}})
+    ws = make_workspace(config)
+    records = run_federation(ws, timeout=FEDERATION_TIMEOUT)
+    assert [r["round"] for r in records] == [1, 2]
+    summary = export_results(ws, tmp_path / "out")
+    assert summary["final_model"] is None  # FedPCL has no global model
+    exported = torch.load(tmp_path / "out" / "final_downlink.pt", weights_only=True)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads_per_collaborator(config.clients))
+    try:
+        federation = Federation(read_workspace_config(ws))
+        for r in range(config.rounds):
+            federation.run_round(r)
+    finally:
+        torch.set_num_threads(previous)
+    for name, value in federation.downlink.global_tensors.items():
+        assert torch.allclose(exported[name], value, atol=1e-6), name

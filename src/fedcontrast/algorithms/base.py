@@ -122,6 +122,7 @@ class SiteContext:
     device: torch.device
     state: dict[str, Any] = field(default_factory=dict)  # persisted by the engine between rounds
     public: Any = None  # the public data set, when the run has one
+    index: int = 0  # the site's position in the federation (site_3 → 3)
     scratch: dict[str, Any] = field(default_factory=dict)  # this task only; never persisted
 
 
@@ -172,8 +173,11 @@ class Algorithm(ABC):
     tasks: ClassVar[tuple[str, ...]] = ("train",)  # collaborator tasks of one round, in order
     supports_dp: ClassVar[bool] = False
 
+    personalized: ClassVar[bool] = False  # evaluated per site (evaluate_site) rather than as one global model
+
     def __init__(self, hp: Any | None = None) -> None:
         self.hp = hp if hp is not None else self.Hyperparameters()
+        self.num_sites = 1  # the federation's size; engines set it (declarations may depend on it)
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any] | None) -> Algorithm:
@@ -219,6 +223,10 @@ class Algorithm(ABC):
 
         load_weights(server.model, downlink.global_tensors)
         return evaluate_classifier(server.model, test, server.device)
+
+    def evaluate_site(self, site: SiteContext, received: Mapping[str, torch.Tensor], test: Any) -> dict[str, float]:
+        """Test metrics of one site's personalised model (for ``personalized`` algorithms)."""
+        raise NotImplementedError(f"{self.name} has no personalised evaluation")
 
     # declarations
     def upload_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:

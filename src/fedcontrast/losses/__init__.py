@@ -3,6 +3,7 @@
 from .contrastive import (check_temperature, global_class_contrastive_loss, info_nce, moon_contrastive_loss, moon_loss_from_difference,
                           moon_reference_difference)
 from .proximal import proximal_term
+from .prototype import fedpcl_loss, prototype_contrastive_loss
 
 __all__ = ["check_temperature", "global_class_contrastive_loss", "info_nce", "moon_contrastive_loss", "moon_loss_from_difference",
-           "moon_reference_difference", "proximal_term"]
+           "moon_reference_difference", "proximal_term", "fedpcl_loss", "prototype_contrastive_loss"]

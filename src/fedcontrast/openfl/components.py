@@ -24,6 +24,7 @@ from openfl.component.aggregator.aggregator import Aggregator
 from openfl.component.collaborator.collaborator import Collaborator
 
 from ..algorithms import Downlink, ServerContext, load_weights
+from ..algorithms.base import WEIGHT_PREFIX
 from ..config import RunConfig
 from ..construction import build_algorithm, initial_model, load_splits, resolve_device, server_seed
 from ..errors import FedContrastError
@@ -39,6 +40,7 @@ FAILURE_SLEEP_CODE = 97  # sent in GetTasksResponse.sleep_time with quit: "the f
 FAILURE_EXIT_CODE = 3
 ROUNDS_FILE = "rounds.jsonl"
 FINAL_MODEL = "final_model.pt"
+FINAL_DOWNLINK = "final_downlink.pt"
 
 # OpenFL calls Aggregator._get_sleep_time() through the class name, so a subclass override would be
 # ignored; it tells an idle collaborator to sleep 10 s. One second keeps rounds moving (an int is
@@ -72,10 +74,10 @@ class RoundReport(Callback):
         tensors = self.tensor_db.get_tensors_by_round_and_tags(round_num + 1, ("model",))
         packed = next(v for k, v in tensors.items() if k.tensor_name == GLOBAL_PACKED)
         weights = unpack(packed, self.global_specs)
-        load_weights(self.model, weights)
-        tmp = self.out_dir / (FINAL_MODEL + ".tmp")
-        torch.save(self.model.state_dict(), tmp)
-        os.replace(tmp, self.out_dir / FINAL_MODEL)
+        _atomic_save(weights, self.out_dir / FINAL_DOWNLINK)  # everything the sites receive (e.g. prototypes)
+        if any(name.startswith(WEIGHT_PREFIX) for name in weights):
+            load_weights(self.model, weights)
+            _atomic_save(self.model.state_dict(), self.out_dir / FINAL_MODEL)
         record: dict[str, Any] = {"round": round_num + 1, "rounds": self.config.rounds, "time": time.time()}
         if self.test is not None:
             record.update(self.algorithm.evaluate(Downlink(weights), self.server, self.test))
@@ -84,6 +86,12 @@ class RoundReport(Callback):
             f.write(json.dumps(record) + "\n")
         logger.info("round %d/%d: global test accuracy %s", round_num + 1, self.config.rounds,
                     f"{record['accuracy']:.4f}" if "accuracy" in record else "n/a")
+
+
+def _atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
 
 
 class SafeAggregator(Aggregator):

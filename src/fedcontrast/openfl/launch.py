@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FedContrastError
-from .components import FINAL_MODEL, ROUNDS_FILE
+from .components import FINAL_DOWNLINK, FINAL_MODEL, ROUNDS_FILE
 from .plan import collaborator_names, read_workspace_config
 from .pki import fx_executable
 
@@ -173,7 +173,9 @@ def export_results(workspace: str | Path, out_dir: str | Path) -> dict[str, Any]
     out.mkdir(parents=True, exist_ok=True)
     config = read_workspace_config(ws)
     records = read_rounds(ws)
-    shutil.copyfile(ws / "save" / FINAL_MODEL, out / FINAL_MODEL)
+    for name in (FINAL_MODEL, FINAL_DOWNLINK):  # FedPCL-like plugins have no global model, only prototypes
+        if (ws / "save" / name).exists():
+            shutil.copyfile(ws / "save" / name, out / name)
     curve = [r.get("accuracy") for r in records]
     with open(out / "rounds.csv", "w") as f:
         f.write("round,accuracy,loss\n")
@@ -184,6 +186,7 @@ def export_results(workspace: str | Path, out_dir: str | Path) -> dict[str, Any]
     summary = {"algorithm": config.algorithm, "dataset": config.dataset, "collaborators": config.clients,
                "rounds_completed": len(records), "final_accuracy": curve[-1] if curve else None,
                "best_accuracy": max((a for a in curve if a is not None), default=None),
-               "final_model": str(out / FINAL_MODEL), "accuracy_curve": curve}
+               "final_model": str(out / FINAL_MODEL) if (out / FINAL_MODEL).exists() else None,
+               "final_downlink": str(out / FINAL_DOWNLINK), "accuracy_curve": curve}
     write_json(out / "summary.json", summary)
     return summary

@@ -81,7 +81,7 @@ class PluginTaskRunner(TaskRunner):
         site = SiteContext(name=col_name, data=loader.train, model=self.model, training=self.config.training,
                            round_num=round_num, seed=task_seed(self.config, round_num, index,
                                                               self.algorithm.tasks.index(task)),
-                           device=self.device, state=state, public=loader.public)
+                           device=self.device, state=state, public=loader.public, index=index)
         result = self.algorithm.run_task(task, site, received)
         self._save_state(col_name, site.state)
         # One packed upload per round, sent with the round's last task (two tasks uploading the
@@ -94,8 +94,8 @@ class PluginTaskRunner(TaskRunner):
             if missing:
                 raise ValueError(f"{self.algorithm.name} did not produce its declared upload(s) {missing[:3]}")
             uploads[TensorKey(UPLOAD_PACKED, col_name, round_num, False, ("trained",))] = pack(pending, self.upload_specs)
+            uploads[TensorKey(WEIGHT_METRIC, col_name, round_num, True, ("metric",))] = np.array(result.weight)
             del self._pending[col_name]
-        uploads[TensorKey(WEIGHT_METRIC, col_name, round_num, True, ("metric",))] = np.array(result.weight)
         for key, value in result.metrics.items():
             uploads[TensorKey(f"{task}_{key}", col_name, round_num, True, ("metric",))] = np.array(value)
         return uploads, {}

@@ -76,6 +76,21 @@ class Federation:
         rng = np.random.default_rng([self.config.seed, round_num, 7919])
         return [self.sites[i] for i in sorted(rng.choice(k, m, replace=False))]
 
+    def site_context(self, site: Site, round_num: int, seed: int) -> SiteContext:
+        return SiteContext(name=site.name, data=site.data, model=self.site_model, training=self.config.training,
+                           round_num=round_num, seed=seed, device=self.device, state=site.state,
+                           public=self.public, index=site.index)
+
+    def personalized_evaluation(self, round_num: int) -> dict[str, float]:
+        """Each site's own model on the test split: mean ("accuracy") and spread over sites."""
+        per_site = [self.algorithm.evaluate_site(self.site_context(site, round_num, 0),
+                                                 self.downlink.for_site(site.name), self.test)
+                    for site in self.sites]
+        out: dict[str, float] = {}
+        for key in per_site[0]:
+            out[key], out[f"{key}_std"] = _mean_std([m[key] for m in per_site])
+        return out
+
     def run_round(self, round_num: int) -> list[dict[str, Any]]:
         """Run round ``round_num`` (0-based); returns its metrics rows (``round`` is 1-based)."""
         cfg = self.config
@@ -87,9 +102,7 @@ class Federation:
             down = nbytes(received)
             merged: dict[str, torch.Tensor] = {}
             for t, task in enumerate(self.algorithm.tasks):
-                ctx = SiteContext(name=site.name, data=site.data, model=self.site_model, training=cfg.training,
-                                  round_num=round_num, seed=task_seed(cfg, round_num, site.index, t),
-                                  device=self.device, state=site.state, public=self.public)
+                ctx = self.site_context(site, round_num, task_seed(cfg, round_num, site.index, t))
                 result = self.algorithm.run_task(task, ctx, received)
                 merged.update(result.uploads)
                 weights[site.name] = result.weight
@@ -101,10 +114,16 @@ class Federation:
         self.server.round_num = round_num
         self.server.seed = server_seed(cfg, round_num)
         self.downlink = self.algorithm.aggregate(uploads, weights, self.server)
-        evaluation = self.algorithm.evaluate(self.downlink, self.server, self.test)
+        evaluation = (self.personalized_evaluation(round_num) if self.algorithm.personalized
+                      else self.algorithm.evaluate(self.downlink, self.server, self.test))
         rows.append(metric_row(round_num + 1, GLOBAL_SITE, "evaluate", len(self.test),
                                {**evaluation, **self.downlink.metrics}))
         return rows
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    return mean, (sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1)) ** 0.5
 
 
 def _to_device(data, device: torch.device):

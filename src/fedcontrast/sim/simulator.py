@@ -128,7 +128,7 @@ def print_progress(header: str = "", stream=sys.stderr) -> Progress:
             if done == total:
                 bar.close()
         else:
-            print(f"round {done}/{total}  test accuracy {row['accuracy']:.4f}  test loss {row['loss']:.4f}",
-                  file=stream, flush=True)
+            loss = "" if row["loss"] != row["loss"] else f"  test loss {row['loss']:.4f}"  # NaN: none
+            print(f"round {done}/{total}  test accuracy {row['accuracy']:.4f}{loss}", file=stream, flush=True)
 
     return show

@@ -1,0 +1,201 @@
+"""FedPCL: prototype contrast over frozen pre-trained backbones (Tan et al., NeurIPS 2022;
+ALGORITHMS.md, FedPCL). Sites share class prototypes and counts only — never weights."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..aggregation import fill_missing_prototypes, global_prototypes
+from ..losses import check_temperature, fedpcl_loss
+from ..models import MODEL_NAMES
+from ..models.backbones import backbone_set
+from .base import (Algorithm, Downlink, InvalidUploadError, ServerContext, SiteContext, TaskResult,
+                   TensorSpec)
+from .registry import register_algorithm
+from .training import batch_indices, site_generator
+
+LOCAL_PROTOTYPES = "fedpcl.local_prototypes"  # upload (C, d): mean normalised z per class (zero rows if absent)
+COUNTS = "fedpcl.counts"  # upload (C,): samples per class
+GLOBAL_PROTOTYPES = "fedpcl.global_prototypes"  # download (C, d)
+PRESENT = "fedpcl.present"  # download (C,): 1 where some site has the class
+LOCAL_SETS = "fedpcl.local_sets"  # download (K, C, d): every site's local set, filled with G^c
+HEAD = "fedpcl.projection_head"  # site state: the personal projection network (never uploaded)
+
+
+def _as_tuple(value: Any) -> tuple:
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
+@dataclass(frozen=True)
+class FedPCLHyperparameters:
+    backbones: tuple[str, ...] = ("simple_cnn",)  # frozen encoders; features are concatenated
+    backbone_files: tuple[str, ...] = ()  # one state_dict per backbone; empty: pre-train on the public split
+    pretrain_epochs: int = 30  # supervised pre-training on the public split (Adam), when no files
+    projection_hidden: tuple[int, ...] = (256,)  # site i's hidden width: projection_hidden[i % len]
+    temperature: float = 0.07
+    prototype_weighting: str = "count"  # or "paper_eq6"
+
+    def __post_init__(self) -> None:
+        for name in ("backbones", "backbone_files", "projection_hidden"):
+            object.__setattr__(self, name, _as_tuple(getattr(self, name)))
+        if not self.backbones or any(b not in MODEL_NAMES for b in self.backbones):
+            raise ValueError(f"backbones must name architectures among {', '.join(MODEL_NAMES)}, got {self.backbones}")
+        if self.backbone_files and len(self.backbone_files) != len(self.backbones):
+            raise ValueError(f"backbone_files must give one file per backbone ({len(self.backbones)}), "
+                             f"got {len(self.backbone_files)}")
+        if not (isinstance(self.pretrain_epochs, int) and self.pretrain_epochs >= 1):
+            raise ValueError(f"pretrain_epochs must be an integer >= 1, got {self.pretrain_epochs!r}")
+        if not self.projection_hidden or any(not isinstance(h, int) or h < 1 for h in self.projection_hidden):
+            raise ValueError(f"projection_hidden must be positive integers, got {self.projection_hidden}")
+        check_temperature(self.temperature)
+        if self.prototype_weighting not in ("count", "paper_eq6"):
+            raise ValueError(f"prototype_weighting must be count or paper_eq6, got {self.prototype_weighting!r}")
+
+
+def class_prototypes(z: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-class mean of ``z`` and counts (zero rows for absent classes). ``(N, d), (N,) → (C, d), (C,)``."""
+    sums = torch.zeros(num_classes, z.shape[1], dtype=z.dtype, device=z.device).index_add_(0, labels, z)
+    counts = torch.bincount(labels, minlength=num_classes)
+    return sums / counts.clamp_min(1)[:, None].to(z.dtype), counts
+
+
+@register_algorithm
+class FedPCL(Algorithm):
+    """Collaborator: train the personal projection head with ``L_g + L_p`` over frozen backbone
+    features, then upload per-class prototypes and counts. Aggregator: count-weighted global
+    prototypes and prototype fill. Evaluation: per site, nearest global / own local prototype."""
+
+    name = "fedpcl"
+    Hyperparameters = FedPCLHyperparameters
+    tasks = ("train", "prototypes")
+    personalized = True
+
+    def __init__(self, hp=None) -> None:
+        super().__init__(hp)
+        self._test_features: dict[int, torch.Tensor] = {}
+
+    # --- the site's networks --------------------------------------------------------------------
+    def backbones(self, data, public):
+        return backbone_set(self.hp.backbones, self.hp.backbone_files, public, in_channels=data.x.shape[1],
+                            image_size=data.x.shape[-1], seed=0, pretrain_epochs=self.hp.pretrain_epochs)
+
+    def head(self, site: SiteContext, in_dim: int, out_dim: int) -> nn.Module:
+        """The site's personal projection network, restored from its state (created on first use)."""
+        hidden = self.hp.projection_hidden[site.index % len(self.hp.projection_hidden)]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(1000 + site.index)  # the first initialisation is the site's own, reproducible
+            head = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, out_dim))
+        if HEAD in site.state:
+            head.load_state_dict(site.state[HEAD])
+        return head.to(site.device)
+
+    def _embed(self, site: SiteContext, received: Mapping[str, torch.Tensor]):
+        features = self.backbones(site.data, site.public).to(site.device).features(site.data.x.to(site.device))
+        head = self.head(site, features.shape[1], received[GLOBAL_PROTOTYPES].shape[1])
+        return features, head
+
+    # --- collaborator tasks ---------------------------------------------------------------------
+    def task_train(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> TaskResult:
+        features, head = self._embed(site, received)
+        labels = site.data.y.to(site.device)
+        protos, present, local_sets = received[GLOBAL_PROTOTYPES], received[PRESENT], received[LOCAL_SETS]
+        if not bool(present.any()):  # round 0: no shared prototypes yet; contrast with the site's own
+            with torch.no_grad():
+                own, counts = class_prototypes(F.normalize(head(features), dim=1), labels, protos.shape[0])
+            protos, present, local_sets = own, (counts > 0).to(own.dtype), own[None]
+        cfg = site.training
+        optimizer = torch.optim.SGD(head.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        generator = site_generator(site.seed)
+        totals = torch.zeros(3, device=site.device)
+        steps = 0
+        head.train()
+        for _ in range(cfg.local_epochs):
+            for idx in batch_indices(len(features), cfg.batch_size, generator):
+                idx = idx.to(site.device)
+                z = F.normalize(head(features[idx]), dim=1)  # (B, d)
+                l_g, l_p = fedpcl_loss(z, labels[idx], protos, present, local_sets, temperature=self.hp.temperature)
+                loss = l_g + l_p
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                totals += torch.stack([loss.detach(), l_g.detach(), l_p.detach()])
+                steps += 1
+        site.state[HEAD] = {k: v.detach().clone() for k, v in head.state_dict().items()}
+        loss, l_g, l_p = (totals / max(steps, 1)).tolist()
+        return TaskResult({}, float(len(site.data)), {"loss": loss, "global_loss": l_g, "local_loss": l_p})
+
+    def task_prototypes(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> TaskResult:
+        features, head = self._embed(site, received)
+        head.eval()
+        with torch.no_grad():
+            z = F.normalize(head(features), dim=1)
+        protos, counts = class_prototypes(z, site.data.y.to(site.device), received[GLOBAL_PROTOTYPES].shape[0])
+        return TaskResult({LOCAL_PROTOTYPES: protos.float().cpu(), COUNTS: counts.long().cpu()}, float(len(site.data)),
+                          {"classes": float((counts > 0).sum())})
+
+    # --- aggregator -----------------------------------------------------------------------------
+    def check_upload(self, site: str, uploads: Mapping[str, torch.Tensor], weight: float) -> None:
+        counts, protos = uploads[COUNTS], uploads[LOCAL_PROTOTYPES]
+        if bool((counts < 0).any()):
+            raise InvalidUploadError(f"site {site!r} uploaded negative class counts; rejected")
+        if bool(((counts == 0) & (protos.abs().sum(1) > 0)).any()):
+            raise InvalidUploadError(f"site {site!r} uploaded a prototype for a class it counts 0 samples of; rejected")
+        if int(counts.sum()) != int(weight):
+            raise InvalidUploadError(f"site {site!r} uploaded class counts summing to {int(counts.sum())}, "
+                                     f"not its {int(weight)} samples; rejected")
+
+    def aggregate(self, uploads, weights, server: ServerContext) -> Downlink:
+        protos = {s: u[LOCAL_PROTOTYPES] for s, u in uploads.items()}
+        counts = {s: u[COUNTS] for s, u in uploads.items()}
+        g, present = global_prototypes(protos, counts, weighting=self.hp.prototype_weighting)
+        order = server.sites or sorted(uploads)
+        # A site that did not report this round (or lacks a class) gets the global prototype there.
+        sets = torch.stack([fill_missing_prototypes(protos[s], counts[s], g) if s in uploads else g for s in order])
+        return Downlink({GLOBAL_PROTOTYPES: g, PRESENT: present, LOCAL_SETS: sets},
+                        metrics={"classes_with_prototype": float(present.sum())})
+
+    def initial_downlink(self, server: ServerContext) -> Downlink:
+        c, d, k = server.num_classes, server.model.projection_dim, max(self.num_sites, len(server.sites), 1)
+        return Downlink({GLOBAL_PROTOTYPES: torch.zeros(c, d), PRESENT: torch.zeros(c), LOCAL_SETS: torch.zeros(k, c, d)})
+
+    # --- evaluation -----------------------------------------------------------------------------
+    def evaluate(self, downlink: Downlink, server: ServerContext, test: Any) -> dict[str, float]:
+        return {}  # no global model: see evaluate_site (personalised accuracy)
+
+    def evaluate_site(self, site: SiteContext, received: Mapping[str, torch.Tensor], test: Any) -> dict[str, float]:
+        """Accuracy of the site's head by nearest global prototype and by nearest own local prototype."""
+        key = id(test.x)
+        if key not in self._test_features:
+            self._test_features[key] = self.backbones(test, site.public).to(site.device).features(test.x.to(site.device))
+        features = self._test_features[key]
+        head = self.head(site, features.shape[1], received[GLOBAL_PROTOTYPES].shape[1]).eval()
+        with torch.no_grad():
+            z = F.normalize(head(features), dim=1)
+        y = test.y.to(site.device)
+        mask = received[PRESENT].to(torch.bool)
+        own = received[LOCAL_SETS][min(site.index, len(received[LOCAL_SETS]) - 1)]
+        nearest = lambda protos: (z @ protos.T).masked_fill(~mask, float("-inf")).argmax(1)  # noqa: E731
+        return {"accuracy": (nearest(received[GLOBAL_PROTOTYPES]) == y).float().mean().item(),
+                "local_accuracy": (nearest(own) == y).float().mean().item()}
+
+    # --- declarations ---------------------------------------------------------------------------
+    def upload_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+        d = model.projection_dim
+        return [TensorSpec(LOCAL_PROTOTYPES, (num_classes, d), "float32", "upload",
+                           description="per-class mean of the normalised representation (zero rows: absent classes)"),
+                TensorSpec(COUNTS, (num_classes,), "int64", "upload", description="local samples per class")]
+
+    def download_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+        d, k = model.projection_dim, max(self.num_sites, 1)
+        return [TensorSpec(GLOBAL_PROTOTYPES, (num_classes, d), "float32", "download", description="global prototypes"),
+                TensorSpec(PRESENT, (num_classes,), "float32", "download", description="1 where a class has a prototype"),
+                TensorSpec(LOCAL_SETS, (k, num_classes, d), "float32", "download",
+                           description="every site's local prototypes, filled with the global ones")]
+
+

@@ -1,0 +1,99 @@
+"""Frozen pre-trained backbones for FedPCL: loaded from local weight files, or pre-trained here.
+
+Nothing is downloaded: a backbone's weights come from a file named in the configuration (a
+``state_dict`` of :func:`fedcontrast.models.build_encoder`'s encoder for that architecture), or,
+without one, from supervised pre-training on the run's public split (labelled data held out of
+every site's training data), deterministic given the seed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError, DataError
+from . import build_encoder, build_model
+
+_CACHE: dict[tuple, nn.Module] = {}
+
+
+def load_backbone(arch: str, path: str | Path, *, in_channels: int, image_size: int) -> nn.Module:
+    """The encoder ``arch`` with the weights in ``path``; clear errors when missing or mismatched."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"backbone weight file {p} does not exist (make one with `fedcontrast pretrain`)")
+    encoder = build_encoder(arch, in_channels=in_channels, image_size=image_size)
+    try:
+        state = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise DataError(f"backbone weight file {p} is not a readable torch state_dict ({type(exc).__name__})") from None
+    try:
+        encoder.load_state_dict(state)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise ConfigError(f"backbone weight file {p} does not fit a {arch} backbone for {in_channels}x{image_size}x"
+                          f"{image_size} images: {first}") from None
+    return encoder
+
+
+def pretrain_backbone(arch: str, public, *, seed: int, epochs: int, lr: float = 1e-3, batch_size: int = 64) -> nn.Module:
+    """Supervised pre-training of encoder ``arch`` (with a temporary head) on ``public``; Adam, no
+    augmentation. Returns the encoder."""
+    if public is None or len(public) == 0:
+        raise ConfigError("pre-training backbones needs a public split: set public_fraction > 0 or give backbone files")
+    torch.manual_seed(seed)
+    net = build_model(arch, in_channels=public.in_channels, image_size=public.image_size,
+                      num_classes=public.num_classes, projection_dim=64)
+    optimizer = torch.optim.Adam(net.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(seed)
+    net.train()
+    for _ in range(epochs):
+        for idx in torch.randperm(len(public), generator=generator).split(batch_size):
+            if len(idx) < 2:
+                continue
+            _, logits = net(public.x[idx])
+            loss = F.cross_entropy(logits, public.y[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    return net.encoder
+
+
+class FrozenBackbones(nn.Module):
+    """K frozen encoders; ``forward`` concatenates their features. Shape: ``(B, C, H, W) → (B, ΣD_k)``."""
+
+    def __init__(self, encoders: list[nn.Module]) -> None:
+        super().__init__()
+        self.encoders = nn.ModuleList(encoders)
+        self.feature_dim = sum(e.feature_dim for e in encoders)
+        self.eval()
+        self.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> FrozenBackbones:
+        return super().train(False)  # frozen: BatchNorm statistics never move
+
+    @torch.no_grad()
+    def features(self, x: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
+        return torch.cat([self(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([e(x) for e in self.encoders], dim=1)
+
+
+def backbone_set(archs: tuple[str, ...], files: tuple[str, ...], public, *, in_channels: int, image_size: int,
+                 seed: int, pretrain_epochs: int) -> FrozenBackbones:
+    """The configured backbones, built once per process (pre-training is deterministic per seed)."""
+    if files and len(files) != len(archs):
+        raise ConfigError(f"backbone_files names {len(files)} file(s) for {len(archs)} backbone(s)")
+    fingerprint = (len(public), float(public.x.double().sum())) if public is not None else None
+    encoders = []
+    for k, arch in enumerate(archs):
+        key = (arch, files[k] if files else None, in_channels, image_size, seed + k, pretrain_epochs, fingerprint)
+        if key not in _CACHE:
+            _CACHE[key] = (load_backbone(arch, files[k], in_channels=in_channels, image_size=image_size) if files
+                           else pretrain_backbone(arch, public, seed=seed + k, epochs=pretrain_epochs))
+        encoders.append(_CACHE[key])
+    return FrozenBackbones(encoders)
