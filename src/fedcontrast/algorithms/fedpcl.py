@@ -78,7 +78,15 @@ class FedPCL(Algorithm):
 
     def __init__(self, hp=None) -> None:
         super().__init__(hp)
-        self._test_features: dict[int, torch.Tensor] = {}
+        # Frozen backbones and no augmentation: a data set's features never change, so they are
+        # computed once per process (keyed by the data tensor) instead of every round.
+        self._features: dict[int, torch.Tensor] = {}
+
+    def features(self, data, public, device: torch.device) -> torch.Tensor:
+        key = id(data.x)
+        if key not in self._features:
+            self._features[key] = self.backbones(data, public).to(device).features(data.x.to(device))
+        return self._features[key]
 
     # --- the site's networks --------------------------------------------------------------------
     def backbones(self, data, public):
@@ -96,7 +104,7 @@ class FedPCL(Algorithm):
         return head.to(site.device)
 
     def _embed(self, site: SiteContext, received: Mapping[str, torch.Tensor]):
-        features = self.backbones(site.data, site.public).to(site.device).features(site.data.x.to(site.device))
+        features = self.features(site.data, site.public, site.device)
         head = self.head(site, features.shape[1], received[GLOBAL_PROTOTYPES].shape[1])
         return features, head
 
@@ -170,10 +178,7 @@ class FedPCL(Algorithm):
 
     def evaluate_site(self, site: SiteContext, received: Mapping[str, torch.Tensor], test: Any) -> dict[str, float]:
         """Accuracy of the site's head by nearest global prototype and by nearest own local prototype."""
-        key = id(test.x)
-        if key not in self._test_features:
-            self._test_features[key] = self.backbones(test, site.public).to(site.device).features(test.x.to(site.device))
-        features = self._test_features[key]
+        features = self.features(test, site.public, site.device)
         head = self.head(site, features.shape[1], received[GLOBAL_PROTOTYPES].shape[1]).eval()
         with torch.no_grad():
             z = F.normalize(head(features), dim=1)
