@@ -108,3 +108,13 @@ def test_backbone_files(tmp_path, synthetic):
         load_backbone("resnet18", path, in_channels=1, image_size=16)
     with pytest.raises(ConfigError, match="one file per backbone"):
         get_algorithm("fedpcl").from_settings({"backbones": ["simple_cnn", "resnet18"], "backbone_files": [str(path)]})
+
+
+def test_distribution_weighted_accuracy_hand_computed():
+    from fedcontrast.algorithms.fedpcl import distribution_weighted_accuracy
+
+    y = torch.tensor([0, 0, 1, 1, 2, 2])
+    pred = torch.tensor([0, 0, 1, 0, 1, 1])  # per class: 1.0, 0.5, 0.0
+    # a site holding classes 0 and 1 in a 3:1 ratio: (3·1.0 + 1·0.5) / 4
+    assert distribution_weighted_accuracy(pred, y, torch.tensor([3.0, 1.0, 0.0])) == pytest.approx(0.875)
+    assert distribution_weighted_accuracy(pred, y, torch.ones(3)) == pytest.approx(0.5)  # balanced

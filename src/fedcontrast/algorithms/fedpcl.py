@@ -65,6 +65,18 @@ def class_prototypes(z: torch.Tensor, labels: torch.Tensor, num_classes: int) ->
     return sums / counts.clamp_min(1)[:, None].to(z.dtype), counts
 
 
+def distribution_weighted_accuracy(pred: torch.Tensor, y: torch.Tensor, class_weights: torch.Tensor) -> float:
+    """``Σ_c w_c · acc_c / Σ_c w_c`` over the classes present in ``y``: accuracy on a test set whose
+    label distribution follows ``class_weights`` (e.g. a site's class counts)."""
+    num, den = 0.0, 0.0
+    for c in range(len(class_weights)):
+        in_class = y == c
+        if bool(in_class.any()) and class_weights[c] > 0:
+            num += float(class_weights[c]) * (pred[in_class] == c).double().mean().item()
+            den += float(class_weights[c])
+    return num / den if den else 0.0
+
+
 @register_algorithm
 class FedPCL(Algorithm):
     """Collaborator: train the personal projection head with ``L_g + L_p`` over frozen backbone
@@ -177,7 +189,10 @@ class FedPCL(Algorithm):
         return {}  # no global model: see evaluate_site (personalised accuracy)
 
     def evaluate_site(self, site: SiteContext, received: Mapping[str, torch.Tensor], test: Any) -> dict[str, float]:
-        """Accuracy of the site's head by nearest global prototype and by nearest own local prototype."""
+        """Personalised accuracy of the site's head, by nearest global prototype (``accuracy``) and by
+        nearest own local prototype (``local_accuracy``), on the site's own label distribution: the
+        per-class test accuracy weighted by the site's class shares (its local test distribution, as
+        in the paper). ``balanced_accuracy``: the plain accuracy on the whole test split."""
         features = self.features(test, site.public, site.device)
         head = self.head(site, features.shape[1], received[GLOBAL_PROTOTYPES].shape[1]).eval()
         with torch.no_grad():
@@ -186,8 +201,11 @@ class FedPCL(Algorithm):
         mask = received[PRESENT].to(torch.bool)
         own = received[LOCAL_SETS][min(site.index, len(received[LOCAL_SETS]) - 1)]
         nearest = lambda protos: (z @ protos.T).masked_fill(~mask, float("-inf")).argmax(1)  # noqa: E731
-        return {"accuracy": (nearest(received[GLOBAL_PROTOTYPES]) == y).float().mean().item(),
-                "local_accuracy": (nearest(own) == y).float().mean().item()}
+        shares = torch.bincount(site.data.y.to(site.device), minlength=len(mask)).to(torch.float64)
+        global_pred, local_pred = nearest(received[GLOBAL_PROTOTYPES]), nearest(own)
+        return {"accuracy": distribution_weighted_accuracy(global_pred, y, shares),
+                "local_accuracy": distribution_weighted_accuracy(local_pred, y, shares),
+                "balanced_accuracy": (global_pred == y).float().mean().item()}
 
     # --- declarations ---------------------------------------------------------------------------
     def upload_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
