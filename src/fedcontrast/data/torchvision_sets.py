@@ -2,7 +2,7 @@
 
 Each set is read once into uint8 arrays (``ds.data`` and its labels); no per-sample transforms run.
 The expected files are checked before torchvision is asked, so that a missing file gives a message
-naming the folder and the files instead of torchvision's "use download=True" hint.
+naming the folder and the files instead of torchvision's hint to download the data.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def load_torchvision_raw(name: str, root: str | None) -> RawData:
     except ImportError as err:
         raise DataError(f"reading {name} needs a missing package ({err.name}); install it and retry.") from err
     except _READ_ERRORS as err:
-        # torchvision's own message suggests download=True, which this tool never does: keep it out.
+        # torchvision's own message suggests downloading, which this tool never does: keep it out.
         raise DataError(
             f"{name} files in {base} are corrupt or unreadable ({type(err).__name__}); "
             f"replace them with intact copies {_LAYOUTS[name].origin}."
