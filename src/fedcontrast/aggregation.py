@@ -84,3 +84,30 @@ def global_prototypes(prototypes: Mapping[str, torch.Tensor], counts: Mapping[st
 def fill_missing_prototypes(local: torch.Tensor, counts: torch.Tensor, global_protos: torch.Tensor) -> torch.Tensor:
     """A site's local prototype set with ``G^c`` in place of every class it lacks (``count == 0``)."""
     return torch.where((counts > 0)[:, None], local, global_protos)
+
+
+def dual_aggregation(uploads: Mapping[str, Mapping[str, torch.Tensor]], weights: Mapping[str, float], *,
+                     first_pass: str = "weighted") -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """FedSiam-DA's dual aggregation (ALGORITHMS.md, FedSiam-DA).
+
+    First pass ``w0 = Σ_k n_k/n w_k`` (``first_pass="mean"``: the plain mean). Second pass
+    ``ξ_k = cos(flat(w_k), flat(w0)) / Σ_j cos(flat(w_j), flat(w0))`` over each whole flattened model,
+    ``w = Σ_k ξ_k w_k``. Negative cosines are clipped to 0; when no cosine is positive the result is
+    ``w0``. Returns ``(w, ξ)`` (ξ in sorted-site order, all 0 on the fallback).
+    """
+    if first_pass not in ("weighted", "mean"):
+        raise ValueError(f"first_pass must be weighted or mean, got {first_pass!r}")
+    sites = sorted(uploads)
+    w0 = weighted_average(uploads, weights if first_pass == "weighted" else {s: 1.0 for s in sites})
+    names = sorted(w0)
+    flat0 = torch.cat([w0[n].reshape(-1).to(torch.float64) for n in names])
+    cosines = {}
+    for s in sites:
+        flat = torch.cat([uploads[s][n].reshape(-1).to(torch.float64) for n in names])
+        denom = flat.norm() * flat0.norm()
+        cosines[s] = max(0.0, float(flat @ flat0 / denom)) if denom > 0 else 0.0
+    total = sum(cosines.values())
+    if total <= 0:
+        return w0, {s: 0.0 for s in sites}
+    xi = {s: c / total for s, c in cosines.items()}
+    return weighted_average(uploads, xi), xi
