@@ -22,9 +22,9 @@ from fedcontrast.sim import Federation
 from .conftest import FEDERATION_TIMEOUT, small_config
 
 
-def simulator_final_weights(config):
-    """The simulator's final global weights, computed with the collaborators' thread count (the
-    count changes the last bits of float sums)."""
+def simulate(config):
+    """The same federation in the simulator, at the collaborators' thread count (the count changes
+    the last bits of float sums)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads_per_collaborator(config.clients))
     try:
@@ -33,6 +33,11 @@ def simulator_final_weights(config):
             federation.run_round(r)
     finally:
         torch.set_num_threads(previous)
+    return federation
+
+
+def simulator_final_weights(config):
+    federation = simulate(config)
     weights = {k[len(WEIGHT_PREFIX):]: v for k, v in federation.downlink.global_tensors.items()
                if k.startswith(WEIGHT_PREFIX)}  # the exported model; FedSSC's class representations aside
     return weights, federation
@@ -120,13 +125,6 @@ def test_fedpcl_federation_two_tasks_per_round_matches_simulator(make_workspace,
     summary = export_results(ws, tmp_path / "out")
     assert summary["final_model"] is None  # FedPCL has no global model
     exported = torch.load(tmp_path / "out" / "final_downlink.pt", weights_only=True)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads_per_collaborator(config.clients))
-    try:
-        federation = Federation(read_workspace_config(ws))
-        for r in range(config.rounds):
-            federation.run_round(r)
-    finally:
-        torch.set_num_threads(previous)
+    federation = simulate(read_workspace_config(ws))
     for name, value in federation.downlink.global_tensors.items():
         assert torch.allclose(exported[name], value, atol=1e-6), name
