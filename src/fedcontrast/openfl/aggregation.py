@@ -11,6 +11,7 @@ model.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 from openfl.interface.aggregation_functions.core import AggregationFunction
 
 from ..algorithms import InvalidUploadError, ServerContext, validate_uploads
+from ..atomic import atomic_torch_save
 from ..config import RunConfig
 from ..construction import build_algorithm, initial_model, resolve_device, server_seed
 from ..errors import FedContrastError
@@ -102,20 +104,14 @@ def aggregator_origin(db) -> str:
     return rows["origin"].iloc[0]
 
 
-def personal_path(directory: str, round_number: int):
-    from pathlib import Path
-
+def personal_path(directory: str, round_number: int) -> Path:
     return Path(directory) / f"personal_round_{round_number}.pt"
 
 
 def save_personal(directory: str, round_number: int, personal: dict[str, dict[str, torch.Tensor]]) -> None:
     """Per-site downlinks are not in OpenFL's persistent DB: keep them so a restart can serve them."""
-    import os
-
-    path = personal_path(directory, round_number)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({s: {k: v.detach().cpu() for k, v in t.items()} for s, t in personal.items()}, tmp)
-    os.replace(tmp, path)
+    atomic_torch_save({s: {k: v.detach().cpu() for k, v in t.items()} for s, t in personal.items()},
+                      personal_path(directory, round_number))
 
 
 def read_weights(db, fl_round: int, sites: tuple[str, ...]) -> dict[str, float]:

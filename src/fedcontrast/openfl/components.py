@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -22,14 +21,14 @@ import torch
 from openfl.callbacks import Callback
 from openfl.component.aggregator.aggregator import Aggregator
 from openfl.component.collaborator.collaborator import Collaborator
+from openfl.utilities import TensorKey
 
 from ..algorithms import Downlink, ServerContext, load_weights
 from ..algorithms.base import WEIGHT_PREFIX
+from ..atomic import atomic_torch_save
 from ..config import RunConfig
 from ..construction import build_algorithm, initial_model, load_splits, resolve_device, server_seed
 from ..errors import FedContrastError
-from openfl.utilities import TensorKey
-
 from . import aggregation
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, unpack
 from .runner import PERSONAL_TAG
@@ -74,10 +73,10 @@ class RoundReport(Callback):
         tensors = self.tensor_db.get_tensors_by_round_and_tags(round_num + 1, ("model",))
         packed = next(v for k, v in tensors.items() if k.tensor_name == GLOBAL_PACKED)
         weights = unpack(packed, self.global_specs)
-        _atomic_save(weights, self.out_dir / FINAL_DOWNLINK)  # everything the sites receive (e.g. prototypes)
+        atomic_torch_save(weights, self.out_dir / FINAL_DOWNLINK)  # everything the sites receive (e.g. prototypes)
         if any(name.startswith(WEIGHT_PREFIX) for name in weights):
             load_weights(self.model, weights)
-            _atomic_save(self.model.state_dict(), self.out_dir / FINAL_MODEL)
+            atomic_torch_save(self.model.state_dict(), self.out_dir / FINAL_MODEL)
         record: dict[str, Any] = {"round": round_num + 1, "rounds": self.config.rounds, "time": time.time()}
         if self.test is not None:
             record.update(self.algorithm.evaluate(Downlink(weights), self.server, self.test))
@@ -86,12 +85,6 @@ class RoundReport(Callback):
             f.write(json.dumps(record) + "\n")
         logger.info("round %d/%d: global test accuracy %s", round_num + 1, self.config.rounds,
                     f"{record['accuracy']:.4f}" if "accuracy" in record else "n/a")
-
-
-def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 class SafeAggregator(Aggregator):
@@ -111,21 +104,21 @@ class SafeAggregator(Aggregator):
         """Put this round's per-site tensors into the tensor DB: round 0's from the plugin's initial
         downlink, a resumed round's from the file the aggregation function wrote (OpenFL's own
         persistence keeps only the global model)."""
+        algorithm, model = build_algorithm(config), initial_model(config, **shape)
+        specs = [s for s in algorithm.download_specs(model, shape["num_classes"]) if s.per_site]
+        if not specs:
+            return  # the plugin sends no per-site tensors
         path = aggregation.personal_path(report_dir, self.round_number)
         if path.exists():
             personal = torch.load(path, weights_only=True)
         elif self.round_number == 0:
-            model = initial_model(config, **shape)
             server = ServerContext(model=model, round_num=0, seed=server_seed(config, 0), device=torch.device("cpu"),
                                    num_classes=shape["num_classes"], sites=list(self.authorized_cols))
-            personal = build_algorithm(config).initial_downlink(server).personal
-            if personal:
-                aggregation.save_personal(report_dir, 0, personal)
+            personal = algorithm.initial_downlink(server).personal
+            aggregation.save_personal(report_dir, 0, personal)
         else:
             personal = {}
         if personal:
-            specs = [s for s in build_algorithm(config).download_specs(initial_model(config, **shape),
-                                                                      shape["num_classes"]) if s.per_site]
             self.tensor_db.cache_tensor({TensorKey(PERSONAL_PACKED, self.uuid, self.round_number, False,
                                                    (site, PERSONAL_TAG)): pack(tensors, specs)
                                          for site, tensors in personal.items()})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from openfl.federated.task.runner import TaskRunner
 from openfl.utilities import TensorKey
 
 from ..algorithms import ServerContext, SiteContext
+from ..atomic import atomic_torch_save
 from ..config import RunConfig
 from ..construction import build_algorithm, initial_model, resolve_device, server_seed, task_seed
 from ..errors import CheckpointError
@@ -117,6 +117,4 @@ class PluginTaskRunner(TaskRunner):
     def _save_state(self, col_name: str, state: dict[str, Any]) -> None:
         path = self._state_path(col_name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        atomic_torch_save(state, path)

@@ -6,21 +6,19 @@ checkpoint intact; read with ``weights_only=True`` so a checkpoint cannot execut
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..atomic import atomic_torch_save
 from ..errors import CheckpointError
 
 FORMAT = 1
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"format": FORMAT, **payload}, tmp)
-    os.replace(tmp, path)
+    atomic_torch_save({"format": FORMAT, **payload}, path)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
