@@ -52,6 +52,15 @@ def build_algorithm(config: RunConfig) -> Algorithm:
     return algorithm
 
 
+def attach_public(algorithm: Algorithm, public) -> None:
+    """Tell the plugin the public data set's size (its declarations may depend on it); a plugin
+    that needs one and gets none fails here, before any round."""
+    if algorithm.requires_public and (public is None or len(public) < 2):
+        raise ConfigError(f"{algorithm.name} needs a public data set that every site and the aggregator hold: "
+                          "set public_fraction > 0")
+    algorithm.public_size = len(public) if public is not None else 0
+
+
 def load_splits(config: RunConfig) -> DataSplits:
     return load_dataset(config.dataset, root=config.data_root, image_size=config.image_size,
                         test_fraction=config.test_fraction, public_fraction=config.public_fraction,

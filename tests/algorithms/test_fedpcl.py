@@ -111,7 +111,7 @@ def test_backbone_files(tmp_path, synthetic):
 
 
 def test_distribution_weighted_accuracy_hand_computed():
-    from fedcontrast.algorithms.fedpcl import distribution_weighted_accuracy
+    from fedcontrast.evaluation import distribution_weighted_accuracy
 
     y = torch.tensor([0, 0, 1, 1, 2, 2])
     pred = torch.tensor([0, 0, 1, 0, 1, 1])  # per class: 1.0, 0.5, 0.0

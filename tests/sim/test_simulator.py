@@ -15,7 +15,7 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
-@pytest.mark.parametrize("algorithm,settings", [("fedavg", {}), ("moon", {"mu": 1.0})])
+@pytest.mark.parametrize("algorithm,settings", [("fedavg", {}), ("moon", {"mu": 1.0}), ("fedsiam_da", {})])
 def test_learns_well_above_chance(tmp_path, tiny_config, algorithm, settings):
     # LeNet under SGD sits on a plateau for its first ~100 steps; these settings give it ~250
     # (measured: 0.92 for FedAvg, 0.94 for MOON after 8 rounds).
@@ -97,3 +97,17 @@ def test_contract_every_registered_algorithm_runs_two_sites_two_rounds(tmp_path,
     rows = read_csv(tmp_path / algorithm / "metrics.csv")
     assert {r["site"] for r in rows if r["site"] != "global"} == {"site_0", "site_1"}
     assert 0.0 <= summary["final_accuracy"] <= 1.0
+
+
+def test_local_models_are_evaluated_on_each_sites_own_distribution(tmp_path, tiny_config):
+    # FedSiam-DA asks for it; any weight-uploading plugin can have it; FedPCL has no local model.
+    summary = run_simulation(tiny_config.replace(algorithm="fedsiam_da"), tmp_path / "siam")
+    local = summary["final_metrics"]
+    assert 0.0 <= local["local_accuracy"] <= 1.0 and local["local_accuracy_std"] >= 0.0
+    assert 0.0 <= local["local_balanced_accuracy"] <= 1.0
+    assert {"xi_site_0", "xi_site_1", "dual_fallback"} <= set(local)
+    assert "local_accuracy" not in run_simulation(tiny_config, tmp_path / "avg")["final_metrics"]
+    forced = run_simulation(tiny_config, tmp_path / "avg-local", local_evaluation=True)
+    assert "local_accuracy" in forced["final_metrics"]
+    with pytest.raises(ConfigError, match="no model weights"):
+        run_simulation(tiny_config.replace(algorithm="fedpcl"), tmp_path / "pcl", local_evaluation=True)

@@ -138,6 +138,8 @@ class ServerContext:
     state: dict[str, Any] = field(default_factory=dict)
     public: Any = None
     sites: list[str] = field(default_factory=list)  # every site of the federation, for per-site downlinks
+    previous: dict[str, torch.Tensor] | None = None  # the global downlink this round's sites received
+    labelled: Any = None  # labelled data for evaluation (linear probes): the simulator's training split
 
 
 @dataclass
@@ -174,10 +176,15 @@ class Algorithm(ABC):
     supports_dp: ClassVar[bool] = False
 
     personalized: ClassVar[bool] = False  # evaluated per site (evaluate_site) rather than as one global model
+    # Engines also evaluate each site's uploaded local model (``model.*`` weights) on the site's own
+    # label distribution each round; the simulator can switch this on for any weight-uploading plugin.
+    evaluates_local_models: ClassVar[bool] = False
+    requires_public: ClassVar[bool] = False  # needs the public data set on every site and the aggregator
 
     def __init__(self, hp: Any | None = None) -> None:
         self.hp = hp if hp is not None else self.Hyperparameters()
         self.num_sites = 1  # the federation's size; engines set it (declarations may depend on it)
+        self.public_size = 0  # samples in the public data set; engines set it when the run has one
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any] | None) -> Algorithm:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..aggregation import fill_missing_prototypes, global_prototypes
+from ..evaluation import distribution_weighted_accuracy
 from ..losses import check_temperature, fedpcl_loss
 from ..models import MODEL_NAMES
 from ..models.backbones import backbone_set
@@ -63,18 +64,6 @@ def class_prototypes(z: torch.Tensor, labels: torch.Tensor, num_classes: int) ->
     sums = torch.zeros(num_classes, z.shape[1], dtype=z.dtype, device=z.device).index_add_(0, labels, z)
     counts = torch.bincount(labels, minlength=num_classes)
     return sums / counts.clamp_min(1)[:, None].to(z.dtype), counts
-
-
-def distribution_weighted_accuracy(pred: torch.Tensor, y: torch.Tensor, class_weights: torch.Tensor) -> float:
-    """``Σ_c w_c · acc_c / Σ_c w_c`` over the classes present in ``y``: accuracy on a test set whose
-    label distribution follows ``class_weights`` (e.g. a site's class counts)."""
-    num, den = 0.0, 0.0
-    for c in range(len(class_weights)):
-        in_class = y == c
-        if bool(in_class.any()) and class_weights[c] > 0:
-            num += float(class_weights[c]) * (pred[in_class] == c).double().mean().item()
-            den += float(class_weights[c])
-    return num / den if den else 0.0
 
 
 @register_algorithm

@@ -10,6 +10,7 @@ model.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from openfl.interface.aggregation_functions.core import AggregationFunction
 from ..algorithms import InvalidUploadError, ServerContext, validate_uploads
 from ..atomic import atomic_torch_save
 from ..config import RunConfig
-from ..construction import build_algorithm, initial_model, resolve_device, server_seed
+from ..construction import attach_public, build_algorithm, initial_model, load_splits, resolve_device, server_seed
 from ..errors import FedContrastError
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, unpack
 from .runner import PERSONAL_TAG, WEIGHT_METRIC
@@ -54,6 +55,10 @@ class PluginAggregation(AggregationFunction):
                               num_classes=shape["num_classes"]).to(device)
         self.server = ServerContext(model=model, round_num=0, seed=server_seed(self.config, 0), device=device,
                                     num_classes=shape["num_classes"])
+        if self.algorithm.requires_public:  # e.g. FLESD distils on the public set here
+            public = load_splits(self.config).public
+            attach_public(self.algorithm, public)
+            self.server.public = _to_device(public, device)
         self.specs = self.algorithm.upload_specs(model, shape["num_classes"])
         downloads = self.algorithm.download_specs(model, shape["num_classes"])
         self.global_specs = [s for s in downloads if not s.per_site]
@@ -64,6 +69,15 @@ class PluginAggregation(AggregationFunction):
         if tensor_name != GLOBAL_PACKED:
             raise AggregationFailure(f"unexpected tensor {tensor_name!r}: fedcontrast sends one packed tensor")
         return self._aggregate_round(tensor_db, fl_round, {lt.col_name: lt.tensor for lt in local_tensors})
+
+    def received_downlink(self, db, fl_round: int) -> dict[str, torch.Tensor] | None:
+        """The global downlink the sites received for ``fl_round`` (OpenFL's stored model of that
+        round, which survives an aggregator restart), or None when the database lacks it."""
+        rows = db[(db["tensor_name"] == GLOBAL_PACKED) & (db["round"] == fl_round) & (db["tags"] == ("model",))]
+        if len(rows) == 0:
+            return None
+        tensors = unpack(rows["nparray"].iloc[-1], self.global_specs)
+        return {k: v.to(self.server.device) for k, v in tensors.items()}
 
     def _aggregate_round(self, db, fl_round: int, packed: dict[str, np.ndarray]) -> np.ndarray:
         sites = tuple(sorted(packed))
@@ -85,6 +99,7 @@ class PluginAggregation(AggregationFunction):
         self.server.round_num = fl_round
         self.server.seed = server_seed(self.config, fl_round)
         self.server.sites = list(sites)
+        self.server.previous = self.received_downlink(db, fl_round)
         downlink = self.algorithm.aggregate(valid, {s: weights[s] for s in valid}, self.server)
         if downlink.personal:
             origin = aggregator_origin(db)
@@ -94,6 +109,11 @@ class PluginAggregation(AggregationFunction):
             if PERSONAL_DIR is not None:
                 save_personal(PERSONAL_DIR, fl_round + 1, downlink.personal)
         return pack(downlink.global_tensors, self.global_specs)
+
+
+def _to_device(data, device):
+    return data if data is None or device.type == "cpu" else dataclasses.replace(data, x=data.x.to(device),
+                                                                                  y=data.y.to(device))
 
 
 def aggregator_origin(db) -> str:

@@ -64,7 +64,9 @@ class RoundReport(Callback):
         self.server = ServerContext(model=self.model, round_num=0, seed=server_seed(config, 0), device=device,
                                     num_classes=model_shape["num_classes"])
         try:
-            self.test = load_splits(config).test
+            splits = load_splits(config)
+            self.test = splits.test
+            self.server.public = splits.public  # labelled: linear probes train on it here
         except FedContrastError as exc:  # e.g. the sites' own folders: no test data here
             logger.warning("no test data on the aggregator (%s): rounds are not evaluated here", exc)
             self.test = None

@@ -15,7 +15,7 @@ from openfl.utilities import TensorKey
 from ..algorithms import ServerContext, SiteContext
 from ..atomic import atomic_torch_save
 from ..config import RunConfig
-from ..construction import build_algorithm, initial_model, resolve_device, server_seed, task_seed
+from ..construction import attach_public, build_algorithm, initial_model, resolve_device, server_seed, task_seed
 from ..errors import CheckpointError
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, UPLOAD_PACKED, pack, unpack
 
@@ -40,6 +40,7 @@ class PluginTaskRunner(TaskRunner):
         meta = data_loader.meta
         self.model = initial_model(self.config, in_channels=meta.in_channels, image_size=meta.image_size,
                                    num_classes=meta.num_classes).to(self.device)
+        attach_public(self.algorithm, meta.public)
         server = ServerContext(model=self.model, round_num=0, seed=server_seed(self.config, 0),
                                device=self.device, num_classes=meta.num_classes, public=meta.public)
         specs = self.algorithm.download_specs(self.model, meta.num_classes)

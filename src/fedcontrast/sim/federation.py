@@ -14,9 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..algorithms import Downlink, ServerContext, SiteContext, nbytes, validate_uploads
+from ..algorithms import Downlink, ServerContext, SiteContext, load_weights, nbytes, validate_uploads
+from ..algorithms.base import WEIGHT_PREFIX
+from ..errors import ConfigError
+from ..evaluation import distribution_weighted_accuracy, predict
 from ..config import RunConfig
-from ..construction import (build_algorithm, derive_seed, initial_model, load_splits, partition, resolve_device,
+from ..construction import (attach_public, build_algorithm, derive_seed, initial_model, load_splits, partition, resolve_device,
                      server_seed, site_name, task_seed)
 from .outputs import GLOBAL_SITE, metric_row
 
@@ -34,7 +37,9 @@ class Site:
 class Federation:
     """Sites holding their shards and state, a server holding the downlink, one plugin."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, *, local_evaluation: bool | None = None) -> None:
+        """``local_evaluation``: evaluate every site's uploaded local model each round (default: when
+        the plugin asks for it, :attr:`Algorithm.evaluates_local_models`)."""
         self.config = config
         self.device = resolve_device(config.device)
         self.algorithm = build_algorithm(config)
@@ -46,12 +51,17 @@ class Federation:
         self.public = on_device(splits.public) if splits.public is not None else None
         model = initial_model(config, in_channels=splits.in_channels, image_size=splits.image_size,
                               num_classes=splits.num_classes).to(self.device)
+        attach_public(self.algorithm, self.public)
         self.server = ServerContext(model=model, round_num=0, seed=server_seed(config, 0),
                                     device=self.device, num_classes=splits.num_classes, public=self.public,
-                                    sites=[site.name for site in self.sites])
+                                    sites=[site.name for site in self.sites], labelled=on_device(splits.train))
         self.site_model = copy.deepcopy(model)  # scratch network the site tasks load weights into
         self.upload_specs = self.algorithm.upload_specs(model, splits.num_classes)
         self.downlink: Downlink = self.algorithm.initial_downlink(self.server)
+        self.local_evaluation = (self.algorithm.evaluates_local_models if local_evaluation is None
+                                 else local_evaluation)
+        if self.local_evaluation and not any(s.name.startswith(WEIGHT_PREFIX) for s in self.upload_specs):
+            raise ConfigError(f"{config.algorithm} uploads no model weights: there is no local model to evaluate")
 
     # --- state for checkpoints ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -91,6 +101,25 @@ class Federation:
             out[key], out[f"{key}_std"] = _mean_std([m[key] for m in per_site])
         return out
 
+    def local_model_evaluation(self, uploads: dict[str, dict[str, torch.Tensor]]) -> dict[str, float]:
+        """Each site's uploaded local model on the test split: ``local_accuracy`` on the site's own
+        label distribution (per-class accuracy weighted by its class counts) and
+        ``local_balanced_accuracy`` on the whole split; mean and spread over the sites."""
+        model, y = self.site_model, self.test.y.to(self.device)
+        accuracy, balanced = [], []
+        for site in self.sites:
+            if site.name not in uploads:
+                continue
+            load_weights(model, uploads[site.name])
+            pred = predict(model, self.test, self.device)
+            shares = torch.bincount(site.data.y.to(self.device), minlength=self.server.num_classes).to(torch.float64)
+            accuracy.append(distribution_weighted_accuracy(pred, y, shares))
+            balanced.append((pred == y).double().mean().item())
+        out: dict[str, float] = {}
+        out["local_accuracy"], out["local_accuracy_std"] = _mean_std(accuracy)
+        out["local_balanced_accuracy"], out["local_balanced_accuracy_std"] = _mean_std(balanced)
+        return out
+
     def run_round(self, round_num: int) -> list[dict[str, Any]]:
         """Run round ``round_num`` (0-based); returns its metrics rows (``round`` is 1-based)."""
         cfg = self.config
@@ -113,9 +142,13 @@ class Federation:
             uploads[site.name] = merged
         self.server.round_num = round_num
         self.server.seed = server_seed(cfg, round_num)
+        self.server.previous = self.downlink.global_tensors
         self.downlink = self.algorithm.aggregate(uploads, weights, self.server)
-        evaluation = (self.personalized_evaluation(round_num) if self.algorithm.personalized
-                      else self.algorithm.evaluate(self.downlink, self.server, self.test))
+        evaluation = self.algorithm.evaluate(self.downlink, self.server, self.test)
+        if self.algorithm.personalized:
+            evaluation.update(self.personalized_evaluation(round_num))
+        if self.local_evaluation:
+            evaluation.update(self.local_model_evaluation(uploads))
         rows.append(metric_row(round_num + 1, GLOBAL_SITE, "evaluate", len(self.test),
                                {**evaluation, **self.downlink.metrics}))
         return rows

@@ -55,6 +55,8 @@ def build_summary(rows: Sequence[dict[str, Any]], *, config: dict[str, Any], wal
         key = (r["round"], r["site"])
         per_site_round[key] = per_site_round.get(key, 0) + r["bytes_uploaded"]
     best = max(range(len(curve)), key=lambda i: curve[i]) if curve else None
+    global_rows = sorted((r for r in rows if r["site"] == GLOBAL_SITE), key=lambda r: r["round"])
+    final_metrics = json.loads(global_rows[-1]["extra"]) if global_rows else {}
     return {
         "algorithm": config["algorithm"], "dataset": config["dataset"],
         "rounds_completed": len(curve), "rounds_planned": rounds_total,
@@ -66,6 +68,7 @@ def build_summary(rows: Sequence[dict[str, Any]], *, config: dict[str, Any], wal
         "bytes_uploaded_per_site_per_round": (sum(per_site_round.values()) / len(per_site_round)
                                               if per_site_round else 0),
         "wall_time_s": round(wall_time_s, 3),
+        "final_metrics": final_metrics,  # the last round's other test metrics (local accuracy, ξ, ...)
         "accuracy_curve": curve,
     }
 

@@ -50,8 +50,12 @@ def _check_resumable(saved: dict[str, Any], config: RunConfig, path: Path) -> No
 
 
 def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
-                   progress: Progress | None = None, stop_after: int | None = None) -> dict[str, Any]:
+                   progress: Progress | None = None, stop_after: int | None = None,
+                   local_evaluation: bool | None = None) -> dict[str, Any]:
     """Run (or continue) ``config`` in ``run_dir``; returns the summary.
+
+    ``local_evaluation``: also evaluate every site's uploaded local model each round (see
+    :class:`Federation`; default: when the plugin asks for it).
 
     ``stop_after`` ends the call after that many rounds in total have finished, as a kill would
     (used by tests of resume).
@@ -63,7 +67,7 @@ def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = Fal
     if checkpoint is not None:
         _check_resumable(checkpoint["config"], config, ckpt_path)
 
-    federation = Federation(config)  # data, partition, model: fails early on bad input
+    federation = Federation(config, local_evaluation=local_evaluation)  # data, partition, model: fails early on bad input
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     rows: list[dict[str, Any]] = []
     start, elapsed = 0, 0.0

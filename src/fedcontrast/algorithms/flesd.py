@@ -1,0 +1,389 @@
+"""FLESD: federated representation learning by ensemble similarity distillation (Shi et al.;
+ALGORITHMS.md, FLESD), and its weight-averaging baseline with the same local training.
+
+Collaborator tasks, each round:
+
+1. ``train`` — self-supervised SimCLR on the site's own images (NT-Xent over two augmented views,
+   in-batch negatives, Adam; labels are never read), starting from the global encoder.
+2. ``similarity`` — similarity inference on the public set P that every site holds: the site first
+   checks that its P is the aggregator's (same samples, same order: a SHA-256 fingerprint of the
+   tensors), refuses otherwise, then uploads ``Z_k = normalize(f_k(P))`` (N×d) or
+   ``M_k = Z_k Z_kᵀ`` (N×N) — the cheaper of the two by default — optionally quantised to fp16 or
+   int8. Never weights.
+
+Aggregator: ensemble similarity distillation (ESD). ``M = (1/|S|) Σ_k M_k / τ_T``; the global
+encoder is trained on P with ``KL(p_T ‖ p_S)`` against a momentum encoder's FIFO anchor queue
+(:func:`fedcontrast.losses.esd_loss`), Adam, and the new weights go to every site. The aggregator
+keeps no state of its own: the student starts from the global model this round's sites received.
+
+Sites may run other encoder architectures than the global model (``site_models``): only
+similarities travel. Such a site keeps training its own encoder from round to round.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..aggregation import weighted_average
+from ..config import TrainingConfig
+from ..data.views import ViewConfig
+from ..errors import ConfigError, FedContrastError
+from ..evaluation import linear_probe
+from ..losses import check_temperature, ensemble_similarity, esd_loss, nt_xent
+from ..models import MODEL_NAMES, build_model
+from .base import (WEIGHT_PREFIX, Algorithm, Downlink, InvalidUploadError, ServerContext, SiteContext,
+                   TaskResult, TensorSpec, load_weights, weight_specs, weight_tensors)
+from .moon import represent_all
+from .registry import register_algorithm
+from .training import batch_indices, site_generator
+
+FINGERPRINT = "flesd.public_fingerprint"  # download (32,) uint8: SHA-256 of the aggregator's P
+REPRESENTATIONS = "flesd.representations"  # upload (N, d): normalised f_k(P)
+SIMILARITY = "flesd.similarity"  # upload (N, N): Z_k Z_kᵀ
+LOCAL_MODEL = "flesd.local_model"  # site state: the encoder after this round's local training
+INT8_SCALE = 127.0  # int8 quantisation of values in [-1, 1]: round(127 x)
+QUANTISED_DTYPES = {"none": "float32", "fp16": "float16", "int8": "int8"}
+
+
+class PublicDataMismatch(FedContrastError):
+    """A site's public data set is not the aggregator's: similarities would be meaningless."""
+
+
+def public_fingerprint(public: Any) -> torch.Tensor:
+    """SHA-256 of the public set's shape and pixel bytes (float32, in order) as 32 uint8 values."""
+    x = public.x.detach().to("cpu", torch.float32).contiguous()
+    digest = hashlib.sha256(repr(tuple(x.shape)).encode() + x.numpy().tobytes()).digest()
+    return torch.tensor(list(digest), dtype=torch.uint8)
+
+
+def quantise(values: torch.Tensor, mode: str) -> torch.Tensor:
+    """Values in [−1, 1] → the upload's dtype: float32, float16, or int8 as ``round(127 x)``."""
+    if mode == "fp16":
+        return values.to(torch.float16)
+    if mode == "int8":
+        return torch.round(values.clamp(-1, 1) * INT8_SCALE).to(torch.int8)
+    return values.to(torch.float32)
+
+
+def dequantise(values: torch.Tensor) -> torch.Tensor:
+    if values.dtype == torch.int8:
+        return values.to(torch.float32) / INT8_SCALE
+    return values.to(torch.float32)
+
+
+def _pair(value: Any) -> tuple:
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+@dataclass(frozen=True)
+class SimCLRHyperparameters:
+    """Local SimCLR training (FLESD's and the FedAvg-SimCLR baseline's)."""
+
+    temperature: float = 0.5  # NT-Xent τ
+    lr: float = 1e-3  # Adam (the paper's local optimiser); training.lr/momentum are not used
+    crop_scale: tuple[float, float] = (0.6, 1.0)  # views: see fedcontrast.data.views.ViewConfig
+    max_shift: float = 0.1
+    jitter: float = 0.4
+    flip: bool = False
+    noise_std: float = 0.0
+    probe_epochs: int = 100  # linear-probe evaluation: L-BFGS iterations
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "crop_scale", _pair(self.crop_scale))
+        check_temperature(self.temperature)
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
+        if not (isinstance(self.probe_epochs, int) and self.probe_epochs >= 1):
+            raise ValueError(f"probe_epochs must be an integer >= 1, got {self.probe_epochs!r}")
+        self.views  # validates the augmentation settings
+
+    @property
+    def views(self) -> ViewConfig:
+        return ViewConfig(crop_scale=self.crop_scale, max_shift=self.max_shift, flip=self.flip,
+                          jitter=self.jitter, noise_std=self.noise_std)
+
+
+@dataclass(frozen=True)
+class FlesdHyperparameters(SimCLRHyperparameters):
+    upload: str = "auto"  # "representations" (N×d), "similarity" (N×N), or "auto": the smaller
+    quantize: str = "none"  # "fp16" or "int8" shrink the upload 2× / 4×
+    target_temperature: float = 0.1  # τ_T (< 1, paper); the student's τ_S equals it
+    distill_epochs: int = 20  # ESD epochs over P on the aggregator, each round
+    distill_lr: float = 1e-3  # Adam
+    distill_batch_size: int = 64
+    momentum: float = 0.9  # EMA factor m of the momentum encoder (0: no momentum encoder)
+    queue_size: int = 1024  # FIFO anchors (with their indices in P)
+    distill_augment: bool = True  # the same views as local training during ESD (paper)
+    site_models: tuple[str, ...] = ()  # site i's encoder: site_models[i % len]; empty: the run's model
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "site_models", tuple(_pair(self.site_models) or ()))
+        if self.upload not in ("auto", "representations", "similarity"):
+            raise ValueError(f"upload must be auto, representations or similarity, got {self.upload!r}")
+        if self.quantize not in QUANTISED_DTYPES:
+            raise ValueError(f"quantize must be one of {', '.join(QUANTISED_DTYPES)}, got {self.quantize!r}")
+        check_temperature(self.target_temperature)
+        for name in ("distill_epochs", "distill_batch_size", "queue_size"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= (2 if name == "distill_batch_size" else 1)):
+                raise ValueError(f"{name} must be an integer >= {2 if name == 'distill_batch_size' else 1}, got {value!r}")
+        if not (isinstance(self.distill_lr, (int, float)) and math.isfinite(self.distill_lr) and self.distill_lr > 0):
+            raise ValueError(f"distill_lr must be a number > 0, got {self.distill_lr!r}")
+        if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        unknown = [m for m in self.site_models if m not in MODEL_NAMES]
+        if unknown:
+            raise ValueError(f"site_models must name architectures among {', '.join(MODEL_NAMES)}, got {unknown}")
+
+
+def train_simclr(model: nn.Module, data: Any, training: TrainingConfig, hp: SimCLRHyperparameters, *,
+                 generator: torch.Generator, device: torch.device) -> dict[str, float]:
+    """``training.local_epochs`` epochs of SimCLR on ``data.x`` (labels unused): NT-Xent between two
+    augmented views of every batch, Adam on the encoder and projection head."""
+    model.train()
+    params = [p for name, p in model.named_parameters() if not name.startswith("classifier.")]
+    optimizer = torch.optim.Adam(params, lr=hp.lr, weight_decay=training.weight_decay)
+    views = hp.views
+    x_all = data.x.to(device)
+    total, steps = torch.zeros((), device=device), 0
+    for _ in range(training.local_epochs):
+        for idx in batch_indices(len(data), training.batch_size, generator):
+            v1, v2 = views.views(x_all[idx.to(device)], generator)
+            loss = nt_xent(model.represent(v1), model.represent(v2), temperature=hp.temperature)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total += loss.detach()
+            steps += 1
+    return {"loss": (total / max(steps, 1)).item(), "steps": float(steps)}
+
+
+def probe(model: nn.Module, server: ServerContext, test: Any, epochs: int) -> dict[str, float]:
+    """Linear-probe accuracy of ``model``'s encoder (features before the projection head): trained
+    on ``server.labelled`` (the simulator's training split) or, on an aggregator, the public split."""
+    train = server.labelled if server.labelled is not None else server.public
+    if train is None:
+        raise ConfigError("linear probing needs labelled data on the aggregator: a public split (public_fraction > 0)")
+    result = linear_probe(model.encoder, train, test, server.device, epochs=epochs, module=model)
+    return {"accuracy": result["probe_accuracy"], **result}
+
+
+@register_algorithm
+class FedAvgSimCLR(Algorithm):
+    """The weight-averaging baseline of FLESD's paper: SimCLR local training, FedAvg aggregation,
+    linear-probe evaluation (``accuracy`` is the probe's test accuracy)."""
+
+    name = "fedavg_simclr"
+    Hyperparameters = SimCLRHyperparameters
+
+    def task_train(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> TaskResult:
+        load_weights(site.model, received)
+        metrics = train_simclr(site.model, site.data, site.training, self.hp,
+                               generator=site_generator(site.seed), device=site.device)
+        return TaskResult(weight_tensors(site.model), float(len(site.data)), metrics)
+
+    def aggregate(self, uploads, weights, server: ServerContext) -> Downlink:
+        return Downlink(weighted_average(uploads, weights))
+
+    def evaluate(self, downlink: Downlink, server: ServerContext, test: Any) -> dict[str, float]:
+        load_weights(server.model, downlink.global_tensors)
+        return probe(server.model, server, test, self.hp.probe_epochs)
+
+
+@register_algorithm
+class Flesd(Algorithm):
+    """Collaborator: SimCLR, then similarity inference on P (uploads Z_k or M_k, never weights).
+    Aggregator: ensemble similarity distillation into the global encoder."""
+
+    name = "flesd"
+    Hyperparameters = FlesdHyperparameters
+    tasks = ("train", "similarity")
+    requires_public = True
+
+    # --- what travels -----------------------------------------------------------------------------
+    def upload_form(self, dim: int) -> str:
+        if self.hp.upload != "auto":
+            return self.hp.upload
+        return "representations" if dim < self.public_size else "similarity"
+
+    def upload_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+        n, d = self._public_size(), model.projection_dim
+        dtype = QUANTISED_DTYPES[self.hp.quantize]
+        if self.upload_form(d) == "representations":
+            return [TensorSpec(REPRESENTATIONS, (n, d), dtype, "upload",
+                               description="normalised representations of the public set (derived, no weights)")]
+        return [TensorSpec(SIMILARITY, (n, n), dtype, "upload",
+                           description="cosine similarities between public samples (derived, no weights)")]
+
+    def download_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+        return (weight_specs(model, "download", "distilled global encoder weights")
+                + [TensorSpec(FINGERPRINT, (32,), "uint8", "download", description="SHA-256 of the public set")])
+
+    def _public_size(self) -> int:
+        if self.public_size < 2:
+            raise ConfigError("flesd needs a public data set of at least 2 samples that every site holds: "
+                              "set public_fraction > 0")
+        return self.public_size
+
+    # --- collaborator -----------------------------------------------------------------------------
+    def site_architecture(self, index: int) -> str | None:
+        return self.hp.site_models[index % len(self.hp.site_models)] if self.hp.site_models else None
+
+    def local_model(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> nn.Module:
+        """The site's encoder at the start of local training: the global one, or — for a site of
+        another architecture — its own, kept from its last round (freshly seeded on its first)."""
+        arch = self.site_architecture(site.index)
+        load_weights(site.model, received)
+        if arch is None or self.same_architecture(site.model, arch, site):
+            return site.model
+        x = site.data.x
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(1_000_003 + site.index)
+            model = build_model(arch, in_channels=x.shape[1], image_size=x.shape[-1],
+                                num_classes=site.model.num_classes,
+                                projection_dim=site.model.projection_dim).to(site.device)
+        own = site.state.get(LOCAL_MODEL)
+        if own is not None:
+            load_weights(model, own)
+        return model
+
+    @staticmethod
+    def same_architecture(model: nn.Module, arch: str, site: SiteContext) -> bool:
+        x = site.data.x
+        other = build_model(arch, in_channels=x.shape[1], image_size=x.shape[-1], num_classes=model.num_classes,
+                            projection_dim=model.projection_dim)
+        mine, theirs = model.state_dict(), other.state_dict()
+        return mine.keys() == theirs.keys() and all(mine[k].shape == theirs[k].shape for k in mine)
+
+    def task_train(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> TaskResult:
+        model = self.local_model(site, received)
+        metrics = train_simclr(model, site.data, site.training, self.hp, generator=site_generator(site.seed),
+                               device=site.device)
+        site.state[LOCAL_MODEL] = weight_tensors(model)
+        return TaskResult({}, float(len(site.data)), metrics)
+
+    def task_similarity(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> TaskResult:
+        if site.public is None:
+            raise ConfigError(f"site {site.name!r} holds no public data set; flesd needs one on every site")
+        mine, theirs = public_fingerprint(site.public), received[FINGERPRINT].to("cpu", torch.uint8)
+        if not torch.equal(mine, theirs):
+            raise PublicDataMismatch(
+                f"site {site.name!r} refuses similarity inference: its public data set ({len(site.public)} samples, "
+                f"fingerprint {bytes(mine.tolist()).hex()[:16]}…) is not the aggregator's "
+                f"(fingerprint {bytes(theirs.tolist()).hex()[:16]}…); every site needs the same samples in the same order")
+        model = self.local_model(site, received)
+        state = site.state.get(LOCAL_MODEL)
+        if state is not None:
+            load_weights(model, state)
+        model.eval()
+        z = F.normalize(represent_all(model, site.public.x.to(site.device)).float(), dim=1)  # (N, d)
+        if self.upload_form(z.shape[1]) == "representations":
+            uploads = {REPRESENTATIONS: quantise(z, self.hp.quantize).cpu()}
+        else:
+            uploads = {SIMILARITY: quantise(z @ z.T, self.hp.quantize).cpu()}
+        return TaskResult(uploads, float(len(site.data)), {"public_samples": float(len(z))})
+
+    # --- aggregator -------------------------------------------------------------------------------
+    def check_upload(self, site: str, uploads: Mapping[str, torch.Tensor], weight: float) -> None:
+        tol = {"none": 1e-4, "fp16": 2e-3, "int8": 1.0 / INT8_SCALE}[self.hp.quantize]
+        if SIMILARITY in uploads:
+            m = dequantise(uploads[SIMILARITY])
+            if m.ndim != 2 or m.shape[0] != m.shape[1]:
+                raise InvalidUploadError(f"site {site!r} uploaded a similarity matrix of shape {tuple(m.shape)}, "
+                                         "not N×N; rejected")
+            if float((m - m.T).abs().max()) > tol:
+                raise InvalidUploadError(f"site {site!r} uploaded a similarity matrix that is not symmetric "
+                                         f"(largest |M − Mᵀ| {float((m - m.T).abs().max()):.3g}); rejected")
+            if float(m.abs().max()) > 1 + tol:
+                raise InvalidUploadError(f"site {site!r} uploaded similarities outside [−1, 1] "
+                                         f"(largest |value| {float(m.abs().max()):.3g}); rejected")
+        if REPRESENTATIONS in uploads:
+            norms = dequantise(uploads[REPRESENTATIONS]).norm(dim=1)
+            slack = tol * math.sqrt(uploads[REPRESENTATIONS].shape[1]) + 1e-3
+            if float((norms - 1).abs().max()) > slack:
+                raise InvalidUploadError(f"site {site!r} uploaded representations that are not unit vectors "
+                                         f"(norms from {float(norms.min()):.3g} to {float(norms.max()):.3g}); rejected")
+
+    def site_matrix(self, uploads: Mapping[str, torch.Tensor], device: torch.device) -> torch.Tensor:
+        """A site's similarity matrix M_k (N×N, float32), from either upload form."""
+        if SIMILARITY in uploads:
+            return dequantise(uploads[SIMILARITY].to(device))
+        z = F.normalize(dequantise(uploads[REPRESENTATIONS].to(device)), dim=1)  # re-normalise after quantisation
+        return z @ z.T
+
+    def initial_downlink(self, server: ServerContext) -> Downlink:
+        if server.public is None:
+            raise ConfigError("flesd needs the public data set on the aggregator: set public_fraction > 0")
+        return Downlink({**weight_tensors(server.model), FINGERPRINT: public_fingerprint(server.public)})
+
+    def aggregate(self, uploads, weights, server: ServerContext) -> Downlink:
+        if server.public is None or server.previous is None:
+            raise ConfigError("flesd's distillation needs the public data set and the round's global model on the aggregator")
+        target = ensemble_similarity([self.site_matrix(uploads[s], server.device) for s in sorted(uploads)],
+                                     target_temperature=self.hp.target_temperature)
+        load_weights(server.model, server.previous)
+        loss = distill(server.model, server.public.x.to(server.device), target, self.hp, seed=server.seed)
+        return Downlink({**weight_tensors(server.model), FINGERPRINT: public_fingerprint(server.public)},
+                        metrics={"esd_loss": loss, "sites_answered": float(len(uploads))})
+
+    def evaluate(self, downlink: Downlink, server: ServerContext, test: Any) -> dict[str, float]:
+        load_weights(server.model, downlink.global_tensors)
+        return probe(server.model, server, test, self.hp.probe_epochs)
+
+
+def distill(student: nn.Module, public_x: torch.Tensor, target: torch.Tensor, hp: FlesdHyperparameters, *,
+            seed: int) -> float:
+    """Ensemble similarity distillation of ``target`` (N×N, already ``/ τ_T``) into ``student`` on the
+    public images, in place; returns the mean loss. The momentum encoder ``θ̄ ← m θ̄ + (1−m) θ``
+    encodes each batch (a second view when ``distill_augment``) into a FIFO queue of anchors with
+    their indices in P; the loss is ``KL(p_T ‖ p_S)`` over the queue, same-sample anchors masked."""
+    device = public_x.device
+    student.train()
+    momentum = copy.deepcopy(student)
+    momentum.requires_grad_(False)
+    params = [p for name, p in student.named_parameters() if not name.startswith("classifier.")]
+    optimizer = torch.optim.Adam(params, lr=hp.distill_lr)
+    generator = site_generator(seed)
+    views = hp.views
+    d = student.projection_dim
+    queue = torch.zeros(0, d, device=device)
+    queue_index = torch.zeros(0, dtype=torch.long, device=device)
+    capacity = hp.queue_size
+    total, steps = torch.zeros((), device=device), 0
+    for _ in range(hp.distill_epochs):
+        for idx in batch_indices(len(public_x), hp.distill_batch_size, generator):
+            idx = idx.to(device)
+            x = public_x[idx]
+            v1, v2 = views.views(x, generator) if hp.distill_augment else (x, x)
+            with torch.no_grad():  # the momentum encoder encodes the batch first, then joins the queue
+                keys = F.normalize(momentum.represent(v2), dim=1)
+            queue = torch.cat([queue, keys])[-capacity:]
+            queue_index = torch.cat([queue_index, idx])[-capacity:]
+            loss = esd_loss(student.represent(v1), idx, queue, queue_index, target,
+                            student_temperature=hp.target_temperature)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            with torch.no_grad():
+                for p_m, p_s in zip(momentum.parameters(), student.parameters()):
+                    p_m.mul_(hp.momentum).add_(p_s.detach(), alpha=1 - hp.momentum)
+                for b_m, b_s in zip(momentum.buffers(), student.buffers()):
+                    b_m.copy_(b_s)
+            total += loss.detach()
+            steps += 1
+    return (total / max(steps, 1)).item()
+
+
+__all__ = ["FINGERPRINT", "REPRESENTATIONS", "SIMILARITY", "FedAvgSimCLR", "Flesd", "FlesdHyperparameters",
+           "PublicDataMismatch", "SimCLRHyperparameters", "dequantise", "distill", "public_fingerprint", "quantise",
+           "train_simclr", "WEIGHT_PREFIX"]
