@@ -13,24 +13,30 @@ from _results import write_section
 
 from fedcontrast.algorithms import available_algorithms
 from fedcontrast.config import RunConfig
-from fedcontrast.construction import build_algorithm, initial_model
+from fedcontrast.construction import attach_public, build_algorithm, initial_model, load_splits
 
 
 def main() -> None:
     rows = []
     model = initial_model(RunConfig(), in_channels=1, image_size=32, num_classes=10)
-    for name in available_algorithms():
-        algorithm = build_algorithm(RunConfig(algorithm=name))
+    public = load_splits(RunConfig()).public  # FLESD's uploads depend on the public set's size
+    variants = [(name, {}) for name in available_algorithms()]
+    variants += [("flesd", {"quantize": "fp16"}), ("flesd", {"quantize": "int8"}), ("flesd", {"upload": "similarity"})]
+    for name, settings in variants:
+        algorithm = build_algorithm(RunConfig(algorithm=name, hyperparameters={name: settings}))
+        attach_public(algorithm, public)
+        if settings:
+            name = f"{name} ({', '.join(f'{k}={v}' for k, v in settings.items())})"
         up = sum(s.nbytes for s in algorithm.upload_specs(model, 10))
         down = sum(s.nbytes for s in algorithm.download_specs(model, 10))
         rows.append((name, up, down))
     base = dict((n, u) for n, u, _ in rows)["fedavg"]
     lines = ["## Bytes per site per round", "", "Command: `.venv/bin/python benchmarks/bytes_per_round.py`. "
              "From the plugins' upload/download declarations (MOON's simple CNN, digits, 10 classes, "
-             "projection 256).", "", "| algorithm | uploaded | downloaded | upload ÷ FedAvg |", "|---|---|---|---|"]
+             f"projection 256; FLESD's public set: the {len(public)} images of the digits public split).", "", "| algorithm | uploaded | downloaded | upload ÷ FedAvg |", "|---|---|---|---|"]
     for name, up, down in rows:
         lines.append(f"| {name} | {up:,} B | {down:,} B | {up / base:.3f} |")
-        print(f"{name:10s} up {up:>9,} B  down {down:>9,} B  ÷ fedavg {up / base:.3f}")
+        print(f"{name:32s} up {up:>9,} B  down {down:>9,} B  ÷ fedavg {up / base:.3f}")
     write_section("bytes", "\n".join(lines))
 
 

@@ -71,3 +71,30 @@ def test_process_exit_code_and_no_traceback(tmp_path):
                            "--runs-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "unknown algorithm" in proc.stderr
+
+
+def test_local_eval_linear_probe_and_probe_command(tmp_path, capsys):
+    import torch
+
+    assert main(["simulate", *TINY, "--algorithm", "fedavg", "--local-eval", "--linear-probe",
+                 "--runs-dir", str(tmp_path), "--name", "r"]) == 0
+    out = capsys.readouterr().out
+    assert "sites' local models:" in out and "linear probe of the global encoder:" in out
+    # The probe command on a saved state_dict (what a federation exports as save/final_model.pt).
+    from fedcontrast.config import RunConfig
+    from fedcontrast.construction import initial_model
+
+    config = RunConfig(dataset="synthetic", image_size=16, public_fraction=0.0)
+    model = initial_model(config, in_channels=1, image_size=16, num_classes=10)
+    torch.save(model.state_dict(), tmp_path / "m.pt")
+    probe = ["probe", "--dataset", "synthetic", "--image-size", "16", "--public-fraction", "0"]
+    assert main(probe + [str(tmp_path / "m.pt")]) == 0
+    assert "test accuracy" in capsys.readouterr().out
+    assert main(probe + [str(tmp_path / "missing.pt")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(probe + ["--model", "resnet18", str(tmp_path / "m.pt")]) == 2
+    assert "is not a resnet18 state_dict" in capsys.readouterr().err
+    # FedPCL has no global model to probe: one sentence, exit 2.
+    assert main(["simulate", *TINY[:-3], "--public-fraction", "0.2", "--quiet", "--algorithm", "fedpcl",
+                 "--linear-probe", "--runs-dir", str(tmp_path), "--name", "p"]) == 2
+    assert "no global model" in capsys.readouterr().err

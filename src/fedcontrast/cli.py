@@ -76,9 +76,43 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     header = (f"fedcontrast simulate: {config.algorithm} on {config.dataset}, {config.clients} sites, "
               f"{config.partition} β={config.beta:g}, {config.rounds} rounds → {run_dir}")
     summary = run_simulation(config, run_dir, resume=args.resume, overwrite=args.overwrite,
-                             progress=None if args.quiet else print_progress(header))
+                             progress=None if args.quiet else print_progress(header),
+                             local_evaluation=True if args.local_eval else None, linear_probe=args.linear_probe)
     print(f"final test accuracy {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f} "
           f"at round {summary['best_round']}), {summary['wall_time_s']:.1f} s; results in {run_dir}")
+    final = summary.get("final_metrics", {})
+    if "local_accuracy" in final:
+        print(f"sites' local models: {final['local_accuracy']:.4f} ± {final['local_accuracy_std']:.4f} on their own "
+              f"label distributions, {final['local_balanced_accuracy']:.4f} on the balanced test split")
+    if args.linear_probe and "probe_accuracy" in final:
+        print(f"linear probe of the global encoder: {final['probe_accuracy']:.4f}")
+    return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    import torch
+
+    from .construction import initial_model, load_splits, resolve_device
+    from .evaluation import linear_probe
+
+    config = config_from_args(args)
+    path = Path(args.model_file)
+    if not path.is_file():
+        raise ConfigError(f"model file {path} does not exist (a federation exports save/final_model.pt)")
+    splits = load_splits(config)
+    model = initial_model(config, in_channels=splits.in_channels, image_size=splits.image_size,
+                          num_classes=splits.num_classes)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state)
+    except Exception as exc:  # wrong file, wrong architecture
+        raise ConfigError(f"{path} is not a {config.model} state_dict for {config.dataset} "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]})") from None
+    device = resolve_device(config.device)
+    result = linear_probe(model.to(device).encoder, splits.train, splits.test, device, module=model)
+    print(f"linear probe of {path} ({config.model} encoder, frozen; logistic regression on the {len(splits.train)} "
+          f"training images of {config.dataset}): test accuracy {result['probe_accuracy']:.4f} "
+          f"(train {result['probe_train_accuracy']:.4f})")
     return 0
 
 
@@ -258,7 +292,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run from its last finished round")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run of the same name")
     p.add_argument("--quiet", action="store_true", help="no per-round progress")
+    p.add_argument("--local-eval", action="store_true",
+                   help="also evaluate every site's local model each round (on its own label distribution)")
+    p.add_argument("--linear-probe", action="store_true",
+                   help="also report the linear-probe accuracy of the global model's encoder each round")
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("probe", help="linear-probe accuracy of a saved model's encoder (e.g. save/final_model.pt)")
+    _add_run_flags(p)
+    p.add_argument("model_file", metavar="MODEL.pt", help="a torch state_dict of the run's model")
+    p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("compare", help="several algorithms on the same partitions and seeds")
     _add_run_flags(p, skip=("algorithm",))

@@ -65,7 +65,7 @@ def test_mu_zero_is_fedavg_local_training(make_site):
 
 
 def test_uploads_declared_and_local_model_kept_for_the_next_round(make_site):
-    siam = get_algorithm("fedsiam_da")()
+    siam = get_algorithm("fedsiam_da").from_settings({"local_start": "previous"})
     site = make_site(seed=1)
     received = _received(siam, site)
     first = siam.task_train(site, received)

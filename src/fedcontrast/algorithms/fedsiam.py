@@ -25,7 +25,7 @@ from torch import nn
 from ..aggregation import dual_aggregation
 from ..config import TrainingConfig
 from ..errors import ConfigError
-from ..losses.siamese import history_loss, stop_gradient_loss
+from ..losses import history_loss, stop_gradient_loss
 from ..models import PredictionHead
 from .base import (WEIGHT_PREFIX, Algorithm, Downlink, ServerContext, SiteContext, TaskResult, TensorSpec,
                    load_weights, weight_specs, weight_tensors)
@@ -44,9 +44,12 @@ class FedSiamHyperparameters:
     mu: float = 0.1  # the paper's best μ on CIFAR-10/100
     predictor_hidden: int = 64  # hidden width of h (SimSiam's bottleneck: a quarter of d)
     first_pass: str = "weighted"  # dual aggregation's first pass: Σ n_k/n w_k, or "mean" (paper eq. 13)
-    # Where w_k starts a round: "previous" — the site's own model from its last round (the paper's
-    # personalised local model, eqs. 8–9; the global model on a site's first round) — or "global".
-    local_start: str = "previous"
+    # Where w_k starts a round: "global" — the received global model, as Algorithm 1's
+    # LocalTraining(k, w_t^f) reads; the copy w_f' then starts equal to it and the two drift apart
+    # during the round — or "previous": the site's own model from its last round, a persistently
+    # personalised w_k (the global model on a site's first round). Measured on digits (RESULTS.md),
+    # "previous" keeps the sites' models apart and the dual-aggregated global model far behind.
+    local_start: str = "global"
 
     def __post_init__(self) -> None:
         if not (isinstance(self.mu, (int, float)) and math.isfinite(self.mu) and self.mu >= 0):

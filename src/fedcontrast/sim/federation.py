@@ -17,7 +17,7 @@ import torch
 from ..algorithms import Downlink, ServerContext, SiteContext, load_weights, nbytes, validate_uploads
 from ..algorithms.base import WEIGHT_PREFIX
 from ..errors import ConfigError
-from ..evaluation import distribution_weighted_accuracy, predict
+from ..evaluation import distribution_weighted_accuracy, linear_probe, predict
 from ..config import RunConfig
 from ..construction import (attach_public, build_algorithm, derive_seed, initial_model, load_splits, partition, resolve_device,
                      server_seed, site_name, task_seed)
@@ -37,9 +37,10 @@ class Site:
 class Federation:
     """Sites holding their shards and state, a server holding the downlink, one plugin."""
 
-    def __init__(self, config: RunConfig, *, local_evaluation: bool | None = None) -> None:
+    def __init__(self, config: RunConfig, *, local_evaluation: bool | None = None, linear_probe: bool = False) -> None:
         """``local_evaluation``: evaluate every site's uploaded local model each round (default: when
-        the plugin asks for it, :attr:`Algorithm.evaluates_local_models`)."""
+        the plugin asks for it, :attr:`Algorithm.evaluates_local_models`). ``linear_probe``: also
+        report the linear-probe accuracy of the global model's encoder (``probe_accuracy``)."""
         self.config = config
         self.device = resolve_device(config.device)
         self.algorithm = build_algorithm(config)
@@ -62,6 +63,10 @@ class Federation:
                                  else local_evaluation)
         if self.local_evaluation and not any(s.name.startswith(WEIGHT_PREFIX) for s in self.upload_specs):
             raise ConfigError(f"{config.algorithm} uploads no model weights: there is no local model to evaluate")
+        self.linear_probe = linear_probe
+        downloads = self.algorithm.download_specs(model, splits.num_classes)
+        if linear_probe and not any(s.name.startswith(WEIGHT_PREFIX) for s in downloads):
+            raise ConfigError(f"{config.algorithm} has no global model: there is no encoder to probe")
 
     # --- state for checkpoints ----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -149,6 +154,10 @@ class Federation:
             evaluation.update(self.personalized_evaluation(round_num))
         if self.local_evaluation:
             evaluation.update(self.local_model_evaluation(uploads))
+        if self.linear_probe and "probe_accuracy" not in evaluation:
+            load_weights(self.server.model, self.downlink.global_tensors)
+            evaluation.update(linear_probe(self.server.model.encoder, self.splits.train, self.test, self.device,
+                                           module=self.server.model))
         rows.append(metric_row(round_num + 1, GLOBAL_SITE, "evaluate", len(self.test),
                                {**evaluation, **self.downlink.metrics}))
         return rows

@@ -51,11 +51,12 @@ def _check_resumable(saved: dict[str, Any], config: RunConfig, path: Path) -> No
 
 def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
                    progress: Progress | None = None, stop_after: int | None = None,
-                   local_evaluation: bool | None = None) -> dict[str, Any]:
+                   local_evaluation: bool | None = None, linear_probe: bool = False) -> dict[str, Any]:
     """Run (or continue) ``config`` in ``run_dir``; returns the summary.
 
     ``local_evaluation``: also evaluate every site's uploaded local model each round (see
-    :class:`Federation`; default: when the plugin asks for it).
+    :class:`Federation`; default: when the plugin asks for it); ``linear_probe``: also report the
+    global encoder's linear-probe accuracy each round.
 
     ``stop_after`` ends the call after that many rounds in total have finished, as a kill would
     (used by tests of resume).
@@ -67,7 +68,7 @@ def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = Fal
     if checkpoint is not None:
         _check_resumable(checkpoint["config"], config, ckpt_path)
 
-    federation = Federation(config, local_evaluation=local_evaluation)  # data, partition, model: fails early on bad input
+    federation = Federation(config, local_evaluation=local_evaluation, linear_probe=linear_probe)  # data, partition, model: fails early on bad input
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     rows: list[dict[str, Any]] = []
     start, elapsed = 0, 0.0
