@@ -134,7 +134,7 @@ def main() -> None:
         f"{args.total_epochs // 2}, FedAvg 10 rounds × {args.total_epochs // 10}), SimCLR local training for both "
         "(NT-Xent τ 0.5, Adam 1e-3, batch 64, random resized crop + shift + brightness/contrast jitter). FLESD: "
         "public set = the held-out public split (144 images, not trained on by any site), τ_T = τ_S = 0.1, "
-        "20 ESD epochs per round, Adam 1e-3, momentum encoder m = 0.9, queue 1024. Accuracy: linear probe "
+        "20 ESD epochs per round, Adam 1e-3, momentum encoder m = 0.9, anchor queue min(1024, N) = 144. Accuracy: linear probe "
         "(frozen encoder features, L-BFGS logistic regression on the labelled training split, test accuracy). "
         f"Mean ± std over seeds {', '.join(map(str, args.seeds))}.",
         "",

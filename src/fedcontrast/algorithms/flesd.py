@@ -121,7 +121,7 @@ class FlesdHyperparameters(SimCLRHyperparameters):
     distill_lr: float = 1e-3  # Adam
     distill_batch_size: int = 64
     momentum: float = 0.9  # EMA factor m of the momentum encoder (0: no momentum encoder)
-    queue_size: int = 1024  # FIFO anchors (with their indices in P)
+    queue_size: int = 1024  # FIFO anchors (with their indices in P); at most N are kept
     distill_augment: bool = True  # the same views as local training during ESD (paper)
     site_models: tuple[str, ...] = ()  # site i's encoder: site_models[i % len]; empty: the run's model
 
@@ -358,7 +358,7 @@ def distill(student: nn.Module, public_x: torch.Tensor, target: torch.Tensor, hp
     d = student.projection_dim
     queue = torch.zeros(0, d, device=device)
     queue_index = torch.zeros(0, dtype=torch.long, device=device)
-    capacity = hp.queue_size
+    capacity = min(hp.queue_size, len(public_x))  # more would only repeat samples with staler keys
     total, steps = torch.zeros((), device=device), 0
     for _ in range(hp.distill_epochs):
         for idx in batch_indices(len(public_x), hp.distill_batch_size, generator):
