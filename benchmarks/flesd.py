@@ -156,7 +156,7 @@ def main() -> None:
         "### One ESD step on the aggregator vs the public set size N",
         "",
         "Random images and representations (the cost does not depend on their values); 10 sites' N×d uploads; "
-        "batch 64, queue 1024, simple CNN, CPU.",
+        "batch 64, anchor queue min(1024, N), simple CNN, CPU.",
         "",
         "| N | ensemble of 10 uploads (s) | one ESD step (ms) | one ESD epoch over P (s) | target matrix (MiB) |",
         "|---|---|---|---|---|",
