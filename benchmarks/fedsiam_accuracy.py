@@ -23,7 +23,7 @@ from fedcontrast.config import RunConfig
 from fedcontrast.sim import run_simulation
 from fedcontrast.sim.compare import variant_config
 
-VARIANTS = ["fedavg", "moon:mu=1", "moon", "fedsiam_da", "fedsiam_da:local_start=previous"]
+VARIANTS = ["fedavg", "moon:mu=1", "fedsiam_da"]
 
 
 def mean_std(values):
@@ -37,6 +37,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--variants", nargs="+", default=VARIANTS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "runs" / "fedsiam"))
+    parser.add_argument("--section", default="fedsiam", help="section of RESULTS.md to write")
+    parser.add_argument("--title", default="FedSiam-DA vs FedAvg vs MOON on digits (global and local accuracy)")
     args = parser.parse_args()
 
     base = RunConfig(dataset="digits", clients=10, partition="dirichlet", beta=0.5, rounds=args.rounds)
@@ -60,10 +62,12 @@ def main() -> None:
         })
     wall = time.perf_counter() - t0
     lines = [
-        "## FedSiam-DA vs FedAvg vs MOON on digits (global and local accuracy)",
+        f"## {args.title}",
         "",
         f"Command: `.venv/bin/python benchmarks/fedsiam_accuracy.py --rounds {args.rounds} --seeds "
-        f"{' '.join(map(str, args.seeds))}` ({wall / 60:.1f} min for the runs not already in benchmarks/runs, "
+        f"{' '.join(map(str, args.seeds))} --variants {' '.join(args.variants)}"
+        + (f" --section {args.section} --title '{args.title}'" if args.section != "fedsiam" else "")
+        + f"` ({wall / 60:.1f} min for the runs not already in benchmarks/runs, "
         f"on {machine()}).",
         "",
         f"Setting: digits (32×32), {base.clients} sites, Dirichlet β={base.beta}, {args.rounds} rounds, "
@@ -81,7 +85,7 @@ def main() -> None:
         g, lo, b = row["global"], row["local"], row["balanced"]
         lines.append(f"| {row['variant']} | {g[0]:.2f} ± {g[1]:.2f} | {lo[0]:.2f} ± {lo[1]:.2f} | {row['spread']:.2f} | "
                      f"{b[0]:.2f} ± {b[1]:.2f} | {row['wall']:.0f} |")
-    write_section("fedsiam", "\n".join(lines))
+    write_section(args.section, "\n".join(lines))
     print("\n".join(lines))
 
 

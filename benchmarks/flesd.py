@@ -64,6 +64,31 @@ def accuracy_runs(args, base):
     return results
 
 
+SWEEP = {  # ESD settings tried around the defaults (the local training is the same in every row)
+    "defaults (20 ESD epochs, τ_T 0.1, m 0.9, augmented)": {},
+    "5 ESD epochs": {"distill_epochs": 5},
+    "τ_T = τ_S = 0.2": {"target_temperature": 0.2},
+    "τ_T = τ_S = 0.05": {"target_temperature": 0.05},
+    "m = 0.99": {"momentum": 0.99},
+    "no augmentation during ESD": {"distill_augment": False},
+}
+
+
+def sweep(args, base):
+    rows = []
+    for label, settings in SWEEP.items():
+        finals = []
+        for seed in args.seeds:
+            name = "sweep-" + "-".join(f"{k}{v}" for k, v in settings.items()) if settings else "sweep-defaults"
+            config = base.replace(algorithm="flesd", rounds=2, seed=seed, training={"local_epochs": args.total_epochs // 2},
+                                  hyperparameters={"flesd": settings})
+            print(f"== sweep {label}, seed {seed}", file=sys.stderr)
+            summary = run_simulation(config, Path(args.out) / f"{name}-s{seed}", resume=True)
+            finals.append(summary["final_accuracy"])
+        rows.append((label, finals))
+    return rows
+
+
 def random_encoder_probe(base, seeds):
     """The floor: the linear probe on the untrained (randomly initialised) encoder."""
     splits = load_splits(base)
@@ -112,9 +137,24 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--heterogeneous", action="store_true", help="also a run with one ResNet-18 site (slow on CPU)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "runs" / "flesd"))
+    parser.add_argument("--sweep", action="store_true", help="only the ESD settings sweep (section flesd_sweep)")
     args = parser.parse_args()
 
     base = RunConfig(dataset="digits", clients=10, partition="dirichlet", beta=0.5)
+    if args.sweep:
+        t0 = time.perf_counter()
+        rows = sweep(args, base)
+        lines = ["## FLESD: ESD settings sweep on digits", "",
+                 f"Command: `.venv/bin/python benchmarks/flesd.py --sweep --total-epochs {args.total_epochs} --seeds "
+                 f"{' '.join(map(str, args.seeds))}` ({(time.perf_counter() - t0) / 60:.1f} min, on {machine()}). "
+                 "Same setting as the FLESD section above (2 rounds × "
+                 f"{args.total_epochs // 2} local SimCLR epochs); one ESD setting changed per row.", "",
+                 "| ESD setting | linear-probe accuracy (%) | per seed |", "|---|---|---|"]
+        for label, finals in rows:
+            lines.append(f"| {label} | {fmt(finals)} | {' / '.join(f'{100 * f:.2f}' for f in finals)} |")
+        write_section("flesd_sweep", "\n".join(lines))
+        print("\n".join(lines))
+        return
     t0 = time.perf_counter()
     results = accuracy_runs(args, base)
     floor = random_encoder_probe(base, args.seeds)
