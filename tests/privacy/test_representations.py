@@ -101,3 +101,18 @@ def test_public_representations_noise_is_calibrated_to_the_whole_matrix_sensitiv
     assert public_release_history(sigma) == [[0.5, 1.0, 1]]
     with pytest.raises(ValueError):
         gaussian_public_representations(z, noise_multiplier=0.0, generator=generator(0))
+
+
+def test_site_public_representations_are_normalised_without_dp_and_noised_and_recorded_with_it():
+    from fedcontrast.algorithms import SiteContext
+    from fedcontrast.config import PrivacyConfig, TrainingConfig
+    from fedcontrast.privacy import SitePrivacy, history_of
+
+    z = torch.randn(10, 4) * 5
+    site = SiteContext(name="s", data=None, model=None, training=TrainingConfig(), round_num=3, seed=0, device="cpu")
+    assert torch.allclose(site.public_representations(z), torch.nn.functional.normalize(z, dim=1))
+    site.privacy = SitePrivacy(PrivacyConfig(representations={"noise_multiplier": 0.5}), site.state, round_num=3,
+                               noise_seed=0)
+    noisy = site.public_representations(z)
+    assert not torch.allclose(noisy, torch.nn.functional.normalize(z, dim=1))
+    assert history_of(site.state) == [[0.5, 1.0, 1]] and history_of(site.state, 3) == [[0.5, 1.0, 1]]

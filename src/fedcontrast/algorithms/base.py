@@ -181,6 +181,13 @@ class SiteContext:
             return self.privacy.class_sums(num_classes, dim, len(self.data), self.device)
         return ClassSums(num_classes, dim, len(self.data), self.device)
 
+    def public_representations(self, z: torch.Tensor) -> torch.Tensor:
+        """Representations of the *public* set as they may leave the site (FLESD's ``Z_k``): rows
+        normalised, plus Gaussian noise under representation DP. ``(N, d) → (N, d)``."""
+        if self.privacy is not None and self.privacy.representations is not None:
+            return self.privacy.public_representations(z)
+        return torch.nn.functional.normalize(z, dim=1)
+
 
 @dataclass
 class ServerContext:
@@ -231,6 +238,9 @@ class Algorithm(ABC):
     # train_supervised with private=site.privacy; "representations" when per-class sums go through
     # site.class_sums. A plan turning on another mechanism is rejected.
     dp_kinds: ClassVar[frozenset[str]] = frozenset()
+    # Gaussian mechanisms per round under representation DP, for planned accounting: 2 for per-class
+    # sums (sums and counts), 1 for public-set representations (site.public_representations).
+    representation_releases: ClassVar[int] = 2
 
     personalized: ClassVar[bool] = False  # evaluated per site (evaluate_site) rather than as one global model
 

@@ -65,17 +65,20 @@ def dp_sgd_steps_per_epoch(sample_rate: float) -> int:
 
 
 def round_history(privacy: PrivacyConfig, training: TrainingConfig, n: int, *,
-                  dp_sgd: bool = True, representations: bool = True) -> list[Entry]:
+                  dp_sgd: bool = True, representations: bool = True,
+                  representation_releases: int = RELEASE_MECHANISMS) -> list[Entry]:
     """The mechanisms one round adds to a site's history, planned from the configuration alone.
 
     ``dp_sgd`` / ``representations`` say whether the plugin actually runs the mechanism (a plugin
-    that uploads no class sums runs no representation release even when it is configured)."""
+    that uploads no class sums runs no representation release even when it is configured);
+    ``representation_releases``: Gaussian mechanisms per release (the plugin's declaration: 2 for
+    per-class sums and counts, 1 for public-set representations)."""
     history: list[Entry] = []
     if privacy.dp_sgd is not None and dp_sgd:
         q = dp_sgd_sample_rate(n, training.batch_size)
         history.append([privacy.dp_sgd.noise_multiplier, q, training.local_epochs * dp_sgd_steps_per_epoch(q)])
     if privacy.representations is not None and representations:
-        history.append([privacy.representations.noise_multiplier, 1.0, RELEASE_MECHANISMS])
+        history.append([privacy.representations.noise_multiplier, 1.0, representation_releases])
     return history
 
 
@@ -88,9 +91,11 @@ class PlannedEpsilon:
 
 
 def planned_epsilon(privacy: PrivacyConfig, training: TrainingConfig, *, n: int, rounds: int,
-                    dp_sgd: bool = True, representations: bool = True) -> PlannedEpsilon:
+                    dp_sgd: bool = True, representations: bool = True,
+                    representation_releases: int = RELEASE_MECHANISMS) -> PlannedEpsilon:
     """ε per round and after ``rounds`` rounds for a site of ``n`` samples, from the configuration alone."""
-    one = round_history(privacy, training, n, dp_sgd=dp_sgd, representations=representations)
+    one = round_history(privacy, training, n, dp_sgd=dp_sgd, representations=representations,
+                        representation_releases=representation_releases)
     total = [[sigma, q, steps * rounds] for sigma, q, steps in one]
     return PlannedEpsilon(delta=privacy.delta, rounds=rounds,
                           per_round=epsilon(one, delta=privacy.delta, accountant=privacy.accountant),

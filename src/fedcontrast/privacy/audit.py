@@ -78,7 +78,7 @@ class AuditReport:
         return out
 
 
-def _mechanisms(config: RunConfig) -> tuple[dict[str, str], list[str]]:
+def _mechanisms(config: RunConfig, algorithm) -> tuple[dict[str, str], list[str]]:
     """Per tensor kind, the mechanism text; and the list of mechanisms on."""
     p = config.privacy
     by_kind = {"weights": "none", "representation": "none", "count": "none", "metadata": "none"}
@@ -89,7 +89,12 @@ def _mechanisms(config: RunConfig) -> tuple[dict[str, str], list[str]]:
         lines.append(f"DP-SGD on local training: noise multiplier {s.noise_multiplier:g}, max grad norm "
                      f"{s.max_grad_norm:g}, Poisson batches (q = 1/⌈n/{config.training.batch_size}⌉), "
                      f"{config.training.local_epochs} epochs per round")
-    if p is not None and p.representations is not None:
+    if p is not None and p.representations is not None and algorithm.representation_releases == 1:
+        r = p.representations  # public-set representations (FLESD): see gaussian_public_representations
+        by_kind["representation"] = f"Gaussian (σ={r.noise_multiplier:g} × Δ = 2√N, site-level)"
+        lines.append(f"Gaussian mechanism on the public-set representations: unit rows plus noise std "
+                     f"{r.noise_multiplier:g}·2√N per entry (sensitivity to any change of the site's data)")
+    elif p is not None and p.representations is not None:
         r = p.representations
         by_kind["representation"] = f"Gaussian (σ={r.noise_multiplier:g}, clip C={r.clip:g}, std σC on class sums)"
         by_kind["count"] = f"Gaussian (σ={r.noise_multiplier:g}, sensitivity 1)"
@@ -191,7 +196,7 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
     network = plan.get("network", {}).get("settings", {})
     algorithm = build_algorithm(config)
     model = initial_model(config, **shape)
-    by_kind, mechanism_lines = _mechanisms(config)
+    by_kind, mechanism_lines = _mechanisms(config, algorithm)
     tensors = [TensorLine(s.name, s.shape, s.dtype, s.nbytes, s.kind, by_kind[s.kind])
                for s in algorithm.upload_specs(model, shape["num_classes"])]
     guarantee = _guarantee(config, algorithm, tensors)
@@ -211,7 +216,8 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
             eps_round = eps_total = math.inf
         else:
             planned = planned_epsilon(config.privacy, config.training, n=samples, rounds=rounds,
-                                      representations=any(t.kind != "weights" for t in tensors))
+                                      representations=any(t.kind != "weights" for t in tensors),
+                                      representation_releases=algorithm.representation_releases)
             eps_round, eps_total = planned.per_round, planned.total
         lines.append(SiteLine(name, data, samples, note, eps_round, eps_total))
     certs = read_certificates(workspace / "cert") if workspace is not None else None

@@ -23,7 +23,7 @@ from torch import nn
 
 from ..config import PrivacyConfig
 from .accounting import RELEASE_MECHANISMS, compact, epsilon
-from .representations import GaussianClassSums
+from .representations import GaussianClassSums, gaussian_public_representations, public_release_history
 
 HISTORY_KEY = "privacy.history"
 
@@ -73,3 +73,10 @@ class SitePrivacy:
         return GaussianClassSums(num_classes, dim, num_samples, device, noise_multiplier=rep.noise_multiplier,
                                  clip=rep.clip, generator=self.generator,
                                  on_release=lambda: self.record([[rep.noise_multiplier, 1.0, RELEASE_MECHANISMS]]))
+
+    def public_representations(self, z: torch.Tensor) -> torch.Tensor:
+        """FLESD's public-set release (:func:`gaussian_public_representations`), recorded."""
+        sigma = self.representations.noise_multiplier
+        noisy, _ = gaussian_public_representations(z, noise_multiplier=sigma, generator=self.generator)
+        self.record(public_release_history(sigma))
+        return noisy
