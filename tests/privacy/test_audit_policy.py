@@ -61,20 +61,16 @@ def test_audit_lists_every_upload_with_its_kind_and_mechanism():
     kinds = {t.name: (t.kind, t.mechanism) for t in report.tensors}
     assert kinds["fedssc.class_means"][0] == "representation" and "Gaussian" in kinds["fedssc.class_means"][1]
     assert kinds["fedssc.class_counts"][0] == "count"
-    assert kinds["model.classifier.weight"] == ("weights", kinds["model.classifier.weight"][1])
-    assert "DP-SGD" in kinds["model.classifier.weight"][1]
-    assert kinds["fedssc.class_means"] and report.tensors[-2].bytes_per_round == 10 * 256 * 4
+    assert kinds["model.classifier.weight"][0] == "weights" and "DP-SGD" in kinds["model.classifier.weight"][1]
+    means = next(t for t in report.tensors if t.name == "fedssc.class_means")
+    assert means.shape == (10, 256) and means.bytes_per_round == 10 * 256 * 4
     assert report.guarantee.startswith("end-to-end")
     assert [s.name for s in report.sites] == ["site_0", "site_1", "site_2"]
+    config = RunConfig(algorithm="fedssc", privacy={**DP_SGD, **REPS})
     for s in report.sites:
-        expected = planned_epsilon(RunConfig(algorithm="fedssc", privacy={**DP_SGD, **REPS}).privacy,
-                                   report_training(), n=s.samples, rounds=4)
+        expected = planned_epsilon(config.privacy, config.training, n=s.samples, rounds=4)
         assert s.epsilon_total == pytest.approx(expected.total, abs=1e-9)
     assert report.certificates is None
-
-
-def report_training():
-    return RunConfig().training
 
 
 def test_audit_flags_tls_off_epsilon_over_budget_and_weights_leaving():
