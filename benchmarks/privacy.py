@@ -28,13 +28,18 @@ SGD_SIGMAS = (0.7, 1.5)  # DP-SGD noise multipliers (max grad norm 1)
 
 
 def variants():
+    """(algorithm, label, privacy, changes to the config)."""
     for alg in ("fedpcl", "fedssc"):
-        yield alg, f"{alg}, no DP", None
+        yield alg, f"{alg}, no DP", None, {}
         for s in REP_SIGMAS:
-            yield alg, f"{alg}, σ={s:g}, C=1", {"delta": DELTA, "representations": {"noise_multiplier": s, "clip": 1.0}}
-    yield "moon", "moon, no DP", None
+            yield alg, f"{alg}, σ={s:g}, C=1", {"delta": DELTA, "representations": {"noise_multiplier": s, "clip": 1.0}}, {}
+    # The noise on a prototype has norm ≈ σC√d / n_c: a smaller representation keeps more signal.
+    yield "fedpcl", "fedpcl d=32, no DP", None, {"projection_dim": 32}
+    for s in REP_SIGMAS[1:]:
+        yield "fedpcl", f"fedpcl d=32, σ={s:g}, C=1", {"delta": DELTA, "representations": {"noise_multiplier": s, "clip": 1.0}}, {"projection_dim": 32}
+    yield "moon", "moon, no DP", None, {}
     for s in SGD_SIGMAS:
-        yield "moon", f"moon DP-SGD, σ={s:g}, clip 1", {"delta": DELTA, "dp_sgd": {"noise_multiplier": s, "max_grad_norm": 1.0}}
+        yield "moon", f"moon DP-SGD, σ={s:g}, clip 1", {"delta": DELTA, "dp_sgd": {"noise_multiplier": s, "max_grad_norm": 1.0}}, {}
 
 
 def final_epsilons(metrics_csv: Path, rounds: int) -> list[float]:
@@ -81,9 +86,9 @@ def main() -> None:
     args = parser.parse_args()
     t0 = time.perf_counter()
     rows = []
-    for alg, label, privacy in variants():
+    for alg, label, privacy, changes in variants():
         config = RunConfig(algorithm=alg, dataset="digits", clients=10, beta=0.5, rounds=args.rounds, seed=args.seed,
-                           training={"local_epochs": args.local_epochs}, privacy=privacy)
+                           training={"local_epochs": args.local_epochs}, privacy=privacy, **changes)
         name = label.replace(" ", "").replace(",", "-").replace("=", "")
         run_dir = Path(args.out) / f"{name}-r{args.rounds}-e{args.local_epochs}-s{args.seed}"
         summary = run_simulation(config, run_dir, resume=True)
