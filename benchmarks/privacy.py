@@ -33,13 +33,13 @@ def variants():
         yield alg, f"{alg}, no DP", None, {}
         for s in REP_SIGMAS:
             yield alg, f"{alg}, σ={s:g}, C=1", {"delta": DELTA, "representations": {"noise_multiplier": s, "clip": 1.0}}, {}
+    yield "moon", "moon, no DP", None, {}
+    for s in SGD_SIGMAS:
+        yield "moon", f"moon DP-SGD, σ={s:g}, clip 1", {"delta": DELTA, "dp_sgd": {"noise_multiplier": s, "max_grad_norm": 1.0}}, {}
     # The noise on a prototype has norm ≈ σC√d / n_c: a smaller representation keeps more signal.
     yield "fedpcl", "fedpcl d=32, no DP", None, {"projection_dim": 32}
     for s in REP_SIGMAS[1:]:
         yield "fedpcl", f"fedpcl d=32, σ={s:g}, C=1", {"delta": DELTA, "representations": {"noise_multiplier": s, "clip": 1.0}}, {"projection_dim": 32}
-    yield "moon", "moon, no DP", None, {}
-    for s in SGD_SIGMAS:
-        yield "moon", f"moon DP-SGD, σ={s:g}, clip 1", {"delta": DELTA, "dp_sgd": {"noise_multiplier": s, "max_grad_norm": 1.0}}, {}
 
 
 def final_epsilons(metrics_csv: Path, rounds: int) -> list[float]:
@@ -83,10 +83,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--local-epochs", type=int, default=10)
     parser.add_argument("--out", default=str(Path(__file__).parent / "runs" / "privacy"))
+    parser.add_argument("--skip", nargs="*", default=[], help="leave out runs whose label contains one of these")
     args = parser.parse_args()
     t0 = time.perf_counter()
     rows = []
     for alg, label, privacy, changes in variants():
+        if any(part in label for part in args.skip):
+            continue
         config = RunConfig(algorithm=alg, dataset="digits", clients=10, beta=0.5, rounds=args.rounds, seed=args.seed,
                            training={"local_epochs": args.local_epochs}, privacy=privacy, **changes)
         name = label.replace(" ", "").replace(",", "-").replace("=", "")
