@@ -1,4 +1,4 @@
-"""The ``fedcontrast`` command line: simulate, compare, partition, algorithms.
+"""The ``fedcontrast`` command line: simulate, compare, partition, audit, algorithms.
 
 Errors caused by the user's input print one sentence and exit with code 2 (no traceback).
 """
@@ -281,6 +281,30 @@ def cmd_federation(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    import json
+
+    from .privacy.audit import audit_plan, format_report, load_plan
+    from .privacy.policy import SitePolicy, check_policy
+
+    plan, workspace = load_plan(args.target)
+    report = audit_plan(plan, source=str(args.target), workspace=workspace)
+    violations = check_policy(report, SitePolicy.from_yaml(args.policy)) if args.policy else []
+    if args.json:
+        print(json.dumps({**report.to_dict(), "policy": args.policy, "violations": violations}, indent=2))
+    else:
+        print(format_report(report), end="")
+        if args.policy:
+            print(f"\npolicy {args.policy}: " + ("compliant" if not violations else f"{len(violations)} violation(s)"))
+            for v in violations:
+                print(f"  VIOLATION: {v}")
+    if violations:
+        print(f"fedcontrast: policy violated: {violations[0]}" + (f" (and {len(violations) - 1} more)"
+                                                                  if len(violations) > 1 else ""), file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedcontrast", description="Contrastive federated learning on OpenFL.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -361,6 +385,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fqdn", default="localhost")
     p.add_argument("--dry-run", action="store_true", help="print the fx commands only")
     p.set_defaults(func=cmd_pki)
+
+    p = sub.add_parser("audit", help="what leaves each site under a plan, its DP guarantee and transport; "
+                                     "optionally checked against a policy (exit 1 on a violation)")
+    p.add_argument("target", metavar="WORKSPACE_OR_PLAN")
+    p.add_argument("--policy", help="a site policy YAML file (see policies/example-site.yaml)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("algorithms", help="list the registered algorithms and their settings")
     p.set_defaults(func=cmd_algorithms)

@@ -17,6 +17,7 @@ import yaml
 from .errors import ConfigError
 
 AUGMENTATIONS = ("none", "crop", "crop_flip")
+ACCOUNTANTS = ("rdp", "prv")
 
 
 def _check(condition: bool, message: str) -> None:
@@ -53,6 +54,77 @@ class TrainingConfig:
                f"training.augmentation must be one of {', '.join(AUGMENTATIONS)}, got {self.augmentation!r}")
 
 
+def _typed_section(cls: type, value: Any, name: str) -> Any:
+    """``value`` as ``cls``: a mapping is checked for unknown keys and converted; None stays None."""
+    if value is None or isinstance(value, cls):
+        return value
+    _check(isinstance(value, dict), f"{name} must be a mapping of settings")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(value) - known)
+    _check(not unknown, f"unknown {name} setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    try:
+        return cls(**value)
+    except TypeError as exc:
+        raise ConfigError(f"invalid {name} settings: {exc}") from None
+
+
+@dataclass(frozen=True)
+class DPSGDConfig:
+    """DP-SGD of local training (Opacus): per-sample gradients clipped to ``max_grad_norm``,
+    Gaussian noise of standard deviation ``noise_multiplier · max_grad_norm``, Poisson batches."""
+
+    noise_multiplier: float = 1.0
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check(_finite(self.noise_multiplier) and self.noise_multiplier > 0,
+               f"privacy.dp_sgd.noise_multiplier must be a number > 0, got {self.noise_multiplier!r}")
+        _check(_finite(self.max_grad_norm) and self.max_grad_norm > 0,
+               f"privacy.dp_sgd.max_grad_norm must be a number > 0, got {self.max_grad_norm!r}")
+
+
+@dataclass(frozen=True)
+class RepresentationDPConfig:
+    """The Gaussian mechanism on uploaded per-class sums: each sample's representation clipped to
+    L2 norm ``clip`` (C), noise N(0, σ²C²) on every class sum and N(0, σ²) on every count."""
+
+    noise_multiplier: float = 1.0  # σ
+    clip: float = 1.0  # C
+
+    def __post_init__(self) -> None:
+        _check(_finite(self.noise_multiplier) and self.noise_multiplier > 0,
+               f"privacy.representations.noise_multiplier must be a number > 0, got {self.noise_multiplier!r}")
+        _check(_finite(self.clip) and self.clip > 0,
+               f"privacy.representations.clip must be a number > 0, got {self.clip!r}")
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """Differential privacy of what leaves a site; a section left out (None) is off.
+
+    Both mechanisms are composed in one accountant (``rdp`` or ``prv``) and reported at ``delta``."""
+
+    delta: float = 1e-5
+    accountant: str = "rdp"
+    dp_sgd: DPSGDConfig | None = None
+    representations: RepresentationDPConfig | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dp_sgd", _typed_section(DPSGDConfig, self.dp_sgd, "privacy.dp_sgd"))
+        object.__setattr__(self, "representations", _typed_section(
+            RepresentationDPConfig, self.representations, "privacy.representations"))
+        _check(_finite(self.delta) and 0 < self.delta < 1, f"privacy.delta must be in (0, 1), got {self.delta!r}")
+        _check(self.accountant in ACCOUNTANTS,
+               f"privacy.accountant must be one of {', '.join(ACCOUNTANTS)}, got {self.accountant!r}")
+        _check(self.dp_sgd is not None or self.representations is not None,
+               "privacy needs dp_sgd or representations (or both); leave the section out to turn privacy off")
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        """The mechanisms turned on: a subset of {"dp_sgd", "representations"}."""
+        return frozenset(k for k in ("dp_sgd", "representations") if getattr(self, k) is not None)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that defines a run; saved as ``config.yaml`` beside its results."""
@@ -78,8 +150,10 @@ class RunConfig:
     device: str = "auto"
     training: TrainingConfig = field(default_factory=TrainingConfig)
     hyperparameters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    privacy: PrivacyConfig | None = None  # differential privacy of the uploads; None: off
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "privacy", _typed_section(PrivacyConfig, self.privacy, "privacy"))
         if isinstance(self.training, dict):  # RunConfig(training={...}) as well as from_dict
             try:
                 object.__setattr__(self, "training", TrainingConfig(**self.training))
@@ -135,6 +209,8 @@ class RunConfig:
         for key, value in changes.items():
             if key == "training":
                 data["training"] = {**data["training"], **value}
+            elif key == "privacy" and isinstance(value, PrivacyConfig):
+                data["privacy"] = dataclasses.asdict(value)
             else:
                 data[key] = value
         return RunConfig.from_dict(data)

@@ -49,6 +49,13 @@ def build_algorithm(config: RunConfig) -> Algorithm:
     algorithm = get_algorithm(config.algorithm).from_settings(config.hyperparameters.get(config.algorithm))
     algorithm.validate_training(config.training)
     algorithm.num_sites = config.clients
+    if config.privacy is not None:
+        unsupported = sorted(config.privacy.kinds - algorithm.dp_kinds)
+        if unsupported:
+            supported = ", ".join(sorted(algorithm.dp_kinds)) or "none"
+            raise ConfigError(f"{algorithm.name} does not support privacy.{unsupported[0]} (its DP mechanisms: "
+                              f"{supported}); remove that section or choose another algorithm")
+        algorithm.private_representations = config.privacy.representations is not None
     return algorithm
 
 
@@ -59,6 +66,16 @@ def attach_public(algorithm: Algorithm, public) -> None:
         raise ConfigError(f"{algorithm.name} needs a public data set that every site and the aggregator hold: "
                           "set public_fraction > 0")
     algorithm.public_size = len(public) if public is not None else 0
+
+
+def site_privacy(config: RunConfig, state: dict, round_num: int, *, noise_seed: int | None):
+    """The privacy object of one collaborator task (None when the plan has no privacy section).
+    ``noise_seed=None`` draws the noise seed from the operating system, as a deployment must."""
+    if config.privacy is None:
+        return None
+    from .privacy import SitePrivacy
+
+    return SitePrivacy(config.privacy, state, round_num=round_num, noise_seed=noise_seed)
 
 
 def load_splits(config: RunConfig) -> DataSplits:
@@ -77,5 +94,10 @@ def partition(config: RunConfig, splits: DataSplits) -> list[np.ndarray]:
 def initial_model(config: RunConfig, *, in_channels: int, image_size: int, num_classes: int) -> ContrastiveNet:
     """The round-0 global model: seeded by ``config.seed`` alone, so every process builds it alike."""
     torch.manual_seed(config.seed)
-    return build_model(config.model, in_channels=in_channels, image_size=image_size, num_classes=num_classes,
-                       projection_dim=config.projection_dim)
+    model = build_model(config.model, in_channels=in_channels, image_size=image_size, num_classes=num_classes,
+                        projection_dim=config.projection_dim)
+    if config.privacy is not None and config.privacy.dp_sgd is not None:
+        from .privacy.dp_sgd import make_dp_compatible  # BatchNorm → GroupNorm, the same on every party
+
+        model = make_dp_compatible(model)
+    return model

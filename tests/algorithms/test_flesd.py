@@ -191,3 +191,30 @@ def test_sites_with_other_encoder_architectures_federate(tmp_path):
     assert any(not torch.equal(first[k], second[k]) for k in first)  # kept training its own encoder
     evaluation = [r for r in rows if r["site"] == "global"][-1]
     assert 0.0 <= evaluation["accuracy"] <= 1.0
+
+
+def test_representation_dp_noises_z_before_it_leaves_and_is_accounted(tmp_path):
+    # Under representation DP the site's Z_k is noised (one Gaussian release per round, accounted),
+    # then re-normalised (post-processing), so the aggregator's checks still hold; DP-SGD is refused.
+    from fedcontrast.config import RunConfig
+    from fedcontrast.errors import ConfigError
+    from fedcontrast.privacy.accounting import planned_epsilon
+    from fedcontrast.sim import Federation
+
+    base = RunConfig(algorithm="flesd", dataset="synthetic", image_size=16, clients=2, rounds=1, min_samples=5,
+                     projection_dim=32, public_fraction=0.2, training={"local_epochs": 1, "batch_size": 32},
+                     hyperparameters={"flesd": {"distill_epochs": 1, "probe_epochs": 5}})
+    private = base.replace(privacy={"representations": {"noise_multiplier": 0.5}})
+    clean_fed, dp_fed = Federation(base), Federation(private)
+    clean_rows, dp_rows = clean_fed.run_round(0), dp_fed.run_round(0)
+    # Same local training, so without noise the uploads would be identical: the global models differ.
+    assert not torch.equal(clean_fed.downlink.global_tensors["model.projection.net.0.weight"],
+                           dp_fed.downlink.global_tensors["model.projection.net.0.weight"])
+    site = dp_fed.sites[0]
+    expected = planned_epsilon(private.privacy, private.training, n=len(site.data), rounds=1, representations=True,
+                               representation_releases=1).total
+    row = next(r for r in dp_rows if r["site"] == site.name and r["task"] == "similarity")
+    assert f'"dp_epsilon":{round(expected, 6)}' in row["extra"]
+    assert not any("dp_epsilon" in r["extra"] for r in clean_rows)
+    with pytest.raises(ConfigError, match="flesd does not support privacy.dp_sgd"):
+        Federation(base.replace(privacy={"dp_sgd": {"noise_multiplier": 1.0}}))

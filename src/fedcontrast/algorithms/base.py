@@ -13,6 +13,12 @@ glue both drive a plugin through exactly these calls:
 
 ``upload_specs`` / ``download_specs`` declare names, shapes and dtypes; engines validate uploads
 against them (:func:`validate_uploads`) and the privacy audit reads them.
+
+Privacy wraps a plugin rather than living in it: a plugin declares which DP mechanisms apply to it
+(``dp_kinds``) and what each upload is (``TensorSpec.kind``); it accumulates per-class sums through
+``site.class_sums(...)`` and trains through :func:`~.training.train_supervised` with
+``private=site.privacy``. The engine supplies those objects (``fedcontrast.privacy``); a plugin
+never imports Opacus.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from ..config import TrainingConfig
 from ..errors import ConfigError, FedContrastError
 
 WEIGHT_PREFIX = "model."
+TENSOR_KINDS = ("weights", "representation", "count", "metadata")
+DP_KINDS = ("dp_sgd", "representations")
 
 
 # --- what travels ------------------------------------------------------------------------------
@@ -44,6 +52,13 @@ class TensorSpec:
     direction: str  # "upload" (site → aggregator) or "download" (aggregator → site)
     per_site: bool = False  # download only: each site receives its own copy
     description: str = ""
+    # what it is, for the privacy audit: "weights" (raw model weights), "representation" (derived
+    # from the data through the model: class means, prototypes), "count", "metadata"
+    kind: str = "representation"
+
+    def __post_init__(self) -> None:
+        if self.kind not in TENSOR_KINDS:
+            raise ValueError(f"TensorSpec.kind must be one of {', '.join(TENSOR_KINDS)}, got {self.kind!r}")
 
     @property
     def nbytes(self) -> int:
@@ -77,7 +92,7 @@ def validate_uploads(site: str, uploads: Mapping[str, torch.Tensor], specs: list
 def weight_specs(model: nn.Module, direction: str, description: str) -> list[TensorSpec]:
     """One spec per floating-point entry of ``model.state_dict()`` (parameters and BN statistics)."""
     return [TensorSpec(WEIGHT_PREFIX + k, tuple(v.shape), str(v.dtype).removeprefix("torch."),
-                       direction, description=description)
+                       direction, description=description, kind="weights")
             for k, v in model.state_dict().items() if v.is_floating_point()]
 
 
@@ -107,6 +122,39 @@ def nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+# --- per-class sums ----------------------------------------------------------------------------
+class ClassSums:
+    """Per-class sums of sample representations and per-class counts, each sample counted at most
+    once (a repeated index is ignored). The engine may hand a plugin a private subclass instead
+    (clipping each sample, noising the release); the plugin code is the same either way.
+    Shapes: ``sums (C, d)``, ``counts (C,)``."""
+
+    private: ClassVar[bool] = False
+
+    def __init__(self, num_classes: int, dim: int, num_samples: int, device: torch.device | str = "cpu") -> None:
+        self.sums = torch.zeros(num_classes, dim, device=device)
+        self.counts = torch.zeros(num_classes, device=device)
+        self.seen = torch.zeros(num_samples, dtype=torch.bool, device=device)
+
+    def transform(self, z: torch.Tensor) -> torch.Tensor:
+        """Applied to every sample before summing (identity here; clipping in the private version)."""
+        return z
+
+    def add(self, z: torch.Tensor, labels: torch.Tensor, index: torch.Tensor) -> None:
+        """Add samples ``index`` (positions in the site's data) with representations ``z (B, d)``."""
+        index = index.to(self.seen.device)
+        new = ~self.seen[index]
+        if not bool(new.all()):
+            z, labels, index = z[new], labels[new], index[new]
+        self.seen[index] = True
+        self.sums.index_add_(0, labels, self.transform(z.detach()).to(self.sums.dtype))
+        self.counts.index_add_(0, labels, torch.ones_like(labels, dtype=self.counts.dtype))
+
+    def release(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(sums, counts)`` as they may leave the site (float counts: noisy in the private version)."""
+        return self.sums, self.counts
+
+
 # --- contexts ----------------------------------------------------------------------------------
 @dataclass
 class SiteContext:
@@ -124,6 +172,21 @@ class SiteContext:
     public: Any = None  # the public data set, when the run has one
     index: int = 0  # the site's position in the federation (site_3 → 3)
     scratch: dict[str, Any] = field(default_factory=dict)  # this task only; never persisted
+    privacy: Any = None  # fedcontrast.privacy.SitePrivacy when the plan turns DP on; set by the engine
+
+    def class_sums(self, num_classes: int, dim: int) -> ClassSums:
+        """An accumulator of per-class sums of this site's samples: private (clipped, noised on
+        release) when representation DP is on."""
+        if self.privacy is not None and self.privacy.representations is not None:
+            return self.privacy.class_sums(num_classes, dim, len(self.data), self.device)
+        return ClassSums(num_classes, dim, len(self.data), self.device)
+
+    def public_representations(self, z: torch.Tensor) -> torch.Tensor:
+        """Representations of the *public* set as they may leave the site (FLESD's ``Z_k``): rows
+        normalised, plus Gaussian noise under representation DP. ``(N, d) → (N, d)``."""
+        if self.privacy is not None and self.privacy.representations is not None:
+            return self.privacy.public_representations(z)
+        return torch.nn.functional.normalize(z, dim=1)
 
 
 @dataclass
@@ -173,7 +236,13 @@ class Algorithm(ABC):
     name: ClassVar[str]
     Hyperparameters: ClassVar[type] = NoHyperparameters
     tasks: ClassVar[tuple[str, ...]] = ("train",)  # collaborator tasks of one round, in order
-    supports_dp: ClassVar[bool] = False
+    # The DP mechanisms that apply (see DP_KINDS): "dp_sgd" when local training goes through
+    # train_supervised with private=site.privacy; "representations" when per-class sums go through
+    # site.class_sums. A plan turning on another mechanism is rejected.
+    dp_kinds: ClassVar[frozenset[str]] = frozenset()
+    # Gaussian mechanisms per round under representation DP, for planned accounting: 2 for per-class
+    # sums (sums and counts), 1 for public-set representations (site.public_representations).
+    representation_releases: ClassVar[int] = 2
 
     personalized: ClassVar[bool] = False  # evaluated per site (evaluate_site) rather than as one global model
     # Engines also evaluate each site's uploaded local model (``model.*`` weights) on the site's own
@@ -185,6 +254,7 @@ class Algorithm(ABC):
         self.hp = hp if hp is not None else self.Hyperparameters()
         self.num_sites = 1  # the federation's size; engines set it (declarations may depend on it)
         self.public_size = 0  # samples in the public data set; engines set it when the run has one
+        self.private_representations = False  # engines set it: uploaded counts are noisy (check_upload adapts)
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any] | None) -> Algorithm:
@@ -241,3 +311,7 @@ class Algorithm(ABC):
 
     def download_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
         return weight_specs(model, "download", "global model weights")
+
+    def shared_class_minimum(self) -> int | None:
+        """The fewest local samples behind a shared per-class feature (None: none are shared)."""
+        return None

@@ -18,6 +18,7 @@ class FedAvg(Algorithm):
     Aggregator: ``w = Σ_k n_k/n · w_k``."""
 
     name = "fedavg"
+    dp_kinds = frozenset({"dp_sgd"})
 
     def local_loss(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> ExtraLoss | None:
         """The term added to cross-entropy; ``None`` for plain FedAvg. Called after the global
@@ -28,7 +29,7 @@ class FedAvg(Algorithm):
         load_weights(site.model, received)
         extra = self.local_loss(site, received)
         stats = train_supervised(site.model, site.data, site.training, generator=site_generator(site.seed),
-                                 device=site.device, extra_loss=extra)
+                                 device=site.device, extra_loss=extra, private=site.privacy)
         metrics = {"loss": stats.loss, "ce": stats.ce, "accuracy": stats.accuracy}
         metrics.update(stats.components)
         uploads = weight_tensors(site.model)

@@ -41,6 +41,7 @@ class FedPCLHyperparameters:
     projection_hidden: tuple[int, ...] = (256,)  # site i's hidden width: projection_hidden[i % len]
     temperature: float = 0.07
     prototype_weighting: str = "count"  # or "paper_eq6"
+    min_class_samples: int = 1  # classes with fewer (released) local samples are not uploaded
 
     def __post_init__(self) -> None:
         for name in ("backbones", "backbone_files", "projection_hidden"):
@@ -57,6 +58,8 @@ class FedPCLHyperparameters:
         check_temperature(self.temperature)
         if self.prototype_weighting not in ("count", "paper_eq6"):
             raise ValueError(f"prototype_weighting must be count or paper_eq6, got {self.prototype_weighting!r}")
+        if not (isinstance(self.min_class_samples, int) and self.min_class_samples >= 1):
+            raise ValueError(f"min_class_samples must be an integer >= 1, got {self.min_class_samples!r}")
 
 
 def class_prototypes(z: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,6 +79,7 @@ class FedPCL(Algorithm):
     Hyperparameters = FedPCLHyperparameters
     tasks = ("train", "prototypes")
     personalized = True
+    dp_kinds = frozenset({"representations"})
 
     def __init__(self, hp=None) -> None:
         super().__init__(hp)
@@ -143,10 +147,16 @@ class FedPCL(Algorithm):
         features, head = self._embed(site, received)
         head.eval()
         with torch.no_grad():
-            z = F.normalize(head(features), dim=1)
-        protos, counts = class_prototypes(z, site.data.y.to(site.device), received[GLOBAL_PROTOTYPES].shape[0])
+            z = F.normalize(head(features), dim=1)  # (N, d)
+        class_sums = site.class_sums(*received[GLOBAL_PROTOTYPES].shape)
+        class_sums.add(z, site.data.y.to(site.device), torch.arange(len(z), device=site.device))
+        sums, counts = class_sums.release()  # noisy under representation DP
+        counts = counts.round().clamp_min(0)
+        sent = counts >= self.hp.min_class_samples  # decided on the released counts: post-processing
+        protos = torch.where(sent[:, None], sums / counts.clamp_min(1)[:, None], torch.zeros_like(sums))
+        counts = torch.where(sent, counts, torch.zeros_like(counts))
         return TaskResult({LOCAL_PROTOTYPES: protos.float().cpu(), COUNTS: counts.long().cpu()}, float(len(site.data)),
-                          {"classes": float((counts > 0).sum())})
+                          {"classes": float(sent.sum())})
 
     # --- aggregator -----------------------------------------------------------------------------
     def check_upload(self, site: str, uploads: Mapping[str, torch.Tensor], weight: float) -> None:
@@ -155,7 +165,12 @@ class FedPCL(Algorithm):
             raise InvalidUploadError(f"site {site!r} uploaded negative class counts; rejected")
         if bool(((counts == 0) & (protos.abs().sum(1) > 0)).any()):
             raise InvalidUploadError(f"site {site!r} uploaded a prototype for a class it counts 0 samples of; rejected")
-        if int(counts.sum()) != int(weight):
+        if bool(((counts > 0) & (counts < self.hp.min_class_samples)).any()):
+            raise InvalidUploadError(f"site {site!r} uploaded a prototype from fewer than "
+                                     f"{self.hp.min_class_samples} samples; rejected")
+        # Exact only without noise and without a threshold: then every sample is in some class.
+        exact = not self.private_representations and self.hp.min_class_samples == 1
+        if exact and int(counts.sum()) != int(weight):
             raise InvalidUploadError(f"site {site!r} uploaded class counts summing to {int(counts.sum())}, "
                                      f"not its {int(weight)} samples; rejected")
 
@@ -201,7 +216,11 @@ class FedPCL(Algorithm):
         d = model.projection_dim
         return [TensorSpec(LOCAL_PROTOTYPES, (num_classes, d), "float32", "upload",
                            description="per-class mean of the normalised representation (zero rows: absent classes)"),
-                TensorSpec(COUNTS, (num_classes,), "int64", "upload", description="local samples per class")]
+                TensorSpec(COUNTS, (num_classes,), "int64", "upload", kind="count",
+                           description="local samples per class")]
+
+    def shared_class_minimum(self) -> int:
+        return self.hp.min_class_samples
 
     def download_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
         d, k = model.projection_dim, max(self.num_sites, 1)

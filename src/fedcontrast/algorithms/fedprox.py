@@ -30,6 +30,9 @@ class FedProx(FedAvg):
 
     name = "fedprox"
     Hyperparameters = FedProxHyperparameters
+    # Opacus's per-sample gradients leave out the proximal term (it acts on the parameters, not
+    # through a module's forward), so DP-SGD would silently train plain FedAvg.
+    dp_kinds = frozenset()
 
     def local_loss(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> ExtraLoss:
         params = [p for p in site.model.parameters() if p.requires_grad]

@@ -182,7 +182,7 @@ class FedSiamDA(Algorithm):
     def _predictor_specs(self, model: nn.Module, direction: str, description: str) -> list[TensorSpec]:
         head = self.predictor(model.projection_dim)
         return [TensorSpec(PREDICTOR_PREFIX + k, tuple(v.shape), str(v.dtype).removeprefix("torch."),
-                           direction, description=description)
+                           direction, description=description, kind="weights")
                 for k, v in head.state_dict().items() if v.is_floating_point()]
 
     def upload_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:

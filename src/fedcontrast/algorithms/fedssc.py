@@ -93,6 +93,7 @@ class FedSSC(Moon):
 
     name = "fedssc"
     Hyperparameters = FedSSCHyperparameters
+    dp_kinds = frozenset({"dp_sgd", "representations"})
 
     @property
     def moon_weight(self) -> float:
@@ -110,8 +111,7 @@ class FedSSC(Moon):
         mu_glob, tau = self.mu_glob(site.round_num), self.hp.temperature
         use_glob = mu_glob > 0 and bool(present.any())
         num_classes, dim = reps.shape
-        sums = site.scratch["class_sums"] = torch.zeros(num_classes, dim, device=site.device)
-        counts = site.scratch["class_counts"] = torch.zeros(num_classes, device=site.device)
+        class_sums = site.scratch["class_sums"] = site.class_sums(num_classes, dim)
         labels_all = site.data.y.to(site.device)
         last_epoch = site.training.local_epochs - 1
 
@@ -123,15 +123,16 @@ class FedSSC(Moon):
                 term = term + mu_glob * glob
                 parts["global_contrastive"] = glob.detach()
             if epoch == last_epoch:  # the shared means are over the last local epoch
-                sums.index_add_(0, labels, z.detach())
-                counts.index_add_(0, labels, torch.ones_like(labels, dtype=counts.dtype))
+                class_sums.add(z.detach(), labels, idx)
             return term, parts
 
         return extra
 
     def extra_uploads(self, site: SiteContext) -> dict[str, torch.Tensor]:
-        sums, counts = site.scratch["class_sums"], site.scratch["class_counts"]
-        # Data minimisation: a class below the threshold leaves the site as a zero row and count 0.
+        sums, counts = site.scratch["class_sums"].release()  # noisy under representation DP
+        counts = counts.round().clamp_min(0)
+        # Data minimisation: a class below the threshold leaves the site as a zero row and count 0
+        # (decided on the released counts, so the decision itself is post-processing).
         sent = counts >= self.hp.min_class_samples
         means = torch.where(sent[:, None], sums / counts.clamp_min(1)[:, None], torch.zeros_like(sums))
         return {CLASS_MEANS: means.float(), CLASS_COUNTS: torch.where(sent, counts, torch.zeros_like(counts)).long()}
@@ -146,7 +147,7 @@ class FedSSC(Moon):
                                      f"{self.hp.min_class_samples} samples; rejected")
         if bool(((counts == 0) & (means.abs().sum(1) > 0)).any()):
             raise InvalidUploadError(f"site {site!r} uploaded a class mean with a count of 0; rejected")
-        if float(counts.sum()) > weight:
+        if float(counts.sum()) > weight and not self.private_representations:  # noisy counts may exceed it
             raise InvalidUploadError(f"site {site!r} uploaded class counts summing to {int(counts.sum())}, "
                                      f"more than its {int(weight)} samples; rejected")
 
@@ -170,8 +171,11 @@ class FedSSC(Moon):
             TensorSpec(CLASS_MEANS, (num_classes, d), "float32", "upload",
                        description=f"mean projected representation per class with >= {self.hp.min_class_samples} "
                                    "local samples (zero rows for the others)"),
-            TensorSpec(CLASS_COUNTS, (num_classes,), "int64", "upload",
+            TensorSpec(CLASS_COUNTS, (num_classes,), "int64", "upload", kind="count",
                        description="local samples behind each class mean (0 = class not shared)")]
+
+    def shared_class_minimum(self) -> int:
+        return self.hp.min_class_samples
 
     def download_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
         d = model.projection_dim

@@ -209,6 +209,12 @@ class Flesd(Algorithm):
     Hyperparameters = FlesdHyperparameters
     tasks = ("train", "similarity")
     requires_public = True
+    # Representation DP applies to Z_k (site.public_representations: one Gaussian release per round;
+    # the sensitivity argument is in fedcontrast.privacy.representations). DP-SGD does not: NT-Xent
+    # with in-batch negatives is not a sum of per-sample terms, so per-sample clipping would not
+    # bound one sample's influence.
+    dp_kinds = frozenset({"representations"})
+    representation_releases = 1
 
     # --- what travels -----------------------------------------------------------------------------
     def upload_form(self, dim: int) -> str:
@@ -227,7 +233,8 @@ class Flesd(Algorithm):
 
     def download_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
         return (weight_specs(model, "download", "distilled global encoder weights")
-                + [TensorSpec(FINGERPRINT, (32,), "uint8", "download", description="SHA-256 of the public set")])
+                + [TensorSpec(FINGERPRINT, (32,), "uint8", "download", description="SHA-256 of the public set",
+                             kind="metadata")])
 
     def _public_size(self) -> int:
         if self.public_size < 2:
@@ -286,7 +293,9 @@ class Flesd(Algorithm):
         if state is not None:
             load_weights(model, state)
         model.eval()
-        z = F.normalize(represent_all(model, site.public.x.to(site.device)).float(), dim=1)  # (N, d)
+        # Z_k as it may leave the site (noised under representation DP), re-normalised: post-processing,
+        # so the guarantee is unchanged, and every upload stays a set of unit vectors / cosines.
+        z = F.normalize(site.public_representations(represent_all(model, site.public.x.to(site.device)).float()), dim=1)
         if self.upload_form(z.shape[1]) == "representations":
             uploads = {REPRESENTATIONS: quantise(z, self.hp.quantize).cpu()}
         else:

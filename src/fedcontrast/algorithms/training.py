@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -60,10 +61,30 @@ def batch_indices(n: int, batch_size: int, generator: torch.Generator) -> list[t
 
 
 def train_supervised(model: nn.Module, data, cfg: TrainingConfig, *, generator: torch.Generator,
-                     device: torch.device, extra_loss: ExtraLoss | None = None) -> TrainStats:
-    """``cfg.local_epochs`` epochs of SGD on cross-entropy (+ ``extra_loss``) over ``data``."""
+                     device: torch.device, extra_loss: ExtraLoss | None = None, private: Any = None) -> TrainStats:
+    """``cfg.local_epochs`` epochs of SGD on cross-entropy (+ ``extra_loss``) over ``data``.
+
+    ``private``: the site's privacy object (``site.privacy``); when it turns DP-SGD on, training runs
+    in its session (per-sample clipping, noise, Poisson batches) instead of shuffled batches.
+    """
     model.train()
     optimizer = make_optimizer(model, cfg)
+    session = None
+    if private is not None and private.dp_sgd is not None:
+        session = private.training_session(model, optimizer, num_samples=len(data), batch_size=cfg.batch_size)
+        optimizer = session.optimizer
+    try:
+        return _train(session.model if session else model, optimizer, data, cfg, generator=generator, device=device,
+                      extra_loss=extra_loss,
+                      epoch_batches=session.epoch_batches if session else
+                      (lambda: batch_indices(len(data), cfg.batch_size, generator)))
+    finally:
+        if session is not None:
+            session.close()
+
+
+def _train(model: nn.Module, optimizer, data, cfg: TrainingConfig, *, generator: torch.Generator,
+           device: torch.device, extra_loss: ExtraLoss | None, epoch_batches) -> TrainStats:
     x_all, y_all = data.x.to(device), data.y.to(device)
     loss_sum = torch.zeros((), device=device)  # summed on device: no sync per step
     ce_sum = torch.zeros((), device=device)
@@ -72,7 +93,7 @@ def train_supervised(model: nn.Module, data, cfg: TrainingConfig, *, generator: 
     steps = seen = 0
     for epoch in range(cfg.local_epochs):
         last_epoch = epoch == cfg.local_epochs - 1
-        for idx in batch_indices(len(data), cfg.batch_size, generator):
+        for idx in epoch_batches():
             idx_d = idx.to(device)
             x = augment(x_all[idx_d], cfg.augmentation, generator)
             y = y_all[idx_d]

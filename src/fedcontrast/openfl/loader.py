@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from openfl.federated.data.loader import DataLoader
@@ -17,19 +18,26 @@ from openfl.federated.data.loader import DataLoader
 from ..config import RunConfig
 from ..construction import load_splits, partition
 from ..data import ArrayDataset, load_dataset
-from ..errors import DataError
+from ..errors import ConfigError, DataError, FedContrastError
 
 SHARD_PREFIX = "shard:"
 
 
 class SiteDataLoader(DataLoader):
-    """Built by OpenFL as ``SiteDataLoader(data_path=..., run_config=...)``; ``data_path`` is None
-    when ``fx plan initialize`` builds it (then only the data's shape is needed)."""
+    """Built by OpenFL as ``SiteDataLoader(data_path=..., run_config=..., network=..., model_shape=...)``;
+    ``data_path`` is None when ``fx plan initialize`` builds it (then only the data's shape is needed).
 
-    def __init__(self, data_path: str | None = None, run_config: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    It is the first fedcontrast object ``fx collaborator start`` builds, so it enforces the site's own
+    policy (:func:`enforce_site_policy`) before reading any data."""
+
+    def __init__(self, data_path: str | None = None, run_config: dict[str, Any] | None = None,
+                 network: dict[str, Any] | None = None, model_shape: dict[str, int] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.config = RunConfig.from_dict(run_config or {})
         self.data_path = data_path
+        if data_path is not None:  # a collaborator (not `fx plan initialize`)
+            enforce_site_policy(self.config, network, model_shape, data_path)
         self.site_index: int | None = None
         if data_path is None or data_path.startswith(SHARD_PREFIX):
             splits = load_splits(self.config)
@@ -57,6 +65,34 @@ class SiteDataLoader(DataLoader):
 
     def get_valid_data_size(self) -> int:
         return 0
+
+
+def enforce_site_policy(config: RunConfig, network: dict[str, Any] | None, model_shape: dict[str, int] | None,
+                        data_path: str, cwd: str | Path = ".") -> None:
+    """Stop the collaborator (exit 1, one sentence) when the plan violates this site's policy file
+    (``$FEDCONTRAST_SITE_POLICY`` or ``site_policy.yaml`` in the workspace); no file, no check."""
+    from ..privacy.audit import audit_plan
+    from ..privacy.policy import SitePolicy, check_policy, site_policy_path
+    from .components import CollaboratorStopped
+
+    path = site_policy_path(cwd)
+    if path is None:
+        return
+    try:
+        policy = SitePolicy.from_yaml(path)
+        if network is None or model_shape is None:
+            raise ConfigError("the plan does not give the data loader its network settings and model shape "
+                              "(made by an older fedcontrast); regenerate it with `fedcontrast workspace create`")
+        plan = {"task_runner": {"settings": {"run_config": config.to_dict()}}, "network": {"settings": network},
+                "aggregator": {"settings": {"model_shape": model_shape, "rounds_to_train": config.rounds}}}
+        samples = policy.site_samples or config.min_samples  # known to the site, else the plan's worst case
+        report = audit_plan(plan, source="plan", sites=[("this site", data_path)], site_samples={"this site": samples})
+        violations = check_policy(report, policy)
+    except FedContrastError as exc:
+        raise CollaboratorStopped(f"fedcontrast collaborator: error: cannot check this site's policy {path}: {exc}") from None
+    if violations:
+        raise CollaboratorStopped(f"fedcontrast collaborator: error: this site's policy {path} refuses the plan "
+                                  f"before any data is read: {'; '.join(violations)}")
 
 
 def _shard_index(data_path: str, clients: int) -> int:

@@ -59,7 +59,10 @@ def build_plan(config: RunConfig, *, shape: dict[str, int] | None = None, **netw
     run_config = config.to_dict()  # one object, referenced four times: YAML writes it once
     plan = deployment_defaults(**network)
     plan["aggregator"]["settings"].update(run_config=run_config, model_shape=shape, rounds_to_train=config.rounds)
-    plan["data_loader"] = {"template": f"{PACKAGE}.loader.SiteDataLoader", "settings": {"run_config": run_config}}
+    # The loader checks the site's policy before reading data: it gets the very network settings and
+    # model shape of this plan (the same objects: YAML writes them once and refers to them).
+    plan["data_loader"] = {"template": f"{PACKAGE}.loader.SiteDataLoader", "settings": {
+        "run_config": run_config, "network": plan["network"]["settings"], "model_shape": shape}}
     plan["task_runner"] = {"template": f"{PACKAGE}.runner.PluginTaskRunner",
                            "settings": {"run_config": run_config, "state_dir": "local_state/sites"}}
     plan["assigner"] = {"template": "openfl.component.RandomGroupedAssigner", "settings": {

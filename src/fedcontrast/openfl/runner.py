@@ -15,7 +15,8 @@ from openfl.utilities import TensorKey
 from ..algorithms import ServerContext, SiteContext
 from ..atomic import atomic_torch_save
 from ..config import RunConfig
-from ..construction import attach_public, build_algorithm, initial_model, resolve_device, server_seed, task_seed
+from ..construction import (attach_public, build_algorithm, initial_model, resolve_device, server_seed, site_privacy,
+                            task_seed)
 from ..errors import CheckpointError
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, UPLOAD_PACKED, pack, unpack
 
@@ -82,8 +83,12 @@ class PluginTaskRunner(TaskRunner):
         site = SiteContext(name=col_name, data=loader.train, model=self.model, training=self.config.training,
                            round_num=round_num, seed=task_seed(self.config, round_num, index,
                                                               self.algorithm.tasks.index(task)),
-                           device=self.device, state=state, public=loader.public, index=index)
+                           device=self.device, state=state, public=loader.public, index=index,
+                           # DP noise from the operating system: the aggregator knows the plan's seed
+                           privacy=site_privacy(self.config, state, round_num, noise_seed=None))
         result = self.algorithm.run_task(task, site, received)
+        if site.privacy is not None:
+            result.metrics.update(site.privacy.metrics())
         self._save_state(col_name, site.state)
         # One packed upload per round, sent with the round's last task (two tasks uploading the
         # same tensor name in one round would confuse OpenFL's aggregation).

@@ -19,11 +19,13 @@ from ..algorithms.base import WEIGHT_PREFIX
 from ..errors import ConfigError
 from ..evaluation import distribution_weighted_accuracy, linear_probe, predict
 from ..config import RunConfig
-from ..construction import (attach_public, build_algorithm, derive_seed, initial_model, load_splits, partition, resolve_device,
-                     server_seed, site_name, task_seed)
+from ..construction import (attach_public, build_algorithm, derive_seed, initial_model, load_splits, partition,
+                            resolve_device, server_seed, site_name, site_privacy, task_seed)
 from .outputs import GLOBAL_SITE, metric_row
 
 __all__ = ["Federation", "build_algorithm", "derive_seed"]
+
+NOISE_STREAM = 0xD9  # derive_seed(task seed, NOISE_STREAM): the simulated DP noise, apart from batch order
 
 
 @dataclass
@@ -92,9 +94,11 @@ class Federation:
         return [self.sites[i] for i in sorted(rng.choice(k, m, replace=False))]
 
     def site_context(self, site: Site, round_num: int, seed: int) -> SiteContext:
+        # Simulation only: the noise seed derives from the task seed, so runs are reproducible.
+        privacy = site_privacy(self.config, site.state, round_num, noise_seed=derive_seed(seed, NOISE_STREAM))
         return SiteContext(name=site.name, data=site.data, model=self.site_model, training=self.config.training,
                            round_num=round_num, seed=seed, device=self.device, state=site.state,
-                           public=self.public, index=site.index)
+                           public=self.public, index=site.index, privacy=privacy)
 
     def personalized_evaluation(self, round_num: int) -> dict[str, float]:
         """Each site's own model on the test split: mean ("accuracy") and spread over sites."""
@@ -138,6 +142,8 @@ class Federation:
             for t, task in enumerate(self.algorithm.tasks):
                 ctx = self.site_context(site, round_num, task_seed(cfg, round_num, site.index, t))
                 result = self.algorithm.run_task(task, ctx, received)
+                if ctx.privacy is not None:
+                    result.metrics.update(ctx.privacy.metrics())
                 merged.update(result.uploads)
                 weights[site.name] = result.weight
                 rows.append(metric_row(round_num + 1, site.name, task, len(site.data), result.metrics,

@@ -1,0 +1,271 @@
+"""``fedcontrast audit``: what leaves each site under a plan, with which DP guarantee, over which
+transport — read from the plugin's declarations and the plan alone (no data of the sites).
+
+:func:`audit_plan` gathers the facts into an :class:`AuditReport`; :mod:`.policy` checks them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import RunConfig
+from ..errors import ConfigError
+from .accounting import planned_epsilon
+
+
+@dataclass(frozen=True)
+class TensorLine:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    bytes_per_round: int
+    kind: str  # weights | representation | count | metadata
+    mechanism: str  # the DP mechanism applied before it leaves, or "none"
+
+
+@dataclass(frozen=True)
+class SiteLine:
+    name: str
+    data: str
+    samples: int | None  # None: not known from the plan (the site's own folder)
+    samples_note: str
+    epsilon_round: float  # inf: something leaves without DP
+    epsilon_total: float
+
+
+@dataclass(frozen=True)
+class Certificate:
+    path: str
+    subject: str
+    not_after: str
+    days_left: int
+
+
+@dataclass
+class AuditReport:
+    source: str
+    algorithm: str
+    tasks: tuple[str, ...]
+    rounds: int
+    delta: float | None
+    accountant: str | None
+    mechanisms: list[str]
+    guarantee: str
+    tensors: list[TensorLine]
+    sites: list[SiteLine]
+    tls: bool
+    client_auth: bool
+    certificates: list[Certificate] | None  # None: no certificates found
+    class_minimum: int | None  # fewest samples behind a shared per-class feature (None: none shared)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def weights_leave(self) -> list[str]:
+        return [t.name for t in self.tensors if t.kind == "weights"]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["weights_leave"] = bool(self.weights_leave)
+        for site in out["sites"]:  # JSON has no infinity
+            for key in ("epsilon_round", "epsilon_total"):
+                site[key] = None if math.isinf(site[key]) else site[key]
+        return out
+
+
+def _mechanisms(config: RunConfig, algorithm) -> tuple[dict[str, str], list[str]]:
+    """Per tensor kind, the mechanism text; and the list of mechanisms on."""
+    p = config.privacy
+    by_kind = {"weights": "none", "representation": "none", "count": "none", "metadata": "none"}
+    lines = []
+    if p is not None and p.dp_sgd is not None:
+        s = p.dp_sgd
+        by_kind["weights"] = f"DP-SGD (Opacus; σ={s.noise_multiplier:g}, clip {s.max_grad_norm:g})"
+        lines.append(f"DP-SGD on local training: noise multiplier {s.noise_multiplier:g}, max grad norm "
+                     f"{s.max_grad_norm:g}, Poisson batches (q = 1/⌈n/{config.training.batch_size}⌉), "
+                     f"{config.training.local_epochs} epochs per round")
+    if p is not None and p.representations is not None and algorithm.representation_releases == 1:
+        r = p.representations  # public-set representations (FLESD): see gaussian_public_representations
+        by_kind["representation"] = f"Gaussian (σ={r.noise_multiplier:g} × Δ = 2√N, site-level)"
+        lines.append(f"Gaussian mechanism on the public-set representations: unit rows plus noise std "
+                     f"{r.noise_multiplier:g}·2√N per entry (sensitivity to any change of the site's data)")
+    elif p is not None and p.representations is not None:
+        r = p.representations
+        by_kind["representation"] = f"Gaussian (σ={r.noise_multiplier:g}, clip C={r.clip:g}, std σC on class sums)"
+        by_kind["count"] = f"Gaussian (σ={r.noise_multiplier:g}, sensitivity 1)"
+        lines.append(f"Gaussian mechanism on per-class sums: each sample clipped to L2 ≤ {r.clip:g}, noise std "
+                     f"{r.noise_multiplier * r.clip:g} on every class sum and {r.noise_multiplier:g} on every count")
+    return by_kind, lines
+
+
+def _guarantee(config: RunConfig, algorithm, tensors: list[TensorLine]) -> str:
+    if any(t.mechanism == "none" for t in tensors):
+        return "none: some tensors leave without differential privacy (ε unbounded)"
+    p = config.privacy
+    if "dp_sgd" in algorithm.dp_kinds and p.dp_sgd is None:
+        return ("representations only, given the local model: the model computing them is trained on the same "
+                "data without DP-SGD")
+    if "dp_sgd" not in algorithm.dp_kinds and p.representations is not None:
+        return (f"given the local model: {algorithm.name} trains its local network without DP-SGD, so the "
+                "guarantee covers each sample's direct contribution to the uploads, not its influence "
+                "through that network")
+    return "end-to-end (sample-level, add/remove adjacency): every upload is covered by the accountant"
+
+
+def read_certificates(cert_dir: Path) -> list[Certificate] | None:
+    """Every ``*.crt`` under ``cert_dir`` with its expiry; None when there are none."""
+    from cryptography import x509
+
+    paths = sorted(cert_dir.rglob("*.crt")) if cert_dir.is_dir() else []
+    if not paths:
+        return None
+    now = dt.datetime.now(dt.timezone.utc)
+    out = []
+    for path in paths:
+        try:
+            cert = x509.load_pem_x509_certificate(path.read_bytes())
+        except ValueError:
+            continue
+        expiry = cert.not_valid_after_utc
+        out.append(Certificate(str(path.relative_to(cert_dir.parent)), cert.subject.rfc4514_string(),
+                               expiry.isoformat(), (expiry - now).days))
+    return out or None
+
+
+def _site_data(workspace: Path | None, config: RunConfig) -> list[tuple[str, str]]:
+    path = workspace / "plan" / "data.yaml" if workspace is not None else None
+    if path is None or not path.is_file():
+        from ..construction import site_name
+
+        return [(site_name(i), f"shard:{i}") for i in range(config.clients)]
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#") and "," in line:
+            name, data = line.split(",", 1)
+            rows.append((name.strip(), data.strip()))
+    return rows
+
+
+def load_plan(path: str | Path) -> tuple[dict[str, Any], Path | None]:
+    """A plan (from a workspace folder or a plan file) and its workspace folder, if any."""
+    p = Path(path)
+    if p.is_dir():
+        plan_path = p / "plan" / "plan.yaml"
+        if not plan_path.is_file():
+            raise ConfigError(f"{p} is neither a plan file nor a workspace (no plan/plan.yaml)")
+        workspace = p
+    elif p.is_file():
+        plan_path = p
+        workspace = p.parent.parent if p.parent.name == "plan" and p.name == "plan.yaml" else None
+    else:
+        raise ConfigError(f"{p} does not exist")
+    try:
+        plan = yaml.safe_load(plan_path.read_text())
+        plan["task_runner"]["settings"]["run_config"]
+    except (yaml.YAMLError, KeyError, TypeError):
+        raise ConfigError(f"{plan_path} is not a fedcontrast plan (no task_runner.settings.run_config)") from None
+    return plan, workspace
+
+
+def shard_sizes(config: RunConfig) -> list[int]:
+    """Samples of each shard of the configured partition (the embedded/demo data sets)."""
+    from ..construction import load_splits, partition
+
+    return [len(p) for p in partition(config, load_splits(config))]
+
+
+def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = None,
+               sites: list[tuple[str, str]] | None = None, site_samples: dict[str, int] | None = None) -> AuditReport:
+    """The facts of ``plan``. ``sites`` (name, data) defaults to the workspace's ``plan/data.yaml``;
+    ``site_samples`` gives a site's sample count (e.g. from its own policy) instead of the partition's."""
+    from ..construction import build_algorithm, initial_model
+
+    config = RunConfig.from_dict(plan["task_runner"]["settings"]["run_config"])
+    agg = plan.get("aggregator", {}).get("settings", {})
+    shape = agg.get("model_shape")
+    if not shape:
+        from ..openfl.plan import model_shape
+
+        shape = model_shape(config)
+    rounds = int(agg.get("rounds_to_train", config.rounds))
+    network = plan.get("network", {}).get("settings", {})
+    algorithm = build_algorithm(config)
+    if algorithm.requires_public:  # FLESD's upload shapes depend on the public set's size
+        from ..construction import attach_public, load_splits
+
+        attach_public(algorithm, load_splits(config).public)
+    model = initial_model(config, **shape)
+    by_kind, mechanism_lines = _mechanisms(config, algorithm)
+    tensors = [TensorLine(s.name, s.shape, s.dtype, s.nbytes, s.kind, by_kind[s.kind])
+               for s in algorithm.upload_specs(model, shape["num_classes"])]
+    guarantee = _guarantee(config, algorithm, tensors)
+    unbounded = any(t.mechanism == "none" for t in tensors)
+    lines = []
+    sizes: list[int] | None = None
+    for name, data in sites if sites is not None else _site_data(workspace, config):
+        samples, note = (site_samples or {}).get(name), "given"
+        if samples is None and data.startswith("shard:") and data[6:].isdigit():
+            if sizes is None:
+                sizes = shard_sizes(config)
+            index = int(data[6:])
+            samples, note = (sizes[index], "shard of the plan's partition") if index < len(sizes) else (None, "")
+        if samples is None:
+            samples, note = config.min_samples, "unknown: the smallest site the plan allows (min_samples)"
+        if unbounded or config.privacy is None:
+            eps_round = eps_total = math.inf
+        else:
+            planned = planned_epsilon(config.privacy, config.training, n=samples, rounds=rounds,
+                                      representations=any(t.kind != "weights" for t in tensors),
+                                      representation_releases=algorithm.representation_releases)
+            eps_round, eps_total = planned.per_round, planned.total
+        lines.append(SiteLine(name, data, samples, note, eps_round, eps_total))
+    certs = read_certificates(workspace / "cert") if workspace is not None else None
+    return AuditReport(source=source, algorithm=config.algorithm, tasks=tuple(algorithm.tasks), rounds=rounds,
+                       delta=config.privacy.delta if config.privacy else None,
+                       accountant=config.privacy.accountant if config.privacy else None,
+                       mechanisms=mechanism_lines or ["none"], guarantee=guarantee, tensors=tensors, sites=lines,
+                       tls=bool(network.get("use_tls", True)), client_auth=bool(network.get("require_client_auth", True)),
+                       certificates=certs, class_minimum=algorithm.shared_class_minimum())
+
+
+def _eps(x: float) -> str:
+    return "∞" if math.isinf(x) else f"{x:.4g}"
+
+
+def format_report(report: AuditReport) -> str:
+    lines = [f"plan: {report.source}",
+             f"algorithm: {report.algorithm}; collaborator tasks per round: {', '.join(report.tasks)}; "
+             f"rounds: {report.rounds}",
+             "", "tensors that leave each site every round (uploaded with the round's last task):",
+             f"  {'name':44s} {'shape':>14s} {'dtype':8s} {'bytes':>9s} {'what':15s} DP mechanism"]
+    for t in report.tensors:
+        lines.append(f"  {t.name:44s} {str(tuple(t.shape)):>14s} {t.dtype:8s} {t.bytes_per_round:>9d} "
+                     f"{'raw weights' if t.kind == 'weights' else t.kind:15s} {t.mechanism}")
+    total = sum(t.bytes_per_round for t in report.tensors)
+    lines.append(f"  total {total} bytes per site per round")
+    lines += ["", "differential privacy:"] + [f"  {m}" for m in report.mechanisms]
+    if report.delta is not None:
+        lines.append(f"  accountant: {report.accountant} (Opacus), δ = {report.delta:g}")
+    lines.append(f"  guarantee: {report.guarantee}")
+    if report.class_minimum is not None:
+        lines.append(f"  per-class features are shared for classes with ≥ {report.class_minimum} (released) samples")
+    lines += ["", f"  {'site':12s} {'data':28s} {'samples':>8s} {'ε/round':>9s} {'ε total':>9s}"]
+    for s in report.sites:
+        lines.append(f"  {s.name:12s} {s.data:28s} {s.samples if s.samples is not None else '?':>8} "
+                     f"{_eps(s.epsilon_round):>9s} {_eps(s.epsilon_total):>9s}"
+                     + ("" if s.samples_note.startswith(("shard", "given")) else f"  ({s.samples_note})"))
+    lines += ["", f"transport: TLS {'on' if report.tls else 'OFF'}, client authentication "
+                  f"{'on' if report.client_auth else 'OFF'}"]
+    if report.certificates is None:
+        lines.append("certificates: no certificates found")
+    else:
+        lines.append("certificates:")
+        for c in report.certificates:
+            state = "EXPIRED" if c.days_left < 0 else f"{c.days_left} days left"
+            lines.append(f"  {c.path:40s} {c.subject:40s} expires {c.not_after} ({state})")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,84 @@
+"""DP-SGD of a site's local training through Opacus (``PrivacyEngine``, ``ModuleValidator``).
+
+The shared loop (:func:`fedcontrast.algorithms.training.train_supervised`) asks the site's privacy
+object for a :class:`DPSGDSession` and trains through it: the model wrapped for per-sample
+gradients (Opacus ``GradSampleModule``, hooks on ``Linear``/``Conv2d``/``GroupNorm``…), the optimizer
+wrapped to clip each sample's gradient to ``max_grad_norm`` and add ``N(0, σ²·max_grad_norm²)``,
+and Poisson batches (each sample in a batch with probability ``q = 1/⌈n/B⌉``). The session's
+accountant history is Opacus's own, handed back when the session closes.
+
+Which losses are correct under per-sample clipping: any loss that is a mean of per-sample terms given
+frozen references — cross-entropy, MOON's ``l_con`` (its custom autograd function yields per-sample
+gradients through ``z``), FedSSC's ``l_glob`` against the received class representations. A term
+whose gradient does not flow through a module's forward (FedProx's proximal term acts on the
+parameters directly) is dropped by Opacus, which is why FedProx does not declare ``dp_sgd``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+
+
+def make_dp_compatible(model: nn.Module) -> nn.Module:
+    """``ModuleValidator.fix`` (BatchNorm → GroupNorm, …) then ``validate``; a model Opacus cannot
+    train privately raises ConfigError naming the problem. Every party builds the same fixed model,
+    so the weights that travel keep one shape. In-place activations are made out-of-place: Opacus's
+    backward hooks return views that an in-place ReLU may not modify."""
+    from opacus.validators import ModuleValidator
+
+    if not ModuleValidator.is_valid(model):
+        model = ModuleValidator.fix(model)
+    for module in model.modules():
+        if getattr(module, "inplace", False) is True:
+            module.inplace = False
+    errors = ModuleValidator.validate(model, strict=False)
+    if errors:
+        raise ConfigError(f"the model cannot be trained with DP-SGD: {errors[0]}")
+    return model
+
+
+class DPSGDSession:
+    """One local training under DP-SGD. Use ``model``, ``optimizer`` and ``epoch_batches()`` in place
+    of the plain ones, then ``close()`` (removes Opacus's hooks from the caller's model)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, num_samples: int, batch_size: int,
+                 noise_multiplier: float, max_grad_norm: float, generator: torch.Generator,
+                 on_close: Callable[[list], None] | None = None) -> None:
+        from opacus import PrivacyEngine
+        from opacus.data_loader import DPDataLoader
+
+        self.engine = PrivacyEngine(accountant="rdp")  # its history is all we read; any kind records it alike
+        indices = torch.utils.data.TensorDataset(torch.arange(num_samples))
+        plain = torch.utils.data.DataLoader(indices, batch_size=batch_size)
+        # Poisson sampling drawn from our generator (PrivacyEngine would use the global RNG).
+        loader = DPDataLoader.from_data_loader(plain, generator=generator)
+        self.model, self.optimizer, self.loader = self.engine.make_private(
+            module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm, poisson_sampling=False,  # the loader above already is Poisson
+            noise_generator=generator)
+        self.sample_rate = 1 / len(loader)
+        self.noise_multiplier = noise_multiplier
+        self.on_close = on_close
+        self.model.forbid_grad_accumulation()
+
+    def epoch_batches(self) -> Iterator[torch.Tensor]:
+        """One epoch of Poisson batches of sample indices (an empty batch is skipped but still
+        counted by the accountant: conservative; it has probability (1 − q)^n)."""
+        for (idx,) in self.loader:
+            if len(idx) == 0:
+                self.engine.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
+                continue
+            yield idx
+
+    def close(self) -> list[list[float]]:
+        """Remove the hooks; returns (and passes to ``on_close``) the accountant history of this session."""
+        self.model._close()
+        history = [[float(s), float(q), int(n)] for s, q, n in self.engine.accountant.history]
+        if self.on_close is not None:
+            self.on_close(history)
+        return history

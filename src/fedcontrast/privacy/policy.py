@@ -1,0 +1,107 @@
+"""A site's policy on what it lets leave its building, checked against a plan's audit.
+
+A policy is a small YAML file (see ``policies/example-site.yaml``)::
+
+    max_epsilon: 8.0          # ε at the plan's δ after all rounds, per site; no DP = ∞
+    max_delta: 1.0e-5
+    require_tls: true
+    require_client_auth: true
+    allow_weights: false      # may model weights leave the site (with or without DP-SGD)?
+    min_class_count: 10       # fewest samples behind a shared per-class feature
+    site_samples: 400         # this site's sample count, for its exact ε (else the plan's worst case)
+
+Every key is optional; an absent key checks nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import _finite, load_yaml
+from ..errors import ConfigError
+from .audit import AuditReport
+
+POLICY_ENV = "FEDCONTRAST_SITE_POLICY"
+POLICY_FILE = "site_policy.yaml"  # in the workspace (the collaborator's working directory)
+
+
+@dataclass(frozen=True)
+class SitePolicy:
+    max_epsilon: float | None = None
+    max_delta: float | None = None
+    require_tls: bool = False
+    require_client_auth: bool = False
+    allow_weights: bool = True
+    min_class_count: int | None = None
+    site_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_epsilon", "max_delta"):
+            value = getattr(self, name)
+            if value is not None and not (_finite(value) and value > 0):
+                raise ConfigError(f"policy {name} must be a number > 0, got {value!r}")
+        for name in ("require_tls", "require_client_auth", "allow_weights"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"policy {name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("min_class_count", "site_samples"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ConfigError(f"policy {name} must be an integer >= 1, got {value!r}")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> SitePolicy:
+        data = load_yaml(path)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"policy {path} has unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+
+def check_policy(report: AuditReport, policy: SitePolicy, *, sites: list[str] | None = None) -> list[str]:
+    """Every violation of ``policy`` by the audited plan, one sentence each (empty: compliant).
+    ``sites`` restricts the ε check to those sites (a collaborator checks only itself)."""
+    violations = []
+    if policy.require_tls and not report.tls:
+        violations.append("TLS is off (network.settings.use_tls: false) but the policy requires TLS")
+    if policy.require_client_auth and not report.client_auth:
+        violations.append("client authentication is off (network.settings.require_client_auth: false) but the "
+                          "policy requires it")
+    if not policy.allow_weights and report.weights_leave:
+        names = report.weights_leave
+        violations.append(f"model weights leave the site ({len(names)} tensors, e.g. {names[0]}) but the policy "
+                          "forbids weights leaving")
+    if policy.max_delta is not None and report.delta is not None and report.delta > policy.max_delta:
+        violations.append(f"privacy.delta {report.delta:g} is above the policy's max_delta {policy.max_delta:g}")
+    if policy.max_epsilon is not None:
+        for site in report.sites:
+            if sites is not None and site.name not in sites:
+                continue
+            if math.isinf(site.epsilon_total):
+                unprotected = sorted({t.name for t in report.tensors if t.mechanism == "none"})
+                what = f"{unprotected[0]} leaves without differential privacy" if unprotected else "no DP"
+                violations.append(f"ε is unbounded for {site.name} ({what}) but the policy's max_epsilon is "
+                                  f"{policy.max_epsilon:g}")
+            elif site.epsilon_total > policy.max_epsilon:
+                violations.append(f"ε = {site.epsilon_total:.3g} at δ = {report.delta:g} after {report.rounds} rounds "
+                                  f"for {site.name} is over the policy's max_epsilon {policy.max_epsilon:g}")
+    if policy.min_class_count is not None and report.class_minimum is not None \
+            and report.class_minimum < policy.min_class_count:
+        violations.append(f"{report.algorithm} shares per-class features of classes with as few as "
+                          f"{report.class_minimum} samples but the policy requires at least {policy.min_class_count} "
+                          f"(set {report.algorithm}.min_class_samples)")
+    return violations
+
+
+def site_policy_path(cwd: str | Path = ".") -> Path | None:
+    """The collaborator's policy file: ``$FEDCONTRAST_SITE_POLICY``, else ``site_policy.yaml`` in the
+    working directory (the site's workspace) if present; None when the site has none."""
+    env = os.environ.get(POLICY_ENV)
+    if env:
+        return Path(env)  # named explicitly: a missing file is an error, not "no policy"
+    path = Path(cwd) / POLICY_FILE
+    return path if path.is_file() else None

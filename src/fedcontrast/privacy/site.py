@@ -1,0 +1,82 @@
+"""A site's privacy: the mechanisms the plan turns on, their noise source, and the accountant state.
+
+The engine (simulator or OpenFL task runner) builds one :class:`SitePrivacy` per collaborator task
+and puts it into ``SiteContext.privacy``; plugins reach it only through ``site.class_sums(...)`` and
+``train_supervised(private=site.privacy)``.
+
+The history lives in ``site.state["privacy.history"]`` as ``[round, noise_multiplier, sample_rate,
+steps]`` lists: the engine persists the state per site (``local_state/sites/NAME.pt`` under OpenFL),
+so the cumulative ε survives restarts.
+
+Noise must be unpredictable to the aggregator: the plan (and its seed) is shared with it, so under
+OpenFL the generator is seeded from the operating system (``secrets``). The simulator passes a
+seed derived from the task seed, for reproducible experiments only.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import PrivacyConfig
+from .accounting import RELEASE_MECHANISMS, compact, epsilon
+from .representations import GaussianClassSums, gaussian_public_representations, public_release_history
+
+HISTORY_KEY = "privacy.history"
+
+
+def history_of(state: dict[str, Any], round_num: int | None = None) -> list[list[float]]:
+    """``[noise_multiplier, sample_rate, steps]`` entries recorded in ``state`` (of one round, if given)."""
+    rows = state.get(HISTORY_KEY) or []
+    return [list(r[1:]) for r in rows if round_num is None or int(r[0]) == round_num]
+
+
+class SitePrivacy:
+    def __init__(self, config: PrivacyConfig, state: dict[str, Any], *, round_num: int,
+                 noise_seed: int | None = None) -> None:
+        self.config = config
+        self.dp_sgd = config.dp_sgd
+        self.representations = config.representations
+        self.state = state
+        self.round_num = round_num
+        self.generator = torch.Generator()
+        self.generator.manual_seed(noise_seed if noise_seed is not None else secrets.randbits(63))
+
+    # --- accounting -----------------------------------------------------------------------------
+    def record(self, entries: list[list[float]]) -> None:
+        rows = self.state.setdefault(HISTORY_KEY, [])
+        rows.extend([float(self.round_num), float(s), float(q), int(n)] for s, q, n in compact(entries))
+
+    def epsilon(self, round_num: int | None = None) -> float:
+        return epsilon(history_of(self.state, round_num), delta=self.config.delta, accountant=self.config.accountant)
+
+    def metrics(self) -> dict[str, float]:
+        """``dp_epsilon`` (cumulative, at ``delta``) and ``dp_epsilon_round`` (this round alone)."""
+        if not self.state.get(HISTORY_KEY):
+            return {}
+        return {"dp_epsilon": self.epsilon(), "dp_epsilon_round": self.epsilon(self.round_num)}
+
+    # --- mechanisms -----------------------------------------------------------------------------
+    def training_session(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, num_samples: int,
+                         batch_size: int):
+        from .dp_sgd import DPSGDSession
+
+        return DPSGDSession(model, optimizer, num_samples=num_samples, batch_size=batch_size,
+                            noise_multiplier=self.dp_sgd.noise_multiplier, max_grad_norm=self.dp_sgd.max_grad_norm,
+                            generator=self.generator, on_close=self.record)
+
+    def class_sums(self, num_classes: int, dim: int, num_samples: int, device: torch.device) -> GaussianClassSums:
+        rep = self.representations
+        return GaussianClassSums(num_classes, dim, num_samples, device, noise_multiplier=rep.noise_multiplier,
+                                 clip=rep.clip, generator=self.generator,
+                                 on_release=lambda: self.record([[rep.noise_multiplier, 1.0, RELEASE_MECHANISMS]]))
+
+    def public_representations(self, z: torch.Tensor) -> torch.Tensor:
+        """FLESD's public-set release (:func:`gaussian_public_representations`), recorded."""
+        sigma = self.representations.noise_multiplier
+        noisy, _ = gaussian_public_representations(z, noise_multiplier=sigma, generator=self.generator)
+        self.record(public_release_history(sigma))
+        return noisy

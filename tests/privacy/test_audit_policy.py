@@ -1,0 +1,148 @@
+"""Plan-time validation, ``fedcontrast audit`` and the site policy."""
+
+import json
+import math
+
+import pytest
+import yaml
+
+from fedcontrast.cli import main
+from fedcontrast.config import RunConfig
+from fedcontrast.construction import build_algorithm
+from fedcontrast.errors import ConfigError
+from fedcontrast.openfl.components import CollaboratorStopped
+from fedcontrast.openfl.loader import SiteDataLoader
+from fedcontrast.openfl.plan import build_plan, create_workspace
+from fedcontrast.privacy import planned_epsilon
+from fedcontrast.privacy.audit import audit_plan
+from fedcontrast.privacy.policy import POLICY_ENV, SitePolicy, check_policy
+
+REPS = {"representations": {"noise_multiplier": 2.0, "clip": 1.0}}
+DP_SGD = {"dp_sgd": {"noise_multiplier": 1.0, "max_grad_norm": 1.0}}
+
+
+@pytest.mark.parametrize("privacy,fragment", [
+    ({"representations": {"noise_multiplier": 0}}, "noise_multiplier must be a number > 0"),
+    ({"representations": {"noise_multiplier": -1}}, "noise_multiplier must be a number > 0"),
+    ({"dp_sgd": {"noise_multiplier": 0.0}}, "noise_multiplier must be a number > 0"),
+    ({"representations": {"clip": 0}}, "clip must be a number > 0"),
+    ({"dp_sgd": {"max_grad_norm": -2}}, "max_grad_norm must be a number > 0"),
+    ({"delta": 0, **REPS}, "delta must be in (0, 1)"),
+    ({"delta": 1.0, **REPS}, "delta must be in (0, 1)"),
+    ({"accountant": "gdp", **REPS}, "accountant must be one of rdp, prv"),
+    ({"representations": {"sigma": 1}}, "unknown privacy.representations setting"),
+])
+def test_bad_privacy_settings_are_rejected(privacy, fragment):
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        RunConfig.from_dict({"privacy": privacy})
+
+
+@pytest.mark.parametrize("algorithm,privacy,kind", [
+    ("moon", REPS, "representations"), ("fedavg", REPS, "representations"),
+    ("fedprox", DP_SGD, "dp_sgd"), ("fedpcl", DP_SGD, "dp_sgd"),
+])
+def test_dp_on_a_plugin_that_does_not_support_it_is_rejected_at_plan_time(tmp_path, capsys, algorithm, privacy, kind):
+    config = RunConfig(algorithm=algorithm, privacy=privacy)
+    with pytest.raises(ConfigError, match=f"{algorithm} does not support privacy.{kind}"):
+        build_algorithm(config)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"algorithm": algorithm, "privacy": privacy}))
+    assert main(["workspace", "create", "--config", str(path), "--collaborators", "2", str(tmp_path / "ws")]) == 2
+    assert f"does not support privacy.{kind}" in capsys.readouterr().err
+    assert not (tmp_path / "ws").exists()
+
+
+def audit(config, **network):
+    return audit_plan(build_plan(config, **network), source="test")
+
+
+def test_audit_lists_every_upload_with_its_kind_and_mechanism():
+    report = audit(RunConfig(algorithm="fedssc", clients=3, rounds=4, privacy={**DP_SGD, **REPS}))
+    kinds = {t.name: (t.kind, t.mechanism) for t in report.tensors}
+    assert kinds["fedssc.class_means"][0] == "representation" and "Gaussian" in kinds["fedssc.class_means"][1]
+    assert kinds["fedssc.class_counts"][0] == "count"
+    assert kinds["model.classifier.weight"][0] == "weights" and "DP-SGD" in kinds["model.classifier.weight"][1]
+    means = next(t for t in report.tensors if t.name == "fedssc.class_means")
+    assert means.shape == (10, 256) and means.bytes_per_round == 10 * 256 * 4
+    assert report.guarantee.startswith("end-to-end")
+    assert [s.name for s in report.sites] == ["site_0", "site_1", "site_2"]
+    config = RunConfig(algorithm="fedssc", privacy={**DP_SGD, **REPS})
+    for s in report.sites:
+        expected = planned_epsilon(config.privacy, config.training, n=s.samples, rounds=4)
+        assert s.epsilon_total == pytest.approx(expected.total, abs=1e-9)
+    assert report.certificates is None
+
+
+def test_audit_flags_tls_off_epsilon_over_budget_and_weights_leaving():
+    config = RunConfig(algorithm="fedssc", clients=2, rounds=50, privacy={**DP_SGD, **REPS})
+    report = audit(config, tls=False)
+    assert not report.tls and not report.client_auth
+    policy = SitePolicy(max_epsilon=1.0, require_tls=True, require_client_auth=True, allow_weights=False,
+                        min_class_count=20)
+    violations = check_policy(report, policy)
+    text = " | ".join(violations)
+    assert "TLS is off" in text and "client authentication is off" in text
+    assert "model weights leave the site" in text
+    assert "over the policy's max_epsilon 1" in text and "site_0" in text and "site_1" in text
+    assert "as few as 10 samples" in text
+    # a compliant policy for the same plan
+    assert check_policy(report, SitePolicy(max_epsilon=1e6)) == []
+
+
+def test_no_dp_means_unbounded_epsilon():
+    report = audit(RunConfig(algorithm="moon", clients=2))
+    assert all(math.isinf(s.epsilon_total) for s in report.sites)
+    assert "unbounded" in check_policy(report, SitePolicy(max_epsilon=100))[0]
+    assert report.to_dict()["sites"][0]["epsilon_total"] is None
+
+
+def test_cli_audit_exits_1_naming_the_violation(tmp_path, capsys):
+    ws = create_workspace(tmp_path / "ws", RunConfig(algorithm="fedpcl", clients=2, privacy=REPS), tls=False)
+    policy = tmp_path / "p.yaml"
+    policy.write_text("require_tls: true\nallow_weights: false\n")
+    assert main(["audit", str(ws), "--policy", str(policy)]) == 1
+    captured = capsys.readouterr()
+    assert "TLS is off" in captured.err and "VIOLATION" in captured.out
+    assert "fedpcl.local_prototypes" in captured.out and "no certificates found" in captured.out
+    assert main(["audit", str(ws / "plan" / "plan.yaml"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["weights_leave"] is False and data["violations"] == []
+    assert main(["audit", str(tmp_path / "nowhere")]) == 2
+
+
+def test_audit_reads_certificate_expiry(tmp_path):
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    ws = create_workspace(tmp_path / "ws", RunConfig(clients=2))
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "site_0")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now - dt.timedelta(days=1)).not_valid_after(now + dt.timedelta(days=30))
+            .sign(key, hashes.SHA256()))
+    (ws / "cert" / "client").mkdir(parents=True)
+    (ws / "cert" / "client" / "col_site_0.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    report = audit_plan(build_plan(RunConfig(clients=2)), source="t", workspace=ws)
+    assert [c.subject for c in report.certificates] == ["CN=site_0"]
+    assert report.certificates[0].days_left in (29, 30)
+
+
+def test_site_policy_stops_the_data_loader_before_any_data_is_read(tmp_path, monkeypatch):
+    plan = build_plan(RunConfig(algorithm="moon", clients=2), tls=False)
+    settings = plan["data_loader"]["settings"]
+    policy = tmp_path / "site_policy.yaml"
+    policy.write_text("require_tls: true\nallow_weights: false\n")
+    monkeypatch.setenv(POLICY_ENV, str(policy))
+    with pytest.raises(CollaboratorStopped) as info:  # the folder does not exist: reading it would fail otherwise
+        SiteDataLoader(data_path=str(tmp_path / "no-such-folder"), **settings)
+    message = str(info.value)
+    assert "refuses the plan before any data is read" in message
+    assert "TLS is off" in message and "model weights leave the site" in message
+    policy.write_text("require_tls: false\n")
+    loader = SiteDataLoader(data_path="shard:1", **settings)  # compliant: starts and reads its shard
+    assert loader.get_train_data_size() > 0
