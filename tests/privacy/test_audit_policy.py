@@ -39,7 +39,8 @@ def test_bad_privacy_settings_are_rejected(privacy, fragment):
 
 @pytest.mark.parametrize("algorithm,privacy,kind", [
     ("moon", REPS, "representations"), ("fedavg", REPS, "representations"),
-    ("fedprox", DP_SGD, "dp_sgd"), ("fedpcl", DP_SGD, "dp_sgd"),
+    ("fedprox", DP_SGD, "dp_sgd"), ("fedpcl", DP_SGD, "dp_sgd"), ("flesd", DP_SGD, "dp_sgd"),
+    ("fedsiam_da", REPS, "representations"), ("fedavg_simclr", DP_SGD, "dp_sgd"),
 ])
 def test_dp_on_a_plugin_that_does_not_support_it_is_rejected_at_plan_time(tmp_path, capsys, algorithm, privacy, kind):
     config = RunConfig(algorithm=algorithm, privacy=privacy)
@@ -130,6 +131,16 @@ def test_audit_reads_certificate_expiry(tmp_path):
     report = audit_plan(build_plan(RunConfig(clients=2)), source="t", workspace=ws)
     assert [c.subject for c in report.certificates] == ["CN=site_0"]
     assert report.certificates[0].days_left in (29, 30)
+    assert not any("expired" in v for v in check_policy(report, SitePolicy()))
+    # An expired certificate is a policy violation, named.
+    old = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+           .serial_number(2).not_valid_before(now - dt.timedelta(days=60)).not_valid_after(now - dt.timedelta(days=2))
+           .sign(key, hashes.SHA256()))
+    (ws / "cert" / "client" / "col_site_0.crt").write_bytes(old.public_bytes(serialization.Encoding.PEM))
+    report = audit_plan(build_plan(RunConfig(clients=2)), source="t", workspace=ws)
+    assert report.certificates[0].days_left < 0
+    assert any("certificate" in v and "col_site_0.crt" in v and "expired" in v
+               for v in check_policy(report, SitePolicy()))
 
 
 def test_site_policy_stops_the_data_loader_before_any_data_is_read(tmp_path, monkeypatch):
@@ -146,3 +157,10 @@ def test_site_policy_stops_the_data_loader_before_any_data_is_read(tmp_path, mon
     policy.write_text("require_tls: false\n")
     loader = SiteDataLoader(data_path="shard:1", **settings)  # compliant: starts and reads its shard
     assert loader.get_train_data_size() > 0
+
+
+def test_audit_of_flesd_with_representation_dp_is_site_level_and_bounded():
+    report = audit_plan(build_plan(RunConfig(algorithm="flesd", clients=2, rounds=3, privacy=REPS)), source="t")
+    assert [(t.name, t.kind) for t in report.tensors] == [("flesd.similarity", "representation")]
+    assert report.guarantee.startswith("end-to-end at site level")
+    assert all(math.isfinite(s.epsilon_total) and s.epsilon_total > s.epsilon_round for s in report.sites)

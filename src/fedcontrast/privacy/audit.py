@@ -107,6 +107,9 @@ def _guarantee(config: RunConfig, algorithm, tensors: list[TensorLine]) -> str:
     if any(t.mechanism == "none" for t in tensors):
         return "none: some tensors leave without differential privacy (ε unbounded)"
     p = config.privacy
+    if algorithm.representation_releases == 1 and p.representations is not None:  # FLESD's public-set release
+        return ("end-to-end at site level: the noise on the public-set representations covers any change of the "
+                "site's whole data set (Δ = 2√N), whatever the local training; sample-level follows")
     if "dp_sgd" in algorithm.dp_kinds and p.dp_sgd is None:
         return ("representations only, given the local model: the model computing them is trained on the same "
                 "data without DP-SGD")

@@ -89,6 +89,9 @@ def check_policy(report: AuditReport, policy: SitePolicy, *, sites: list[str] | 
             elif site.epsilon_total > policy.max_epsilon:
                 violations.append(f"ε = {site.epsilon_total:.3g} at δ = {report.delta:g} after {report.rounds} rounds "
                                   f"for {site.name} is over the policy's max_epsilon {policy.max_epsilon:g}")
+    for cert in report.certificates or []:
+        if cert.days_left < 0:
+            violations.append(f"certificate {cert.path} ({cert.subject}) expired on {cert.not_after}")
     if policy.min_class_count is not None and report.class_minimum is not None \
             and report.class_minimum < policy.min_class_count:
         violations.append(f"{report.algorithm} shares per-class features of classes with as few as "
