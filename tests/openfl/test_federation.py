@@ -4,6 +4,7 @@ The exported final model is compared with the simulator's for the same config an
 plugin code, shards, seeds and aggregation order make them identical bit for bit on the CPU.
 """
 
+import math
 import os
 import signal
 import time
@@ -145,3 +146,23 @@ def test_flesd_federation_similarities_up_distilled_weights_down(make_workspace,
     simulated, _ = simulator_final_weights(read_workspace_config(ws))
     for key, value in simulated.items():  # the aggregator distils at its own thread count
         assert torch.allclose(exported[key], value, atol=1e-5), key
+
+
+def test_representation_dp_under_fx_each_site_records_the_audited_epsilon(make_workspace):
+    # FedPCL with DP on its prototypes through fx: each site's accountant history is kept on the
+    # site's disk, and its ε equals what the audit predicts for that site from the plan alone.
+    from fedcontrast.privacy import epsilon, history_of
+    from fedcontrast.privacy.audit import audit_plan, load_plan
+
+    config = small_config(algorithm="fedpcl", public_fraction=0.1,
+                          hyperparameters={"fedpcl": {"pretrain_epochs": 3}},
+                          privacy={"representations": {"noise_multiplier": 2.0, "clip": 1.0}})
+    ws = make_workspace(config)
+    records = run_federation(ws, timeout=FEDERATION_TIMEOUT)
+    assert [r["round"] for r in records] == [1, 2]
+    plan, workspace = load_plan(ws)
+    report = audit_plan(plan, source=str(ws), workspace=workspace)
+    for line in report.sites:
+        state = torch.load(ws / "local_state" / "sites" / f"{line.name}.pt", weights_only=True)
+        recorded = epsilon(history_of(state), delta=config.privacy.delta)
+        assert math.isfinite(recorded) and recorded == pytest.approx(line.epsilon_total, rel=1e-6)
