@@ -36,6 +36,31 @@ def predict(model: nn.Module, data, device: torch.device, batch_size: int = 1024
     return torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long, device=device)
 
 
+def local_model_accuracy(model: nn.Module, local_models, test, device: torch.device,
+                         class_counts=None) -> dict[str, float]:
+    """Each site's local model (``local_models``: site → its uploaded ``model.*`` tensors, loaded
+    into ``model`` in turn) on ``test``: ``local_balanced_accuracy`` on the split as it is and, when
+    ``class_counts`` (site → per-class sample counts) is given, ``local_accuracy`` on the split
+    re-weighted to each site's own label distribution; mean and sample std (``_std``) over sites."""
+    from .algorithms.base import load_weights
+
+    y = test.y.to(device)
+    weighted, balanced = [], []
+    for site in sorted(local_models):
+        load_weights(model, local_models[site])
+        pred = predict(model, test, device)
+        balanced.append((pred == y).double().mean().item())
+        if class_counts is not None:
+            weighted.append(distribution_weighted_accuracy(pred, y, class_counts[site].to(device, torch.float64)))
+    out: dict[str, float] = {}
+    for key, values in (("local_accuracy", weighted), ("local_balanced_accuracy", balanced)):
+        if values:
+            mean = sum(values) / len(values)
+            out[key] = mean
+            out[f"{key}_std"] = (sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1)) ** 0.5
+    return out
+
+
 def distribution_weighted_accuracy(pred: torch.Tensor, y: torch.Tensor, class_weights: torch.Tensor) -> float:
     """``Σ_c w_c · acc_c / Σ_c w_c`` over the classes present in ``y``: accuracy on a test set whose
     label distribution follows ``class_weights`` (e.g. a site's class counts)."""

@@ -4,6 +4,7 @@ The exported final model is compared with the simulator's for the same config an
 plugin code, shards, seeds and aggregation order make them identical bit for bit on the CPU.
 """
 
+import json
 import math
 import os
 import signal
@@ -31,7 +32,7 @@ def simulate(config):
     try:
         federation = Federation(config)
         for r in range(config.rounds):
-            federation.run_round(r)
+            federation.last_rows = federation.run_round(r)
     finally:
         torch.set_num_threads(previous)
     return federation
@@ -66,6 +67,10 @@ def test_federation_equals_simulator_bit_for_bit(make_workspace, tmp_path, algor
     assert evaluate_classifier(model, federation.test, torch.device("cpu"))["accuracy"] == sim_accuracy
     assert summary["final_accuracy"] == sim_accuracy
     assert (tmp_path / "out" / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
+    if federation.algorithm.evaluates_local_models:  # FedSiam-DA: the sites' local models, on the aggregator
+        sim_row = json.loads(next(r for r in federation.last_rows if r["site"] == "global")["extra"])
+        for key in ("local_balanced_accuracy", "local_balanced_accuracy_std"):  # metrics.csv keeps 6 decimals
+            assert records[-1][key] == pytest.approx(sim_row[key], abs=1e-6)
 
 
 def _wait_for_rounds(ws, n, deadline):

@@ -20,6 +20,7 @@ import torch
 from openfl.interface.aggregation_functions.core import AggregationFunction
 
 from ..algorithms import InvalidUploadError, ServerContext, validate_uploads
+from ..algorithms.base import WEIGHT_PREFIX
 from ..atomic import atomic_torch_save
 from ..config import RunConfig
 from ..construction import attach_public, build_algorithm, initial_model, load_splits, resolve_device, server_seed
@@ -34,6 +35,9 @@ logger = logging.getLogger(__name__)
 REJECTED: list[str] = []
 # Where per-site downlinks are saved for a restarted aggregator (set by components.SafeAggregator).
 PERSONAL_DIR: str | None = None
+# The round's uploaded local models (site → model.* tensors) of a plugin that asks for local-model
+# evaluation; components.RoundReport evaluates and clears them after the round.
+LOCAL_MODELS: dict[str, dict[str, torch.Tensor]] = {}
 
 
 class AggregationFailure(FedContrastError):
@@ -101,6 +105,10 @@ class PluginAggregation(AggregationFunction):
         self.server.sites = list(sites)
         self.server.previous = self.received_downlink(db, fl_round)
         downlink = self.algorithm.aggregate(valid, {s: weights[s] for s in valid}, self.server)
+        if self.algorithm.evaluates_local_models:
+            LOCAL_MODELS.clear()
+            LOCAL_MODELS.update({site: {k: v for k, v in up.items() if k.startswith(WEIGHT_PREFIX)}
+                                 for site, up in valid.items()})
         if downlink.personal:
             origin = aggregator_origin(db)
             for site, tensors in downlink.personal.items():

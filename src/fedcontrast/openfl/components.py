@@ -29,6 +29,7 @@ from ..atomic import atomic_torch_save
 from ..config import RunConfig
 from ..construction import build_algorithm, initial_model, load_splits, resolve_device, server_seed
 from ..errors import FedContrastError
+from ..evaluation import local_model_accuracy
 from . import aggregation
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, unpack
 from .runner import PERSONAL_TAG
@@ -82,6 +83,11 @@ class RoundReport(Callback):
         record: dict[str, Any] = {"round": round_num + 1, "rounds": self.config.rounds, "time": time.time()}
         if self.test is not None:
             record.update(self.algorithm.evaluate(Downlink(weights), self.server, self.test))
+            if aggregation.LOCAL_MODELS:  # the sites' local models (the aggregator does not know their label
+                # distributions, so only the balanced accuracy; the simulator also reports the weighted one)
+                record.update(local_model_accuracy(self.model, aggregation.LOCAL_MODELS, self.test, self.server.device))
+                aggregation.LOCAL_MODELS.clear()
+                load_weights(self.model, weights)
         record["site_metrics"] = {k: float(v) for k, v in (logs or {}).items()}
         with open(self.out_dir / ROUNDS_FILE, "a") as f:
             f.write(json.dumps(record) + "\n")

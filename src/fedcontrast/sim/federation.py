@@ -17,7 +17,7 @@ import torch
 from ..algorithms import Downlink, ServerContext, SiteContext, load_weights, nbytes, validate_uploads
 from ..algorithms.base import WEIGHT_PREFIX
 from ..errors import ConfigError
-from ..evaluation import distribution_weighted_accuracy, linear_probe, predict
+from ..evaluation import linear_probe, local_model_accuracy
 from ..config import RunConfig
 from ..construction import (attach_public, build_algorithm, derive_seed, initial_model, load_splits, partition,
                             resolve_device, server_seed, site_name, site_privacy, task_seed)
@@ -111,23 +111,10 @@ class Federation:
         return out
 
     def local_model_evaluation(self, uploads: dict[str, dict[str, torch.Tensor]]) -> dict[str, float]:
-        """Each site's uploaded local model on the test split: ``local_accuracy`` on the site's own
-        label distribution (per-class accuracy weighted by its class counts) and
-        ``local_balanced_accuracy`` on the whole split; mean and spread over the sites."""
-        model, y = self.site_model, self.test.y.to(self.device)
-        accuracy, balanced = [], []
-        for site in self.sites:
-            if site.name not in uploads:
-                continue
-            load_weights(model, uploads[site.name])
-            pred = predict(model, self.test, self.device)
-            shares = torch.bincount(site.data.y.to(self.device), minlength=self.server.num_classes).to(torch.float64)
-            accuracy.append(distribution_weighted_accuracy(pred, y, shares))
-            balanced.append((pred == y).double().mean().item())
-        out: dict[str, float] = {}
-        out["local_accuracy"], out["local_accuracy_std"] = _mean_std(accuracy)
-        out["local_balanced_accuracy"], out["local_balanced_accuracy_std"] = _mean_std(balanced)
-        return out
+        """Each site's uploaded local model on the test split, on the site's own label distribution
+        (``local_accuracy``) and as it is (``local_balanced_accuracy``); mean and spread over sites."""
+        counts = {s.name: torch.bincount(s.data.y, minlength=self.server.num_classes) for s in self.sites}
+        return local_model_accuracy(self.site_model, uploads, self.test, self.device, class_counts=counts)
 
     def run_round(self, round_num: int) -> list[dict[str, Any]]:
         """Run round ``round_num`` (0-based); returns its metrics rows (``round`` is 1-based)."""
