@@ -23,7 +23,7 @@ from _results import machine, write_section
 
 from fedcontrast.algorithms.flesd import distill
 from fedcontrast.config import RunConfig
-from fedcontrast.construction import attach_public, build_algorithm, initial_model, load_splits
+from fedcontrast.construction import build_algorithm, initial_model, load_splits
 from fedcontrast.evaluation import linear_probe
 from fedcontrast.losses import ensemble_similarity
 from fedcontrast.sim import run_simulation

@@ -123,7 +123,7 @@ def main() -> None:
         lines.append(f"| {label} | {100 * acc:.2f} % | {e_mean} | {e_max} |")
     lines += ["", "Cost of DP per round (10 sites in one process, the whole round: local training, uploads, "
               "aggregation, evaluation; rounds of the two federations interleaved, the fastest of "
-              f"3 after a warm-up round; σ = 2 for representations, σ = 1 for DP-SGD):", "",
+              "3 after a warm-up round; σ = 2 for representations, σ = 1 for DP-SGD):", "",
               "| run | s / round without DP | s / round with DP | cost |", "|---|---|---|---|"]
     for label, plain, private in costs:
         lines.append(f"| {label} | {plain:.2f} | {private:.2f} | {private / plain:.2f}× |")

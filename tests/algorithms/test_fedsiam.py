@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedcontrast.algorithms import ServerContext, get_algorithm, validate_uploads, weight_tensors
+from fedcontrast.algorithms import ServerContext, get_algorithm, validate_uploads
 from fedcontrast.algorithms.fedsiam import LOCAL_MODEL, PREDICTOR_PREFIX, siamese_objective
 from fedcontrast.losses.siamese import negative_cosine
 from fedcontrast.models import PredictionHead
