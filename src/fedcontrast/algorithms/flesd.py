@@ -216,6 +216,10 @@ class Flesd(Algorithm):
     dp_kinds = frozenset({"representations"})
     representation_releases = 1
 
+    def __init__(self, hp: FlesdHyperparameters | None = None) -> None:
+        super().__init__(hp)
+        self._same_architecture: dict[str, bool] = {}  # site architecture → is it the run's model
+
     # --- what travels -----------------------------------------------------------------------------
     def upload_form(self, dim: int) -> str:
         if self.hp.upload != "auto":
@@ -264,13 +268,17 @@ class Flesd(Algorithm):
             load_weights(model, own)
         return model
 
-    @staticmethod
-    def same_architecture(model: nn.Module, arch: str, site: SiteContext) -> bool:
-        x = site.data.x
-        other = build_model(arch, in_channels=x.shape[1], image_size=x.shape[-1], num_classes=model.num_classes,
-                            projection_dim=model.projection_dim)
-        mine, theirs = model.state_dict(), other.state_dict()
-        return mine.keys() == theirs.keys() and all(mine[k].shape == theirs[k].shape for k in mine)
+    def same_architecture(self, model: nn.Module, arch: str, site: SiteContext) -> bool:
+        """Whether ``arch`` is the run's own model (then the site trains the global encoder);
+        decided once per architecture (two tasks per round ask)."""
+        cache = self._same_architecture
+        if arch not in cache:
+            x = site.data.x
+            other = build_model(arch, in_channels=x.shape[1], image_size=x.shape[-1], num_classes=model.num_classes,
+                                projection_dim=model.projection_dim)
+            mine, theirs = model.state_dict(), other.state_dict()
+            cache[arch] = mine.keys() == theirs.keys() and all(mine[k].shape == theirs[k].shape for k in mine)
+        return cache[arch]
 
     def task_train(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> TaskResult:
         model = self.local_model(site, received)
