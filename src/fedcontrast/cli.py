@@ -150,6 +150,14 @@ def cmd_partition(args: argparse.Namespace) -> int:
     paths = write_partition_report(counts, out, title=f"{config.dataset}: {config.partition} "
                                    f"β={config.beta:g}, seed {config.seed}")
     print(f"wrote {paths['csv']} and {paths['png']}")
+    if args.write_folders:
+        from .data.folders import write_site_folders
+
+        if args.sites:
+            config = config.replace(sites=tuple(n.strip() for n in args.sites.split(",") if n.strip()))
+        folders = write_site_folders(config, args.write_folders)
+        print("image folders (train/ = the site's shard, test/ = held out with its own label distribution): "
+              + ", ".join(f"{name} {path}" for name, path in folders.items()))
     return 0
 
 
@@ -173,16 +181,178 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def cmd_workspace_create(args: argparse.Namespace) -> int:
-    from .openfl.plan import DEFAULT_PORT, create_workspace
+def parse_input_shape(text: str) -> tuple[int, int, int]:
+    """``1x32x32`` (channels × height × width) → ``(1, 32, 32)``."""
+    parts = text.lower().replace("×", "x").split("x")
+    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+        raise ConfigError(f"--input-shape must be CHANNELSxHEIGHTxWIDTH, e.g. 1x32x32, got {text!r}")
+    return tuple(int(p) for p in parts)  # type: ignore[return-value]
+
+
+def parse_classes(text: str) -> tuple[str, ...]:
+    """``cat,dog,bird`` (folder names in label order), or a number N for the folders ``0`` … ``N-1``."""
+    text = text.strip()
+    if text.isdigit():
+        return tuple(str(i) for i in range(int(text)))
+    return tuple(c.strip() for c in text.split(",") if c.strip())
+
+
+def _numbers(text: str | None, flag: str) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise ConfigError(f"{flag} must be numbers separated by commas (one per channel), got {text!r}") from None
+
+
+def deployment_config(args: argparse.Namespace) -> tuple[RunConfig, Path | None]:
+    """The run configuration of ``workspace create``: the flags, plus the data schema (from
+    ``--input-shape``/``--classes``, or read off ``--data-root``), the sites and the public folder
+    (fingerprinted; the schema's normalisation is measured on it unless ``--mean``/``--std``)."""
+    from .config import DataSchema, PublicDataConfig
 
     config = config_from_args(args)
+    changes: dict[str, Any] = {}
+    if args.sites:
+        changes["sites"] = tuple(n.strip() for n in args.sites.split(",") if n.strip())
+    schema = None
+    if args.input_shape or args.classes:
+        if not (args.input_shape and args.classes):
+            raise ConfigError("a data schema needs both --input-shape (e.g. 1x32x32) and --classes (e.g. 0,1,2 or 10)")
+        schema = DataSchema(parse_input_shape(args.input_shape), parse_classes(args.classes),
+                            _numbers(args.mean, "--mean"), _numbers(args.std, "--std"))
+    elif config.dataset == "imagefolder":
+        if config.data_root is None:
+            raise ConfigError("imagefolder needs the sites' data schema: pass --input-shape C×H×W and --classes "
+                              "(the operator needs no data), or --data-root FOLDER to read it off an example folder")
+        from .data.schema import infer_schema
+
+        schema = infer_schema(config.data_root, image_size=config.image_size)
+        if args.mean or args.std:
+            schema = DataSchema(schema.input_shape, schema.classes, _numbers(args.mean, "--mean"),
+                                _numbers(args.std, "--std"))
+    public_source = Path(args.public_data).expanduser().resolve() if args.public_data else None
+    if public_source is not None:
+        if schema is None:
+            raise ConfigError("--public-data is for deployments with a data schema (--input-shape and --classes)")
+        from .data.schema import folder_fingerprint, summarise_folder, with_statistics
+
+        summarise_folder(public_source, schema)  # its classes and colours fit the schema
+        if schema.mean is None:
+            schema = with_statistics(schema, public_source)  # every party normalises alike
+        changes["public_data"] = PublicDataConfig(sha256=folder_fingerprint(public_source))
+    if schema is not None:
+        changes.update(data_schema=schema, dataset="imagefolder")
+    if changes:
+        config = config.replace(**changes)
+    return config, public_source
+
+
+def cmd_workspace_create(args: argparse.Namespace) -> int:
+    from .config import site_names
+    from .openfl.plan import DEFAULT_PORT, create_workspace, read_workspace_config
+
+    config, public_source = deployment_config(args)
+    if args.collaborators is None and not config.sites:
+        raise ConfigError("say how many sites: --sites NAME,NAME,... (institutions) or --collaborators N")
     ws = create_workspace(args.directory, config, collaborators=args.collaborators, address=args.address,
-                          port=args.port or DEFAULT_PORT, tls=not args.no_tls)
-    print(f"workspace {ws}: {config.algorithm} on {config.dataset}, {args.collaborators or config.clients} "
-          f"collaborators, TLS {'off' if args.no_tls else 'on (mutual)'}")
-    print(f"next: fedcontrast pki {ws}   (local development PKI; see certs/README.md for real sites)")
-    print(f"then, in {ws}: fx plan initialize; fx aggregator start; fx collaborator start -n site_0 ...")
+                          port=args.port or DEFAULT_PORT, tls=not args.no_tls, round_timeout=args.round_timeout,
+                          min_sites=args.min_sites, public_source=public_source)
+    if args.pki_from:
+        from .openfl.deploy import reuse_pki
+
+        reuse_pki(ws, args.pki_from)
+        print(f"reused the certificate authority and certificates of {args.pki_from}")
+    config = read_workspace_config(ws)  # as written (e.g. FedPCL's backbone files added)
+    names = site_names(config)
+    print(f"workspace {ws}: {config.algorithm}, {len(names)} sites ({', '.join(names)}), {config.rounds} rounds, "
+          f"TLS {'off' if args.no_tls else 'on (mutual)'}, aggregator {args.address}")
+    if config.data_schema is not None:
+        s = config.data_schema
+        print(f"data schema: {s.in_channels}×{s.image_size}×{s.image_size} images, {s.num_classes} classes "
+              f"({', '.join(s.classes[:10])}{', …' if s.num_classes > 10 else ''}); normalisation "
+              + (f"mean {list(s.mean)} std {list(s.std)}" if s.mean else "each site's own statistics"))
+        if config.public_data is not None:
+            print(f"public data: {public_source} → {ws / config.public_data.folder} "
+                  f"(fingerprint {config.public_data.sha256})")
+        first = "" if args.pki_from else f"fedcontrast ca init {ws}; "
+        print(f"next: {first}fedcontrast workspace export {ws}; send {ws.name}.zip to each site")
+    else:
+        print(f"next: fedcontrast pki {ws}   (local development PKI; see certs/README.md for real sites)")
+        print(f"then, in {ws}: fx plan initialize; fx aggregator start; fx collaborator start -n site_0 ...")
+    return 0
+
+
+def cmd_workspace_export(args: argparse.Namespace) -> int:
+    from .openfl.deploy import export_workspace
+
+    archive = export_workspace(args.workspace)
+    print(f"wrote {archive} (the plan, the initial model and what the sites need; no key, no data)")
+    print(f"send it to every institution; each runs: fedcontrast site join {archive.name} --name NAME --data FOLDER")
+    return 0
+
+
+def cmd_ca_init(args: argparse.Namespace) -> int:
+    from .openfl.deploy import init_ca
+
+    chain = init_ca(args.workspace, fqdn=args.fqdn)
+    print(f"certificate authority in {Path(args.workspace) / 'cert' / 'ca'} (its private keys never leave this "
+          f"machine) and the aggregator's certificate in {Path(args.workspace) / 'cert' / 'server'}; CA chain {chain}")
+    return 0
+
+
+def cmd_ca_sign(args: argparse.Namespace) -> int:
+    from .openfl.deploy import sign_request
+
+    def confirm(site: str, csr_hash: str) -> bool:
+        print(f"request of {site!r}: SHA-384 hash {csr_hash}")
+        if args.yes:
+            return True
+        answer = input(f"Is this the hash {site} read out to you (by phone or another channel)? [y/N] ")
+        return answer.strip().lower() in ("y", "yes")
+
+    signed = sign_request(args.workspace, args.request, confirm=confirm)
+    print(f"signed {signed.site}'s certificate; {signed.site} is admitted in plan/cols.yaml")
+    print(f"send {signed.signed} back to {signed.site} (it holds their certificate and the CA chain; no key)")
+    return 0
+
+
+def cmd_site_join(args: argparse.Namespace) -> int:
+    from .openfl.deploy import join
+
+    joined = join(args.package, name=args.name, data=args.data, public=args.public, into=args.into,
+                  cert_from=args.cert_from)
+    s = joined.summary
+    present = {c: n for c, n in s.counts.items() if n}
+    print(f"workspace {joined.workspace}: {args.name} reads {s.folder} ({s.total} images; classes present: "
+          + ", ".join(f"{c}={n}" for c, n in present.items())
+          + (f"; absent: {', '.join(s.missing_classes())}" if s.missing_classes() else "")
+          + ("; test/ folder held out" if s.split_folders else "; a stratified test split is held out") + ")")
+    print(f"your private key {joined.workspace / 'cert' / 'client' / f'col_{args.name}.key'} stays on this machine")
+    if joined.request is None:
+        print(f"certificate reused from {args.cert_from} and checked; ready: cd {joined.workspace} && "
+              f"fx collaborator start -n {args.name}")
+        return 0
+    print(f"send {joined.request} to the operator, and read them this hash by another channel: {joined.csr_hash}")
+    print(f"then: fedcontrast site import-cert agg_to_col_{args.name}_signed_cert.zip --workspace {joined.workspace}")
+    return 0
+
+
+def cmd_site_import_cert(args: argparse.Namespace) -> int:
+    from .openfl.deploy import import_certificate
+
+    ws = Path(args.workspace)
+    name = import_certificate(ws, args.signed)
+    print(f"{name}'s certificate is installed and checked (it fits this site's key and the federation's CA)")
+    print(f"ready: cd {ws} && fx collaborator start -n {name}")
+    return 0
+
+
+def cmd_public_fingerprint(args: argparse.Namespace) -> int:
+    from .data.schema import folder_fingerprint
+
+    print(folder_fingerprint(args.folder))
     return 0
 
 
@@ -234,7 +404,7 @@ def cmd_federation(args: argparse.Namespace) -> int:
     import shutil
     import time
 
-    from .openfl.launch import export_results, initialize_plan, run_federation
+    from .openfl.launch import export_results, format_round, initialize_plan, run_federation
     from .openfl.pki import make_dev_pki
     from .openfl.plan import collaborator_names, create_workspace, read_workspace_config
 
@@ -267,16 +437,15 @@ def cmd_federation(args: argparse.Namespace) -> int:
     print(f"starting fx aggregator start and {config.clients} × fx collaborator start ...", file=sys.stderr)
 
     def show(record):
-        acc = record.get("accuracy")
-        print(f"round {record['round']}/{record['rounds']}  global test accuracy "
-              f"{'n/a' if acc is None else f'{acc:.4f}'}", file=sys.stderr, flush=True)
+        print(format_round(record), file=sys.stderr, flush=True)
 
     run_federation(ws, timeout=args.timeout, on_round=show)
     summary = export_results(ws, run_dir)
-    acc = summary["final_accuracy"]
+    acc, sites = summary["final_accuracy"], summary["final_site_accuracy_mean"]
     final = (f"final model (torch state_dict): {summary['final_model']}" if summary["final_model"]
              else f"final global tensors: {summary['final_downlink']}")
-    print(f"final global test accuracy {'n/a (no global model)' if acc is None else f'{acc:.4f}'} after "
+    print(f"final global test accuracy {'n/a (no global model)' if acc is None else f'{acc:.4f}'}, at the sites "
+          f"{'n/a' if sites is None else f'{sites:.4f}'} (weighted mean of their own held-out data) after "
           f"{summary['rounds_completed']} rounds ({time.perf_counter() - t0:.0f} s); {final}; results in {run_dir}")
     return 0
 
@@ -341,6 +510,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(p)
     p.add_argument("--out", help="folder for partition.csv and partition.png")
     p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--write-folders", metavar="DIR", help="also write each site's share as an image folder (one "
+                                                          "per site, plus public/): data to try a deployment with")
+    p.add_argument("--sites", help="the sites' names for --write-folders, comma-separated (default site_0, ...)")
     p.set_defaults(func=cmd_partition)
 
     p = sub.add_parser("federation", help="run a real OpenFL federation on this machine (fx, mutual TLS)")
@@ -358,12 +530,67 @@ def build_parser() -> argparse.ArgumentParser:
     wsub = p.add_subparsers(dest="workspace_command", required=True)
     w = wsub.add_parser("create", help="write an OpenFL workspace (plan, collaborators, data) for any plugin")
     _add_run_flags(w, skip=("clients",))
-    w.add_argument("--collaborators", type=int, required=True)
+    w.add_argument("--collaborators", type=int, help="number of sites (default: those named by --sites)")
+    w.add_argument("--sites", help="the institutions' names, comma-separated (lower case), e.g. hosp1,hosp2,hosp3")
+    w.add_argument("--input-shape", help="the sites' images as CHANNELSxHEIGHTxWIDTH, e.g. 1x32x32 (the operator "
+                                         "needs no data)")
+    w.add_argument("--classes", help="class folder names in label order, e.g. normal,pneumonia; or a number N "
+                                     "for the folders 0 … N-1")
+    w.add_argument("--mean", help="per-channel normalisation mean, comma-separated (default: measured on "
+                                  "--public-data, else each site's own)")
+    w.add_argument("--std", help="per-channel normalisation std, comma-separated")
+    w.add_argument("--public-data", help="a public image folder every party holds (FLESD distils on it; "
+                                         "FedPCL's backbones are pre-trained on it); its fingerprint goes in the plan")
+    w.add_argument("--round-timeout", type=float, default=1800.0,
+                   help="seconds a round may take before the federation stops naming the silent sites (1800)")
+    w.add_argument("--min-sites", type=int, help="go on without silent sites when at least this many answered "
+                                                 "(default: every site is needed)")
     w.add_argument("--address", default="localhost", help="the aggregator's host name (its certificate's name)")
     w.add_argument("--port", type=int)
     w.add_argument("--no-tls", action="store_true", help="plain gRPC (testing only)")
+    w.add_argument("--pki-from", metavar="OLD_WORKSPACE", help="a new experiment of an existing federation: reuse "
+                                                               "the CA and certificates of that workspace")
     w.add_argument("directory")
     w.set_defaults(func=cmd_workspace_create)
+    w = wsub.add_parser("export", help="fx plan initialize + fx workspace export: the package for every institution")
+    w.add_argument("workspace")
+    w.set_defaults(func=cmd_workspace_export)
+
+    p = sub.add_parser("ca", help="the federation's certificate authority (operator)")
+    csub = p.add_subparsers(dest="ca_command", required=True)
+    c = csub.add_parser("init", help="make the CA and the aggregator's certificate in a workspace")
+    c.add_argument("workspace")
+    c.add_argument("--fqdn", help="the aggregator's host name (default: the plan's agg_addr)")
+    c.set_defaults(func=cmd_ca_init)
+    c = csub.add_parser("sign", help="sign an institution's certificate request (col_NAME_to_agg_cert_request.zip)")
+    c.add_argument("workspace")
+    c.add_argument("request", metavar="REQUEST.zip")
+    c.add_argument("--yes", action="store_true", help="do not ask to compare the request's hash")
+    c.set_defaults(func=cmd_ca_sign)
+
+    p = sub.add_parser("site", help="join a federation as an institution")
+    ssub = p.add_subparsers(dest="site_command", required=True)
+    c = ssub.add_parser("join", help="import the operator's package, check this site's data, make its key and "
+                                     "certificate request")
+    c.add_argument("package", metavar="PACKAGE.zip")
+    c.add_argument("--name", required=True, help="this site's name in the plan")
+    c.add_argument("--data", required=True, help="this site's image folder (one sub-folder per class)")
+    c.add_argument("--public", help="the public data folder, when the plan names one")
+    c.add_argument("--into", default=".", help="folder to unpack the workspace in (default: here)")
+    c.add_argument("--cert-from", metavar="OLD_WORKSPACE",
+                   help="reuse this site's key and certificate from its workspace of an earlier experiment of the "
+                        "same federation (no new request)")
+    c.set_defaults(func=cmd_site_join)
+    c = ssub.add_parser("import-cert", help="install the certificate the operator signed")
+    c.add_argument("signed", metavar="SIGNED.zip")
+    c.add_argument("--workspace", default=".", help="this site's workspace (default: here)")
+    c.set_defaults(func=cmd_site_import_cert)
+
+    p = sub.add_parser("public", help="public data folders")
+    psub2 = p.add_subparsers(dest="public_command", required=True)
+    c = psub2.add_parser("fingerprint", help="SHA-256 fingerprint of a folder's files (as the plan records it)")
+    c.add_argument("folder")
+    c.set_defaults(func=cmd_public_fingerprint)
 
     p = sub.add_parser("pretrain", help="pre-train FedPCL backbones on the public split and save their weights")
     _add_run_flags(p)

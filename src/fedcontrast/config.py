@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ from .errors import ConfigError
 
 AUGMENTATIONS = ("none", "crop", "crop_flip")
 ACCOUNTANTS = ("rdp", "prv")
+# A site's name is its certificate's common name: OpenFL lower-cases it and uses it in file names.
+SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _check(condition: bool, message: str) -> None:
@@ -125,6 +129,81 @@ class PrivacyConfig:
         return frozenset(k for k in ("dp_sgd", "representations") if getattr(self, k) is not None)
 
 
+def _tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+@dataclass(frozen=True)
+class DataSchema:
+    """What every site's images look like, so that a plan can be made without any data.
+
+    ``input_shape`` is ``(channels, height, width)`` of the model's input (square images; a site's
+    images are resized to it), ``classes`` the class folder names in label order (a site may lack
+    some classes, but may not hold others). ``mean``/``std``: per-channel normalisation applied by
+    every party alike; left out, each party normalises with its own training images' statistics.
+    """
+
+    input_shape: tuple[int, int, int]
+    classes: tuple[str, ...]
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("input_shape", "classes", "mean", "std"):
+            object.__setattr__(self, name, _tuple(getattr(self, name)))
+        shape = self.input_shape
+        _check(isinstance(shape, tuple) and len(shape) == 3 and all(isinstance(v, int) and v >= 1 for v in shape),
+               f"data_schema.input_shape must be three positive integers (channels, height, width), got {shape!r}")
+        _check(shape[0] in (1, 3), f"data_schema.input_shape must have 1 (grey) or 3 (RGB) channels, got {shape[0]}")
+        _check(shape[1] == shape[2] and shape[1] >= 8,
+               f"data_schema.input_shape must be square and at least 8×8 pixels, got {shape[1]}×{shape[2]}")
+        classes = self.classes
+        _check(isinstance(classes, tuple) and len(classes) >= 2 and all(isinstance(c, str) and c for c in classes),
+               f"data_schema.classes must name at least two classes (folder names), got {classes!r}")
+        _check(len(set(classes)) == len(classes), f"data_schema.classes names a class twice: {list(classes)}")
+        _check(all("/" not in c and not c.startswith(".") for c in classes),
+               "data_schema.classes must be plain folder names (no '/', not hidden)")
+        _check((self.mean is None) == (self.std is None), "data_schema needs both mean and std, or neither")
+        if self.mean is not None:
+            for name in ("mean", "std"):
+                values = getattr(self, name)
+                _check(isinstance(values, tuple) and len(values) == shape[0] and all(_finite(v) for v in values),
+                       f"data_schema.{name} must give one number per channel ({shape[0]}), got {values!r}")
+            _check(all(v > 0 for v in self.std), f"data_schema.std must be > 0, got {self.std!r}")
+
+    @property
+    def in_channels(self) -> int:
+        return self.input_shape[0]
+
+    @property
+    def image_size(self) -> int:
+        return self.input_shape[1]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def normalization(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        return (self.mean, self.std) if self.mean is not None else None
+
+
+@dataclass(frozen=True)
+class PublicDataConfig:
+    """A public image folder that every party holds (FLESD distils on it; FedPCL's backbones are
+    pre-trained on it): ``folder`` (relative paths are relative to each party's workspace) and the
+    SHA-256 fingerprint of its files, which every site and the aggregator check at start-up."""
+
+    sha256: str
+    folder: str = "public"
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.sha256, str) and SHA256_HEX.match(self.sha256) is not None,
+               f"public_data.sha256 must be 64 lower-case hex digits (`fedcontrast public fingerprint FOLDER`), "
+               f"got {self.sha256!r}")
+        _check(isinstance(self.folder, str) and self.folder.strip() != "", "public_data.folder must be a path")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that defines a run; saved as ``config.yaml`` beside its results."""
@@ -151,9 +230,26 @@ class RunConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     hyperparameters: dict[str, dict[str, Any]] = field(default_factory=dict)
     privacy: PrivacyConfig | None = None  # differential privacy of the uploads; None: off
+    # A deployment: the sites' names in order (a site's index is its position; default site_0 …),
+    # the sites' data schema (the plan then needs no data) and a public folder every party holds.
+    sites: tuple[str, ...] = ()
+    data_schema: DataSchema | None = None
+    public_data: PublicDataConfig | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "privacy", _typed_section(PrivacyConfig, self.privacy, "privacy"))
+        object.__setattr__(self, "data_schema", _typed_section(DataSchema, self.data_schema, "data_schema"))
+        object.__setattr__(self, "public_data", _typed_section(PublicDataConfig, self.public_data, "public_data"))
+        object.__setattr__(self, "sites", _tuple(self.sites))
+        _check(isinstance(self.sites, tuple) and all(isinstance(n, str) and SITE_NAME.match(n) for n in self.sites),
+               f"sites must be lower-case names (letters, digits, '_', '.', '-'), got {list(self.sites)!r}")
+        _check(len(set(self.sites)) == len(self.sites), f"sites names a site twice: {list(self.sites)}")
+        _check(not self.sites or len(self.sites) == self.clients,
+               f"clients ({self.clients}) must equal the number of sites named ({len(self.sites)})")
+        _check(self.data_schema is None or self.dataset == "imagefolder",
+               f"data_schema describes image folders: set dataset to imagefolder (got {self.dataset!r})")
+        _check(self.public_data is None or self.data_schema is not None,
+               "public_data needs a data_schema (the images' shape and classes)")
         if isinstance(self.training, dict):  # RunConfig(training={...}) as well as from_dict
             try:
                 object.__setattr__(self, "training", TrainingConfig(**self.training))
@@ -178,13 +274,15 @@ class RunConfig:
 
     # --- (de)serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return _plain(dataclasses.asdict(self))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         if not isinstance(data, dict):
             raise ConfigError("a run configuration must be a mapping of settings")
         data = dict(data)
+        if data.get("sites") and "clients" not in data:  # the sites named define how many there are
+            data["clients"] = len(data["sites"])
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         _check(not unknown, f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -206,17 +304,33 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> RunConfig:
         data = self.to_dict()
+        if changes.get("sites") and "clients" not in changes:
+            changes = {**changes, "clients": len(changes["sites"])}
         for key, value in changes.items():
             if key == "training":
                 data["training"] = {**data["training"], **value}
-            elif key == "privacy" and isinstance(value, PrivacyConfig):
-                data["privacy"] = dataclasses.asdict(value)
+            elif key in ("privacy", "data_schema", "public_data") and dataclasses.is_dataclass(value):
+                data[key] = _plain(dataclasses.asdict(value))
             else:
                 data[key] = value
         return RunConfig.from_dict(data)
 
     def default_name(self) -> str:
         return f"{self.algorithm}-{self.dataset}-k{self.clients}-{self.partition}{self.beta:g}-s{self.seed}"
+
+
+def site_names(config: RunConfig) -> list[str]:
+    """The federation's site names in order: ``config.sites``, or ``site_0`` … ``site_{clients-1}``."""
+    return list(config.sites) or [f"site_{i}" for i in range(config.clients)]
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists, recursively: what YAML and JSON write."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

@@ -11,14 +11,22 @@ import numpy as np
 import torch
 
 from .algorithms import Algorithm, get_algorithm
-from .config import RunConfig
-from .data import DataSplits, load_dataset, partition_indices
+from pathlib import Path
+
+from .config import RunConfig, site_names
+from .data import ArrayDataset, DataSplits, load_dataset, partition_indices
 from .errors import ConfigError
 from .models import ContrastiveNet, build_model
 
 
 def site_name(index: int) -> str:
     return f"site_{index}"
+
+
+def site_index(config: RunConfig, name: str) -> int | None:
+    """A site's position in the federation (``config.sites``, else ``site_0`` …); None if absent."""
+    names = site_names(config)
+    return names.index(name) if name in names else None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -79,9 +87,66 @@ def site_privacy(config: RunConfig, state: dict, round_num: int, *, noise_seed: 
 
 
 def load_splits(config: RunConfig) -> DataSplits:
-    return load_dataset(config.dataset, root=config.data_root, image_size=config.image_size,
-                        test_fraction=config.test_fraction, public_fraction=config.public_fraction,
-                        split_seed=config.split_seed)
+    """The configured data set's splits. Under a data schema: the folder ``data_root`` read under the
+    schema, and the plan's public folder (when it names one) as the public set."""
+    schema = config.data_schema
+    if schema is None:
+        return load_dataset(config.dataset, root=config.data_root, image_size=config.image_size,
+                            test_fraction=config.test_fraction, public_fraction=config.public_fraction,
+                            split_seed=config.split_seed)
+    splits = load_dataset("imagefolder", root=config.data_root, image_size=schema.image_size,
+                          test_fraction=config.test_fraction,
+                          public_fraction=0.0 if config.public_data else config.public_fraction,
+                          split_seed=config.split_seed, class_names=schema.classes, channels=schema.in_channels,
+                          normalization=schema.normalization)
+    if config.public_data is None:
+        return splits
+    return DataSplits(splits.train, splits.test, load_public(config), splits.name, splits.class_names)
+
+
+def data_shape(config: RunConfig) -> dict[str, int]:
+    """Input channels, image size and classes of the model's input — from the data schema without
+    reading any data, else from the configured data set."""
+    if config.data_schema is not None:
+        s = config.data_schema
+        return {"in_channels": s.in_channels, "image_size": s.image_size, "num_classes": s.num_classes}
+    splits = load_splits(config)
+    return {"in_channels": splits.in_channels, "image_size": splits.image_size, "num_classes": splits.num_classes}
+
+
+def load_public(config: RunConfig, base_dir: str | Path = ".") -> ArrayDataset | None:
+    """The public data set without any private data: the plan's public folder (checked against its
+    fingerprint; relative to ``base_dir``), or the public split of the embedded/configured data set."""
+    if config.public_data is not None:
+        from .data.schema import load_public_folder
+
+        return load_public_folder(config.public_data, config.data_schema, base_dir)
+    if config.data_schema is not None:
+        return None  # a deployment without a public folder
+    return load_splits(config).public
+
+
+def site_test_indices(test_labels: np.ndarray, site_labels: np.ndarray, num_classes: int, seed: int) -> np.ndarray:
+    """Indices of a held-out set with a site's own label distribution, drawn from a shared test
+    split: per class ``c`` the site holds, ``⌊share_c · T⌋`` (at least 1) samples, with ``T`` as large
+    as the test split allows. Sorted; deterministic given ``seed``."""
+    counts = np.bincount(np.asarray(site_labels), minlength=num_classes).astype(np.float64)
+    available = np.bincount(np.asarray(test_labels), minlength=num_classes).astype(np.float64)
+    shares = counts / max(counts.sum(), 1.0)
+    present = (shares > 0) & (available > 0)
+    if not present.any():
+        return np.arange(len(test_labels))
+    total = float((available[present] / shares[present]).min())
+    rng = np.random.default_rng(seed)
+    picked = [rng.permutation(np.flatnonzero(test_labels == c))[:max(1, int(np.floor(shares[c] * total)))]
+              for c in np.flatnonzero(present)]
+    return np.sort(np.concatenate(picked))
+
+
+def site_test_split(test: ArrayDataset, site_labels: torch.Tensor, seed: int) -> ArrayDataset:
+    """:func:`site_test_indices` applied to a test split: the held-out set of a ``shard:N`` site (the
+    embedded demo's sites hold no test images of their own)."""
+    return test.subset(site_test_indices(test.y.numpy(), site_labels.numpy(), test.num_classes, seed))
 
 
 def partition(config: RunConfig, splits: DataSplits) -> list[np.ndarray]:

@@ -25,6 +25,8 @@ def test_committed_workspace_is_current():
     committed = yaml.safe_load((ws / "plan" / "plan.yaml").read_text())
     assert committed == build_plan(RunConfig(algorithm="moon", dataset="digits", clients=3))
     assert collaborator_names(ws) == ["site_0", "site_1", "site_2"]
+    for name in ("requirements.txt", ".workspace", "src/README.md"):  # what `fx workspace export` packs
+        assert (ws / name).is_file(), name
 
 
 @pytest.mark.parametrize("algorithm", available_algorithms())
@@ -32,8 +34,8 @@ def test_plan_runs_the_plugins_tasks_over_mutual_tls(algorithm):
     config = RunConfig(algorithm=algorithm, clients=2, rounds=4)
     plan = build_plan(config)
     assert plan["network"]["settings"]["use_tls"] and plan["network"]["settings"]["require_client_auth"]
-    tasks = plan["assigner"]["settings"]["task_groups"][0]["tasks"]
-    assert set(plan["tasks"]) == set(tasks) and tasks
+    tasks = plan["assigner"]["settings"]["train_tasks"]
+    assert tasks and list(plan["tasks"]) == ["evaluate", *tasks]  # the sites' own evaluation comes first
     assert plan["aggregator"]["settings"]["rounds_to_train"] == 4
     for part in ("data_loader", "task_runner"):
         assert RunConfig.from_dict(plan[part]["settings"]["run_config"]) == config

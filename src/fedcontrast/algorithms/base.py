@@ -305,6 +305,16 @@ class Algorithm(ABC):
         """Test metrics of one site's personalised model (for ``personalized`` algorithms)."""
         raise NotImplementedError(f"{self.name} has no personalised evaluation")
 
+    def evaluate_at_site(self, site: SiteContext, received: Mapping[str, torch.Tensor], test: Any) -> dict[str, float]:
+        """What a site measures, on its own held-out split ``test``, of what it ``received`` this round
+        (engines call it before the round's training, and once more after the last round); the
+        site's ``state`` is read, never changed. ``accuracy`` is the headline figure. Default: the
+        received global model's accuracy and loss."""
+        from ..evaluation import evaluate_classifier
+
+        load_weights(site.model, received)
+        return evaluate_classifier(site.model, test, site.device)
+
     # declarations
     def upload_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
         return weight_specs(model, "upload", "local model weights after training")

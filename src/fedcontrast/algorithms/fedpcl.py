@@ -3,8 +3,10 @@ ALGORITHMS.md, FedPCL). Sites share class prototypes and counts only — never w
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -12,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..aggregation import fill_missing_prototypes, global_prototypes
+from ..errors import DataError
 from ..evaluation import distribution_weighted_accuracy
 from ..losses import check_temperature, fedpcl_loss
 from ..models import MODEL_NAMES
@@ -37,6 +40,7 @@ def _as_tuple(value: Any) -> tuple:
 class FedPCLHyperparameters:
     backbones: tuple[str, ...] = ("simple_cnn",)  # frozen encoders; features are concatenated
     backbone_files: tuple[str, ...] = ()  # one state_dict per backbone; empty: pre-train on the public split
+    backbone_sha256: tuple[str, ...] = ()  # the files' SHA-256 (a deployment's plan holds them): a different file is refused
     pretrain_epochs: int = 30  # supervised pre-training on the public split (Adam), when no files
     projection_hidden: tuple[int, ...] = (256,)  # site i's hidden width: projection_hidden[i % len]
     temperature: float = 0.07
@@ -44,13 +48,16 @@ class FedPCLHyperparameters:
     min_class_samples: int = 1  # classes with fewer (released) local samples are not uploaded
 
     def __post_init__(self) -> None:
-        for name in ("backbones", "backbone_files", "projection_hidden"):
+        for name in ("backbones", "backbone_files", "backbone_sha256", "projection_hidden"):
             object.__setattr__(self, name, _as_tuple(getattr(self, name)))
         if not self.backbones or any(b not in MODEL_NAMES for b in self.backbones):
             raise ValueError(f"backbones must name architectures among {', '.join(MODEL_NAMES)}, got {self.backbones}")
         if self.backbone_files and len(self.backbone_files) != len(self.backbones):
             raise ValueError(f"backbone_files must give one file per backbone ({len(self.backbones)}), "
                              f"got {len(self.backbone_files)}")
+        if self.backbone_sha256 and len(self.backbone_sha256) != len(self.backbone_files):
+            raise ValueError(f"backbone_sha256 must give one hash per backbone file ({len(self.backbone_files)}), "
+                             f"got {len(self.backbone_sha256)}")
         if not (isinstance(self.pretrain_epochs, int) and self.pretrain_epochs >= 1):
             raise ValueError(f"pretrain_epochs must be an integer >= 1, got {self.pretrain_epochs!r}")
         if not self.projection_hidden or any(not isinstance(h, int) or h < 1 for h in self.projection_hidden):
@@ -60,6 +67,21 @@ class FedPCLHyperparameters:
             raise ValueError(f"prototype_weighting must be count or paper_eq6, got {self.prototype_weighting!r}")
         if not (isinstance(self.min_class_samples, int) and self.min_class_samples >= 1):
             raise ValueError(f"min_class_samples must be an integer >= 1, got {self.min_class_samples!r}")
+
+
+def check_backbone_files(files, hashes, *, base_dir: str | Path = ".") -> None:
+    """Every backbone file exists (relative paths from ``base_dir``) and, when ``hashes`` are given,
+    has exactly that SHA-256: sites of one federation must share the operator's frozen backbones."""
+    for k, name in enumerate(files):
+        path = Path(name) if Path(name).is_absolute() else Path(base_dir) / name
+        if not path.is_file():
+            raise DataError(f"backbone weight file {path} does not exist (the operator's workspace package ships "
+                            "it under save/backbones/)")
+        if hashes:
+            found = hashlib.sha256(path.read_bytes()).hexdigest()
+            if found != hashes[k]:
+                raise DataError(f"backbone weight file {path} has SHA-256 {found[:16]}… but the plan expects "
+                                f"{hashes[k][:16]}…: use the operator's file")
 
 
 def class_prototypes(z: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,6 +117,8 @@ class FedPCL(Algorithm):
 
     # --- the site's networks --------------------------------------------------------------------
     def backbones(self, data, public):
+        if self.hp.backbone_sha256:
+            check_backbone_files(self.hp.backbone_files, self.hp.backbone_sha256)
         return backbone_set(self.hp.backbones, self.hp.backbone_files, public, in_channels=data.x.shape[1],
                             image_size=data.x.shape[-1], seed=0, pretrain_epochs=self.hp.pretrain_epochs)
 
@@ -192,24 +216,40 @@ class FedPCL(Algorithm):
     def evaluate(self, downlink: Downlink, server: ServerContext, test: Any) -> dict[str, float]:
         return {}  # no global model: see evaluate_site (personalised accuracy)
 
+    def _predict(self, site: SiteContext, received: Mapping[str, torch.Tensor], data: Any):
+        """Predictions of the site's personal model on ``data``: by the nearest global prototype and
+        by the nearest of its own (filled) local prototypes. ``→ (N,), (N,)``."""
+        features = self.features(data, site.public, site.device)
+        head = self.head(site, features.shape[1], received[GLOBAL_PROTOTYPES].shape[1]).eval()
+        with torch.no_grad():
+            z = F.normalize(head(features), dim=1)
+        mask = received[PRESENT].to(torch.bool)
+        own = received[LOCAL_SETS][min(site.index, len(received[LOCAL_SETS]) - 1)]
+        nearest = lambda protos: (z @ protos.T).masked_fill(~mask, float("-inf")).argmax(1)  # noqa: E731
+        return nearest(received[GLOBAL_PROTOTYPES]), nearest(own)
+
     def evaluate_site(self, site: SiteContext, received: Mapping[str, torch.Tensor], test: Any) -> dict[str, float]:
         """Personalised accuracy of the site's head, by nearest global prototype (``accuracy``) and by
         nearest own local prototype (``local_accuracy``), on the site's own label distribution: the
         per-class test accuracy weighted by the site's class shares (its local test distribution, as
         in the paper). ``balanced_accuracy``: the plain accuracy on the whole test split."""
-        features = self.features(test, site.public, site.device)
-        head = self.head(site, features.shape[1], received[GLOBAL_PROTOTYPES].shape[1]).eval()
-        with torch.no_grad():
-            z = F.normalize(head(features), dim=1)
+        global_pred, local_pred = self._predict(site, received, test)
         y = test.y.to(site.device)
-        mask = received[PRESENT].to(torch.bool)
-        own = received[LOCAL_SETS][min(site.index, len(received[LOCAL_SETS]) - 1)]
-        nearest = lambda protos: (z @ protos.T).masked_fill(~mask, float("-inf")).argmax(1)  # noqa: E731
-        shares = torch.bincount(site.data.y.to(site.device), minlength=len(mask)).to(torch.float64)
-        global_pred, local_pred = nearest(received[GLOBAL_PROTOTYPES]), nearest(own)
+        shares = torch.bincount(site.data.y.to(site.device), minlength=len(received[PRESENT])).to(torch.float64)
         return {"accuracy": distribution_weighted_accuracy(global_pred, y, shares),
                 "local_accuracy": distribution_weighted_accuracy(local_pred, y, shares),
                 "balanced_accuracy": (global_pred == y).float().mean().item()}
+
+    def evaluate_at_site(self, site: SiteContext, received: Mapping[str, torch.Tensor], test: Any) -> dict[str, float]:
+        """The site's personal model on its own held-out split (already its own distribution):
+        ``accuracy`` by nearest global prototype, ``local_accuracy`` by nearest own local prototype.
+        Before any prototype is shared (round 0) there is nothing to measure."""
+        if not bool(received[PRESENT].any()) or HEAD not in site.state:
+            return {}
+        global_pred, local_pred = self._predict(site, received, test)
+        y = test.y.to(site.device)
+        return {"accuracy": (global_pred == y).double().mean().item(),
+                "local_accuracy": (local_pred == y).double().mean().item()}
 
     # --- declarations ---------------------------------------------------------------------------
     def upload_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:

@@ -17,6 +17,7 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -156,6 +157,18 @@ class FedSiamDA(Algorithm):
         return TaskResult(uploads, float(len(site.data)),
                           {"loss": loss, "ce": ce, "stop": l_stop, "hist": l_hist,
                            "accuracy": correct.item() / max(seen, 1)})
+
+    def evaluate_at_site(self, site: SiteContext, received: Mapping[str, torch.Tensor], test: Any) -> dict[str, float]:
+        """The received global model (``accuracy``) and the site's own local model from its last
+        round (``local_accuracy``, once it has one) on the site's held-out split."""
+        from ..evaluation import evaluate_classifier
+
+        metrics = super().evaluate_at_site(site, received, test)
+        if LOCAL_MODEL in site.state:
+            load_weights(site.model, site.state[LOCAL_MODEL])
+            local = evaluate_classifier(site.model, test, site.device)
+            metrics.update(local_accuracy=local["accuracy"], local_loss=local["loss"])
+        return metrics
 
     # --- aggregator -----------------------------------------------------------------------------
     def initial_downlink(self, server: ServerContext) -> Downlink:

@@ -168,6 +168,13 @@ def train_simclr(model: nn.Module, data: Any, training: TrainingConfig, hp: SimC
     return {"loss": (total / max(steps, 1)).item(), "steps": float(steps)}
 
 
+def probe_at_site(model: nn.Module, site: SiteContext, test: Any, epochs: int) -> dict[str, float]:
+    """A site's linear probe of ``model``'s encoder: trained on the site's own labelled training
+    split, tested on its held-out split (``accuracy`` is the probe's test accuracy)."""
+    result = linear_probe(model.encoder, site.data, test, site.device, epochs=epochs, module=model)
+    return {"accuracy": result["probe_accuracy"], **result}
+
+
 def probe(model: nn.Module, server: ServerContext, test: Any, epochs: int) -> dict[str, float]:
     """Linear-probe accuracy of ``model``'s encoder (features before the projection head): trained
     on ``server.labelled`` (the simulator's training split) or, on an aggregator, the public split."""
@@ -194,6 +201,10 @@ class FedAvgSimCLR(Algorithm):
 
     def aggregate(self, uploads, weights, server: ServerContext) -> Downlink:
         return Downlink(weighted_average(uploads, weights))
+
+    def evaluate_at_site(self, site: SiteContext, received: Mapping[str, torch.Tensor], test: Any) -> dict[str, float]:
+        load_weights(site.model, received)
+        return probe_at_site(site.model, site, test, self.hp.probe_epochs)
 
     def evaluate(self, downlink: Downlink, server: ServerContext, test: Any) -> dict[str, float]:
         load_weights(server.model, downlink.global_tensors)
@@ -356,6 +367,11 @@ class Flesd(Algorithm):
     def evaluate(self, downlink: Downlink, server: ServerContext, test: Any) -> dict[str, float]:
         load_weights(server.model, downlink.global_tensors)
         return probe(server.model, server, test, self.hp.probe_epochs)
+
+    def evaluate_at_site(self, site: SiteContext, received: Mapping[str, torch.Tensor], test: Any) -> dict[str, float]:
+        """The linear probe of the received (distilled) global encoder on the site's own labelled data."""
+        load_weights(site.model, received)
+        return probe_at_site(site.model, site, test, self.hp.probe_epochs)
 
 
 def distill(student: nn.Module, public_x: torch.Tensor, target: torch.Tensor, hp: FlesdHyperparameters, *,

@@ -142,14 +142,15 @@ def _check_settings(
 
 
 def _read_raw(
-    key: str, root: str | None, size: int, samples: int, classes: int, noise: float, seed: int
+    key: str, root: str | None, size: int, samples: int, classes: int, noise: float, seed: int,
+    class_names: tuple[str, ...] | None = None, channels: int | None = None,
 ) -> RawData:
     if key == "digits":
         return load_digits_raw()
     if key == "synthetic":
         return make_synthetic_raw(samples=samples, classes=classes, noise=noise, image_size=size, seed=seed)
     if key == "imagefolder":
-        return load_imagefolder_raw(root, size)
+        return load_imagefolder_raw(root, size, class_names=class_names, channels=channels)
     if key in TORCHVISION_NAMES:
         return load_torchvision_raw(key, root)
     raise UnknownNameError(f"unknown data set {key!r}; known data sets: {', '.join(DATASET_NAMES)}.")
@@ -166,6 +167,9 @@ def load_dataset(
     synthetic_samples: int = 1000,
     synthetic_classes: int = 10,
     synthetic_noise: float = 0.5,
+    class_names: tuple[str, ...] | None = None,
+    channels: int | None = None,
+    normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
 ) -> DataSplits:
     """Read data set ``name`` and return its train, test and public splits as normalised tensors.
 
@@ -183,7 +187,11 @@ def load_dataset(
 
     Normalisation: per-channel mean and std are computed on the final training split (after the
     public split was removed, i.e. exactly the data clients train on) and applied to train, public
-    and test alike.
+    and test alike; ``normalization=(mean, std)`` fixes them instead (a plan's data schema).
+
+    ``class_names`` and ``channels`` (``imagefolder`` only) come from a plan's data schema: labels
+    follow ``class_names`` (a folder may lack classes; unknown class folders are refused) and images
+    must have ``channels`` channels.
 
     Raises :class:`UnknownNameError` for an unknown name, :class:`ConfigError` for settings out of
     range, and :class:`DataError` for missing or unusable files or too few samples to split.
@@ -200,14 +208,20 @@ def load_dataset(
         )
     size = image_size if image_size is not None else _DEFAULT_SIZE.get(key, _NATIVE_SIZE.get(key, 32))
     rng = np.random.default_rng(split_seed)
-    raw = _read_raw(key, root, size, synthetic_samples, synthetic_classes, synthetic_noise, split_seed)
+    if (class_names is not None or channels is not None) and key != "imagefolder":
+        raise ConfigError(f"class_names and channels describe image folders, not {key}.")
+    raw = _read_raw(key, root, size, synthetic_samples, synthetic_classes, synthetic_noise, split_seed,
+                    class_names, channels)
 
     (train_x, train_y), test, public = _split(raw, key, test_fraction, public_fraction, rng)
 
     num_classes = len(raw.class_names)
     _check_labels(key, num_classes, train_y, test[1])
     train_t = to_float_images(train_x, size)
-    mean, std = channel_stats(train_t)
+    if normalization is not None:
+        mean, std = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) for v in normalization)
+    else:
+        mean, std = channel_stats(train_t)
 
     def build(x: np.ndarray, y: np.ndarray, ready: torch.Tensor | None = None) -> ArrayDataset:
         images = ready if ready is not None else to_float_images(x, size)

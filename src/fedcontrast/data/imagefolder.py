@@ -33,14 +33,22 @@ def _images_in(folder: Path) -> list[Path]:
     )
 
 
-def _scan(folder: Path, class_names: tuple[str, ...] | None) -> tuple[tuple[str, ...], list[Path], np.ndarray]:
-    """List ``folder``'s class folders and images; ``class_names`` fixes the labels (test side)."""
+def _scan(folder: Path, class_names: tuple[str, ...] | None,
+          schema: bool = False) -> tuple[tuple[str, ...], list[Path], np.ndarray]:
+    """List ``folder``'s class folders and images; ``class_names`` fixes the labels (the test side,
+    or the plan's data schema when ``schema``: then a class may be absent or empty, not unknown)."""
     dirs = _visible_dirs(folder)
     if not dirs:
         raise DataError(f"no class folders found in {folder}: put each class's images in {folder}/<class_name>/.")
     names = tuple(d.name for d in dirs)
     if class_names is not None:
         unknown = sorted(set(names) - set(class_names))
+        if unknown and schema:
+            shown = ", ".join(class_names[:12]) + (", …" if len(class_names) > 12 else "")
+            raise DataError(
+                f"class folder(s) {', '.join(unknown)} in {folder} are not among the plan's classes ({shown}); "
+                "rename or remove them."
+            )
         if unknown:
             raise DataError(
                 f"test classes {', '.join(unknown)} in {folder} have no training folder; "
@@ -52,7 +60,7 @@ def _scan(folder: Path, class_names: tuple[str, ...] | None) -> tuple[tuple[str,
     labels: list[int] = []
     for d in dirs:
         images = _images_in(d)
-        if not images and class_names is None:
+        if not images and class_names is None and not schema:
             # An empty class would get a label no sample has; almost always a mistake in the folder.
             raise DataError(
                 f"class folder {d} has no images ({', '.join(sorted(IMAGE_SUFFIXES))}); add images or remove it."
@@ -103,27 +111,57 @@ def has_split_folders(root: str | None) -> bool:
     return (base / "train").is_dir() and (base / "test").is_dir()
 
 
-def load_imagefolder_raw(root: str | None, image_size: int) -> RawData:
+def check_channels(paths: list[Path], channels: int, folder: Path) -> None:
+    """Refuse images whose colour does not fit ``channels``: a colour image where the plan says 1
+    channel, or a folder of grey images only where it says 3 (a few grey images among colour ones
+    are converted)."""
+    from PIL import Image, UnidentifiedImageError
+
+    if channels == 1:
+        for path in paths:
+            try:
+                with Image.open(path) as img:
+                    mode = img.mode
+            except (UnidentifiedImageError, OSError) as err:
+                raise DataError(f"image {path} cannot be read ({type(err).__name__}); replace or remove it.") from err
+            if mode not in _GREY_MODES:
+                raise DataError(f"image {path} is in colour (mode {mode}) but the plan's data schema says 1 (grey) "
+                                "channel; convert the images to grey or ask the operator for a 3-channel plan.")
+    elif paths and _all_grey(paths):
+        raise DataError(f"every image in {folder} is grey (1 channel) but the plan's data schema says 3 (RGB) "
+                        "channels; ask the operator for a 1-channel plan or convert the images.")
+
+
+def load_imagefolder_raw(root: str | None, image_size: int, *, class_names: tuple[str, ...] | None = None,
+                         channels: int | None = None) -> RawData:
     """Read ``root`` as an image folder (see the module docstring) into uint8 NCHW arrays.
 
     Images become RGB, or one grey channel when every image is grey, and are resized to
-    ``image_size`` × ``image_size`` (bilinear, aspect ratio not kept).
+    ``image_size`` × ``image_size`` (bilinear, aspect ratio not kept). ``class_names`` and
+    ``channels`` (a plan's data schema) fix the labels and the channels instead: class folders
+    outside ``class_names`` and images of the wrong colour are refused (:func:`check_channels`).
     """
     if root is None:
-        raise DataError(f"imagefolder needs a data folder: pass root= {_LAYOUT_HINT}.")
+        raise DataError(f"imagefolder needs a data folder (--data-root; root= in Python): {_LAYOUT_HINT}.")
     base = Path(root).expanduser()
     if not base.is_dir():
-        raise DataError(f"image folder {base} does not exist; pass root= {_LAYOUT_HINT}.")
+        raise DataError(f"image folder {base} does not exist; it must be {_LAYOUT_HINT}.")
 
     train_dir, test_dir = base / "train", base / "test"
     has_split = has_split_folders(root)
-    class_names, train_paths, train_y = _scan(train_dir if has_split else base, None)
+    schema = class_names is not None
+    names, train_paths, train_y = _scan(train_dir if has_split else base, class_names, schema)
+    class_names = class_names if schema else names
     test_paths: list[Path] = []
     test_y = None
     if has_split:
-        _, test_paths, test_y = _scan(test_dir, class_names)
+        _, test_paths, test_y = _scan(test_dir, class_names, schema)
 
-    mode = "L" if _all_grey(train_paths + test_paths) else "RGB"
+    if channels is not None:
+        check_channels(train_paths + test_paths, channels, base)
+        mode = "L" if channels == 1 else "RGB"
+    else:
+        mode = "L" if _all_grey(train_paths + test_paths) else "RGB"
     train_x = _read_images(train_paths, mode, image_size)
     test_x = _read_images(test_paths, mode, image_size) if has_split else None
-    return RawData(train_x, train_y, test_x, test_y, class_names)
+    return RawData(train_x, train_y, test_x, test_y, tuple(class_names))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,8 @@ from openfl.interface.aggregation_functions.core import AggregationFunction
 from ..algorithms import InvalidUploadError, ServerContext, validate_uploads
 from ..algorithms.base import WEIGHT_PREFIX
 from ..atomic import atomic_torch_save
-from ..config import RunConfig
-from ..construction import attach_public, build_algorithm, initial_model, load_splits, resolve_device, server_seed
+from ..config import RunConfig, site_names
+from ..construction import attach_public, build_algorithm, initial_model, load_public, resolve_device, server_seed
 from ..errors import FedContrastError
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, unpack
 from .runner import PERSONAL_TAG, WEIGHT_METRIC
@@ -51,6 +52,13 @@ class PluginAggregation(AggregationFunction):
     def __init__(self, run_config: dict[str, Any] | None = None, model_shape: dict[str, int] | None = None) -> None:
         super().__init__()
         self._privileged = True  # receives the tensor database itself (OpenFL holds its lock)
+        try:
+            self._build(run_config, model_shape)
+        except FedContrastError as exc:  # e.g. the public folder missing here: one sentence, no traceback
+            print(f"fedcontrast aggregator: error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+
+    def _build(self, run_config: dict[str, Any] | None, model_shape: dict[str, int] | None) -> None:
         self.config = RunConfig.from_dict(run_config or {})
         self.algorithm = build_algorithm(self.config)
         shape = model_shape or {}
@@ -60,7 +68,7 @@ class PluginAggregation(AggregationFunction):
         self.server = ServerContext(model=model, round_num=0, seed=server_seed(self.config, 0), device=device,
                                     num_classes=shape["num_classes"])
         if self.algorithm.requires_public:  # e.g. FLESD distils on the public set here
-            public = load_splits(self.config).public
+            public = load_public(self.config)  # the plan's public folder (fingerprint checked) or split
             attach_public(self.algorithm, public)
             self.server.public = _to_device(public, device)
         self.specs = self.algorithm.upload_specs(model, shape["num_classes"])
@@ -102,7 +110,7 @@ class PluginAggregation(AggregationFunction):
             raise AggregationFailure(f"round {fl_round}: every upload was rejected; nothing to aggregate")
         self.server.round_num = fl_round
         self.server.seed = server_seed(self.config, fl_round)
-        self.server.sites = list(sites)
+        self.server.sites = site_names(self.config)  # every site, in the plan's order (not only this round's)
         self.server.previous = self.received_downlink(db, fl_round)
         downlink = self.algorithm.aggregate(valid, {s: weights[s] for s in valid}, self.server)
         if self.algorithm.evaluates_local_models:

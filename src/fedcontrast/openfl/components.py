@@ -1,10 +1,14 @@
-"""Aggregator and collaborator classes for the plan (``aggregator.template``/``collaborator.template``).
+"""Aggregator, collaborator and task assigner classes for the plan (``aggregator.template`` etc.).
 
-OpenFL 1.9 hangs when an aggregation function raises, retries an unreachable aggregator forever and
-saves ``last.pbuf`` from the model that went *into* the last round. These subclasses change only
-that: a failed round ends the federation (aggregator exit code 3, every collaborator told to stop
-with a reason), collaborators give up after a bounded number of retries with one clear sentence,
-and every round's true global model is exported and evaluated.
+OpenFL 1.9 hangs when an aggregation function raises or a collaborator never answers, retries an
+unreachable aggregator forever and saves ``last.pbuf`` from the model that went *into* the last
+round. These subclasses change only that: a failed round, a round that outlives the plan's
+``round_timeout`` (unless ``min_sites`` lets it go on without the silent sites) or a site that
+reports a failed task ends the federation (aggregator exit code 3, every live collaborator told to
+stop with a reason); collaborators give up after a bounded number of retries, and a failing
+collaborator exits with one sentence. Every round the sites evaluate what they received on their
+own held-out data (the engine's ``evaluate`` task, plus one evaluation-only round at the end), and
+the aggregator writes one record per round with every site's figures (``save/rounds.jsonl``).
 """
 
 from __future__ import annotations
@@ -12,33 +16,40 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import torch
 from openfl.callbacks import Callback
 from openfl.component.aggregator.aggregator import Aggregator
+from openfl.component.assigner import Assigner
 from openfl.component.collaborator.collaborator import Collaborator
 from openfl.utilities import TensorKey
 
 from ..algorithms import Downlink, ServerContext, load_weights
 from ..algorithms.base import WEIGHT_PREFIX
 from ..atomic import atomic_torch_save
-from ..config import RunConfig
-from ..construction import build_algorithm, initial_model, load_splits, resolve_device, server_seed
-from ..errors import FedContrastError
+from ..config import RunConfig, site_names
+from ..construction import build_algorithm, initial_model, load_public, load_splits, resolve_device, server_seed
+from ..errors import ConfigError, FedContrastError
 from ..evaluation import local_model_accuracy
 from . import aggregation
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, unpack
-from .runner import PERSONAL_TAG
+from .plan import DEFAULT_ROUND_TIMEOUT, EVALUATE_TASK
+from .runner import EVAL_SAMPLES, PERSONAL_TAG, WEIGHT_METRIC
 
 logger = logging.getLogger(__name__)
 
 FAILURE_SLEEP_CODE = 97  # sent in GetTasksResponse.sleep_time with quit: "the federation failed"
 FAILURE_EXIT_CODE = 3
+FAILURE_METRIC = "fedcontrast_task_failed"  # a collaborator's last word: its task failed (reason: its own log)
 ROUNDS_FILE = "rounds.jsonl"
+PENDING_FILE = "round_pending.json"  # the next record's training half, kept across an aggregator restart
 FINAL_MODEL = "final_model.pt"
 FINAL_DOWNLINK = "final_downlink.pt"
 
@@ -48,65 +59,196 @@ FINAL_DOWNLINK = "final_downlink.pt"
 Aggregator._get_sleep_time = staticmethod(lambda: 1)
 
 
-class RoundReport(Callback):
-    """After each round: export the new global model (a torch state_dict) and evaluate it on the
-    test split when this machine has it; one JSON line per round in ``rounds.jsonl``."""
+class RoundAssigner(Assigner):
+    """Every collaborator, every round: ``evaluate`` (what it received, on its own held-out data),
+    then the plugin's tasks; after the last training round, one more round of ``evaluate`` alone, so
+    that the final model is measured at every site too. ``rounds_to_train`` counts training rounds."""
 
-    def __init__(self, config: RunConfig, model_shape: dict[str, int], out_dir: str | Path) -> None:
+    def __init__(self, train_tasks: list[str], **kwargs: Any) -> None:
+        self.train_tasks = list(train_tasks)
+        super().__init__(**kwargs)
+
+    def define_task_assignments(self) -> None:
+        self.all_tasks_in_groups = [EVALUATE_TASK, *self.train_tasks]
+
+    def tasks_of_round(self, round_number: int) -> list[str]:
+        return [EVALUATE_TASK, *self.train_tasks] if round_number < self.rounds else [EVALUATE_TASK]
+
+    def get_tasks_for_collaborator(self, collaborator_name: str, round_number: int) -> list[str]:
+        return self.tasks_of_round(round_number)
+
+    def get_collaborators_for_task(self, task_name: str, round_number: int) -> list[str]:
+        return list(self.authorized_cols) if task_name in self.tasks_of_round(round_number) else []
+
+    def get_all_tasks_for_round(self, round_number: int) -> list[str]:
+        return self.tasks_of_round(round_number)
+
+
+def site_metrics(db, round_number: int, sites: list[str], tasks: list[str]) -> dict[str, dict[str, dict[str, float]]]:
+    """Every site's reported metrics of ``round_number`` from the aggregator's tensor database, per
+    site and task: ``{site: {task: {metric: value}}}`` (OpenFL itself keeps only their average)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    rows = db[(db["round"] == round_number) & db["report"]]
+    wanted = set(sites)
+    for name, tags, array in zip(rows["tensor_name"], rows["tags"], rows["nparray"]):
+        owners = set(tags) & wanted
+        if len(owners) != 1 or "metric" not in tags:
+            continue  # the aggregated (averaged) rows carry no site
+        site = owners.pop()
+        if name == WEIGHT_METRIC:
+            out.setdefault(site, {}).setdefault("", {})["samples"] = float(np.asarray(array))
+            continue
+        task = next((t for t in tasks if name.startswith(t + "_")), None)
+        if task is not None:
+            out.setdefault(site, {}).setdefault(task, {})[name[len(task) + 1:]] = float(np.asarray(array))
+    return out
+
+
+def weighted_site_mean(sites: dict[str, dict[str, Any]], key: str = "accuracy") -> float | None:
+    """The mean of the sites' evaluation ``key``, weighted by the size of each site's held-out split
+    (= the figure pooled over every site's held-out samples)."""
+    pairs = [(v["evaluation"][key], v["evaluation"].get(EVAL_SAMPLES, 1.0)) for v in sites.values()
+             if key in v.get("evaluation", {})]
+    total = sum(n for _, n in pairs)
+    return sum(a * n for a, n in pairs) / total if total else None
+
+
+class RoundReport(Callback):
+    """After each round: export the new global model (a torch state_dict), evaluate it on the
+    aggregator's own test split when this machine has one, and write one JSON line per finished
+    round to ``rounds.jsonl``: round ``k``'s line holds the training metrics of the round that made
+    model ``k`` and every site's evaluation of model ``k`` on its own held-out data (measured at the
+    start of the next round, or in the final evaluation-only round)."""
+
+    def __init__(self, config: RunConfig, model_shape: dict[str, int], out_dir: str | Path, rounds: int) -> None:
         super().__init__()
         self.config = config
+        self.rounds = rounds
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.algorithm = build_algorithm(config)
+        self.sites = site_names(config)
+        self.tasks = [EVALUATE_TASK, *self.algorithm.tasks]
         device = resolve_device(config.device)
         self.model = initial_model(config, **model_shape).to(device)
         self.global_specs = [s for s in self.algorithm.download_specs(self.model, model_shape["num_classes"])
                              if not s.per_site]
         self.server = ServerContext(model=self.model, round_num=0, seed=server_seed(config, 0), device=device,
                                     num_classes=model_shape["num_classes"])
-        try:
-            splits = load_splits(config)
-            self.test = splits.test
-            self.server.public = splits.public  # labelled: linear probes train on it here
-        except FedContrastError as exc:  # e.g. the sites' own folders: no test data here
-            logger.warning("no test data on the aggregator (%s): rounds are not evaluated here", exc)
-            self.test = None
+        self.test = None
+        if config.data_schema is None or config.data_root is not None:
+            try:  # the embedded demo, or an operator who holds data of its own
+                self.test = load_splits(config).test
+                self.server.public = load_public(config)  # labelled: linear probes train on it here
+            except FedContrastError as exc:
+                logger.warning("no test data on the aggregator (%s): rounds are evaluated at the sites only", exc)
+                self.test = None
+        else:
+            logger.info("the aggregator holds no data: every round is evaluated at the sites, on their own data")
+        self.written = max((r["round"] for r in read_records(self.out_dir)), default=0)
+        pending_path = self.out_dir / PENDING_FILE
+        self.pending: dict[str, Any] = json.loads(pending_path.read_text()) if pending_path.exists() else {}
+        self.absent: list[str] = []  # set by the aggregator: sites left out of the round just ended
 
     def on_round_end(self, round_num: int, logs: dict | None = None) -> None:
+        if round_num >= 1:
+            self.write_record(round_num)  # the sites' evaluations of model `round_num`, if not written yet
         tensors = self.tensor_db.get_tensors_by_round_and_tags(round_num + 1, ("model",))
-        packed = next(v for k, v in tensors.items() if k.tensor_name == GLOBAL_PACKED)
+        packed = next((v for k, v in tensors.items() if k.tensor_name == GLOBAL_PACKED), None)
+        if packed is None:  # the final, evaluation-only round makes no model
+            return
         weights = unpack(packed, self.global_specs)
         atomic_torch_save(weights, self.out_dir / FINAL_DOWNLINK)  # everything the sites receive (e.g. prototypes)
         if any(name.startswith(WEIGHT_PREFIX) for name in weights):
             load_weights(self.model, weights)
             atomic_torch_save(self.model.state_dict(), self.out_dir / FINAL_MODEL)
-        record: dict[str, Any] = {"round": round_num + 1, "rounds": self.config.rounds, "time": time.time()}
+        record: dict[str, Any] = {"round": round_num + 1, "rounds": self.rounds, "trained_at": time.time()}
+        if self.absent:
+            record["absent"] = list(self.absent)
         if self.test is not None:
             record.update(self.algorithm.evaluate(Downlink(weights), self.server, self.test))
             if aggregation.LOCAL_MODELS:  # the sites' local models (the aggregator does not know their label
                 # distributions, so only the balanced accuracy; the simulator also reports the weighted one)
                 record.update(local_model_accuracy(self.model, aggregation.LOCAL_MODELS, self.test, self.server.device))
-                aggregation.LOCAL_MODELS.clear()
                 load_weights(self.model, weights)
-        record["site_metrics"] = {k: float(v) for k, v in (logs or {}).items()}
+        aggregation.LOCAL_MODELS.clear()
+        training = site_metrics(self.tensor_db.tensor_db, round_num, self.sites, self.tasks)
+        record["sites"] = {site: {"samples": m.get("", {}).get("samples"),
+                                  "training": {f"{t}_{k}": v for t in self.algorithm.tasks for k, v in m.get(t, {}).items()}}
+                           for site, m in sorted(training.items())}
+        self.pending = record
+        (self.out_dir / PENDING_FILE).write_text(json.dumps(record))
+        logger.info("round %d/%d aggregated%s", round_num + 1, self.rounds,
+                    f"; global test accuracy {record['accuracy']:.4f}" if "accuracy" in record else "")
+
+    def evaluations_complete(self, round_num: int, sites: list[str]) -> bool:
+        metrics = site_metrics(self.tensor_db.tensor_db, round_num, sites, [EVALUATE_TASK])
+        return all(EVALUATE_TASK in metrics.get(s, {}) for s in sites)
+
+    def write_record(self, round_num: int) -> None:
+        """Round ``round_num``'s line: the pending training half plus every site's evaluation of the
+        model it made, as reported in OpenFL round ``round_num``. Written once."""
+        if round_num <= self.written:
+            return
+        record = dict(self.pending) if self.pending.get("round") == round_num else {"round": round_num,
+                                                                                    "rounds": self.rounds}
+        sites = {site: dict(values) for site, values in record.get("sites", {}).items()}
+        evaluations = site_metrics(self.tensor_db.tensor_db, round_num, self.sites, [EVALUATE_TASK])
+        for site, m in sorted(evaluations.items()):
+            if EVALUATE_TASK in m:
+                sites.setdefault(site, {})["evaluation"] = m[EVALUATE_TASK]
+        record["sites"] = dict(sorted(sites.items()))
+        mean = weighted_site_mean(record["sites"])
+        if mean is not None:
+            record["site_accuracy"] = mean
+        record["time"] = time.time()
         with open(self.out_dir / ROUNDS_FILE, "a") as f:
             f.write(json.dumps(record) + "\n")
-        logger.info("round %d/%d: global test accuracy %s", round_num + 1, self.config.rounds,
-                    f"{record['accuracy']:.4f}" if "accuracy" in record else "n/a")
+        self.written = round_num
+        shown = ", ".join(f"{s} {v['evaluation']['accuracy']:.4f}" for s, v in record["sites"].items()
+                          if "accuracy" in v.get("evaluation", {}))
+        logger.info("round %d/%d: accuracy at the sites on their own held-out data: %s%s", round_num, self.rounds,
+                    shown or "n/a", f" (weighted mean {mean:.4f})" if mean is not None else "")
+
+
+def read_records(directory: str | Path) -> list[dict[str, Any]]:
+    """The per-round records of ``rounds.jsonl`` in ``directory`` (empty when there are none yet)."""
+    path = Path(directory) / ROUNDS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 class SafeAggregator(Aggregator):
-    """The stock aggregator, plus: a failed round stops the federation cleanly with exit code 3."""
+    """The stock aggregator, plus: a failed round, a round past ``round_timeout`` seconds (unless
+    ``min_sites`` sites answered: then it is aggregated without the others, who are named) or a
+    site's failed task stops the federation cleanly with exit code 3; the sites' evaluations are
+    recorded per site; one evaluation-only round follows the ``rounds_to_train`` training rounds."""
 
     def __init__(self, run_config: dict[str, Any] | None = None, model_shape: dict[str, int] | None = None,
-                 report_dir: str = "save", **kwargs: Any) -> None:
+                 report_dir: str = "save", round_timeout: float | None = DEFAULT_ROUND_TIMEOUT,
+                 min_sites: int | None = None, rounds_to_train: int = 1, **kwargs: Any) -> None:
         self.failure: str | None = None  # set before super(): recovery may replay a round end
+        self.absent: set[str] = set()  # sites that did not answer in the last round that ended
+        try:
+            config = RunConfig.from_dict(run_config or {})
+            _check_collaborators(config, kwargs.get("authorized_cols") or [], min_sites)
+            self.report = RoundReport(config, model_shape or {}, report_dir, rounds_to_train)
+        except FedContrastError as exc:
+            print(f"fedcontrast aggregator: error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        self.round_timeout = float(round_timeout) if round_timeout else None
+        self.min_sites = min_sites
         callbacks = list(kwargs.pop("callbacks", None) or [])  # the stock default is a shared list
-        config = RunConfig.from_dict(run_config or {})
-        callbacks.append(RoundReport(config, model_shape or {}, report_dir))
-        super().__init__(callbacks=callbacks, **kwargs)
+        callbacks.append(self.report)
+        super().__init__(callbacks=callbacks, rounds_to_train=rounds_to_train + 1, **kwargs)  # + the evaluation round
+        self.lock = threading.RLock()  # the straggler timer, the watchdog and task results share it
         aggregation.PERSONAL_DIR = report_dir
         self._serve_personal_downlinks(config, model_shape or {}, report_dir)
+        self.round_started = time.monotonic()
+        self.quit_since: float | None = None
+        if self.round_timeout is not None:
+            threading.Thread(target=self._watchdog, name="fedcontrast-round-timeout", daemon=True).start()
 
     def _serve_personal_downlinks(self, config: RunConfig, shape: dict[str, int], report_dir: str) -> None:
         """Put this round's per-site tensors into the tensor DB: round 0's from the plugin's initial
@@ -121,7 +263,7 @@ class SafeAggregator(Aggregator):
             personal = torch.load(path, weights_only=True)
         elif self.round_number == 0:
             server = ServerContext(model=model, round_num=0, seed=server_seed(config, 0), device=torch.device("cpu"),
-                                   num_classes=shape["num_classes"], sites=list(self.authorized_cols))
+                                   num_classes=shape["num_classes"], sites=site_names(config))
             personal = algorithm.initial_downlink(server).personal
             aggregation.save_personal(report_dir, 0, personal)
         else:
@@ -138,23 +280,71 @@ class SafeAggregator(Aggregator):
             self.best_model_score = float("-inf")
         super()._save_model(round_number, file_path)
 
+    # --- the round ------------------------------------------------------------------------------
+    def send_local_task_results(self, collaborator_name, round_number, task_name, data_size, named_tensors):
+        if any(t.name == FAILURE_METRIC for t in named_tensors):  # never persisted: a restart starts afresh
+            with self.lock:
+                self.absent.add(collaborator_name)
+                self._fail(f"collaborator {collaborator_name} reported that its task {task_name!r} failed in round "
+                           f"{round_number}; the reason is in that site's own log")
+            return
+        super().send_local_task_results(collaborator_name, round_number, task_name, data_size, named_tensors)
+
+    def process_task_results(self, collaborator_name, round_number, task_name, data_size, named_tensors):
+        with self.lock:
+            super().process_task_results(collaborator_name, round_number, task_name, data_size, named_tensors)
+            if (task_name == EVALUATE_TASK and round_number == self.round_number and round_number >= 1
+                    and self.failure is None
+                    and self.report.evaluations_complete(round_number, list(self.authorized_cols))):
+                self.report.write_record(round_number)  # every site has measured the model: report it now
+
     def _end_of_round_check(self):
         if self.failure is not None:
             return
         round_number = self.round_number
+        missing = list(self.stragglers)
+        self.report.absent = missing
         try:
             super()._end_of_round_check()
         except Exception as exc:  # raised inside an aggregation function or a callback
             self._fail(f"round {round_number} could not be aggregated: {type(exc).__name__}: {exc}")
             logger.exception("aggregation failure")
             return
+        if self.round_number != round_number:  # the round ended: the next one's clock starts
+            self.absent = set(missing)
+            self.round_started = time.monotonic()
         if aggregation.REJECTED:
             reasons = "; ".join(aggregation.REJECTED)
             aggregation.REJECTED.clear()
             self._fail(f"round {round_number} was aggregated without rejected upload(s) ({reasons}); "
                        "the federation stops so that the operator can look at the sender")
 
+    def _watchdog(self) -> None:
+        """End (or, with ``min_sites``, close without the silent sites) a round past ``round_timeout``."""
+        while True:
+            time.sleep(0.5)
+            with self.lock:
+                if self.failure is not None or self._time_to_quit():
+                    return
+                if time.monotonic() - self.round_started <= self.round_timeout:
+                    continue
+                done = [c for c in self.authorized_cols if c in self.collaborators_done]
+                missing = [c for c in self.authorized_cols if c not in done]
+                label = "the evaluation round" if self.round_number == self.rounds_to_train - 1 else \
+                    f"round {self.round_number}"
+                if self.min_sites is not None and done and len(done) >= self.min_sites:
+                    logger.warning("%s: no answer from %s within %.0f s; aggregated without them (min_sites %d)",
+                                   label, ", ".join(missing), self.round_timeout, self.min_sites)
+                    self.stragglers = missing
+                    self._end_of_round_check()
+                else:
+                    self.absent = set(missing)
+                    self._fail(f"{label} did not complete within {self.round_timeout:.0f} s (the plan's "
+                               f"round_timeout): no answer from {', '.join(missing)}")
+
     def _fail(self, reason: str) -> None:
+        if self.failure is not None:
+            return
         self.failure = reason
         logger.error("federation stopped: %s", reason)
         self.rounds_to_train = self.round_number  # every collaborator is now told to quit
@@ -166,12 +356,32 @@ class SafeAggregator(Aggregator):
         return tasks, round_number, sleep_time, time_to_quit
 
     def all_quit_jobs_sent(self) -> bool:  # polled by the server's main thread
-        done = super().all_quit_jobs_sent()
+        """Every site that is still there has been told to quit (a site that did not answer in the
+        last round is not waited for: it may be gone for good)."""
+        if not self._time_to_quit():
+            return False
+        if self.quit_since is None:
+            self.quit_since = time.monotonic()
+        live = set(self.authorized_cols) - self.absent
+        done = set(self.quit_job_sent_to) >= live or time.monotonic() - self.quit_since > 60
         if done and self.failure is not None:
             time.sleep(1)  # let the last quit message reach its collaborator
             print(f"fedcontrast aggregator: error: federation stopped: {self.failure}", file=sys.stderr, flush=True)
             raise SystemExit(FAILURE_EXIT_CODE)
         return done
+
+
+def _check_collaborators(config: RunConfig, authorized: list[str], min_sites: int | None) -> None:
+    """The aggregator admits only the plan's sites (a site's index, e.g. FedPCL's prototype set, is
+    its position in the plan)."""
+    names = site_names(config)
+    strangers = [c for c in authorized if c not in names]
+    if strangers:
+        raise ConfigError(f"plan/cols.yaml admits {', '.join(strangers)}, which the plan does not name as a site "
+                          f"({', '.join(names)}); fix cols.yaml or make a plan with those sites")
+    if min_sites is not None and not (isinstance(min_sites, int) and 1 <= min_sites <= len(names)):
+        raise ConfigError(f"min_sites must be an integer between 1 and the {len(names)} sites of the plan, "
+                          f"got {min_sites!r}")
 
 
 def explain_rpc_error(error: grpc.RpcError, uri: str) -> tuple[str, bool]:
@@ -234,7 +444,8 @@ class SafeCollaborator(Collaborator):
             if time_to_quit:
                 if sleep_time == FAILURE_SLEEP_CODE:  # added: the aggregator stopped the federation
                     raise CollaboratorStopped("fedcontrast collaborator: error: the aggregator stopped the "
-                                              "federation after a failed round; see the aggregator's log")
+                                              "federation (a failed round, a site that did not answer in time, "
+                                              "or a failed task); its log says which")
                 break
             if not tasks:
                 time.sleep(min(sleep_time, self.poll_interval))  # changed: see poll_interval
@@ -243,8 +454,33 @@ class SafeCollaborator(Collaborator):
             self.callbacks.on_round_begin(round_number)
             logs = {}
             for task in tasks:
-                logs.update(self.do_task(task, round_number))
+                try:  # added: a failing task ends this collaborator with one sentence, and tells the aggregator
+                    logs.update(self.do_task(task, round_number))
+                except (CollaboratorStopped, KeyboardInterrupt):
+                    raise
+                except Exception as exc:
+                    self._task_failed(task, round_number, exc)
             self.tensor_db.clean_up(self.db_store_rounds)
             self.callbacks.on_round_end(round_number, logs)
         self.callbacks.on_experiment_end()
         logger.info("Received shutdown signal. Exiting...")
+
+    def _task_failed(self, task, round_number: int, exc: Exception) -> None:
+        """Keep the traceback in this site's log folder, tell the aggregator (a number only: the reason
+        stays here), and stop with one sentence."""
+        name = getattr(task, "name", task)
+        trace = Path("logs") / f"{self.collaborator_name}_error.txt"
+        try:
+            trace.parent.mkdir(exist_ok=True)
+            trace.write_text("".join(traceback.format_exception(exc)))
+            where = f" (traceback in {trace})"
+        except OSError:
+            where = ""
+        try:
+            key = TensorKey(FAILURE_METRIC, self.collaborator_name, round_number, True, ("metric",))
+            self.client.send_local_task_results(round_number, name, -1, [self.nparray_to_named_tensor(key, np.array(1.0))])
+        except Exception:  # the aggregator may be gone too; its round timeout covers that
+            logger.debug("could not tell the aggregator about the failure", exc_info=True)
+        reason = str(exc) if isinstance(exc, FedContrastError) else f"{type(exc).__name__}: {exc}"
+        raise CollaboratorStopped(f"fedcontrast collaborator: error: task {name!r} of round {round_number} failed: "
+                                  f"{reason}{where}") from None

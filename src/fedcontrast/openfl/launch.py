@@ -165,8 +165,32 @@ def run_federation(workspace: str | Path, *, timeout: float = 3600, poll: float 
     return records
 
 
+def site_curves(records: list[dict[str, Any]], key: str = "accuracy") -> dict[str, list[float | None]]:
+    """Each site's evaluation ``key`` per round (None where it did not report)."""
+    sites = sorted({s for r in records for s in r.get("sites", {})})
+    return {s: [r.get("sites", {}).get(s, {}).get("evaluation", {}).get(key) for r in records] for s in sites}
+
+
+def format_round(record: dict[str, Any]) -> str:
+    """One progress line: the aggregator's own test accuracy (when it has test data) and every
+    site's accuracy on its own held-out data, with their weighted mean."""
+    parts = [f"round {record['round']}/{record['rounds']}"]
+    if record.get("accuracy") is not None:
+        parts.append(f"global test accuracy {record['accuracy']:.4f}")
+    sites = {s: v["evaluation"]["accuracy"] for s, v in record.get("sites", {}).items()
+             if "accuracy" in v.get("evaluation", {})}
+    if sites:
+        parts.append("sites' held-out accuracy " + " ".join(f"{s} {a:.4f}" for s, a in sites.items())
+                     + f" (weighted mean {record['site_accuracy']:.4f})")
+    if record.get("absent"):
+        parts.append(f"without {', '.join(record['absent'])}")
+    return "  ".join(parts)
+
+
 def export_results(workspace: str | Path, out_dir: str | Path) -> dict[str, Any]:
-    """Copy the final model and write accuracy.png, rounds.csv and summary.json into ``out_dir``."""
+    """Copy the final model and write accuracy.png (the aggregator's test accuracy when it has test
+    data, every site's held-out accuracy and their sample-weighted mean), rounds.csv and
+    summary.json into ``out_dir``."""
     from ..sim.outputs import plot_curves, write_json
 
     ws, out = Path(workspace), Path(out_dir)
@@ -177,16 +201,35 @@ def export_results(workspace: str | Path, out_dir: str | Path) -> dict[str, Any]
         if (ws / "save" / name).exists():
             shutil.copyfile(ws / "save" / name, out / name)
     curve = [r.get("accuracy") for r in records]
+    mean_curve = [r.get("site_accuracy") for r in records]
+    per_site = site_curves(records)
     with open(out / "rounds.csv", "w") as f:
-        f.write("round,accuracy,loss\n")
-        f.writelines(f"{r['round']},{r.get('accuracy', '')},{r.get('loss', '')}\n" for r in records)
-    if curve and all(a is not None for a in curve):
-        plot_curves(out / "accuracy.png", {f"{config.algorithm} (OpenFL)": curve},
-                    title=f"{config.algorithm} on {config.dataset}: {config.clients} collaborators, mTLS")
+        f.write("round,accuracy,loss,site_accuracy" + "".join(f",{s}_accuracy" for s in per_site) + "\n")
+        for i, r in enumerate(records):
+            cells = [r["round"], r.get("accuracy"), r.get("loss"), r.get("site_accuracy"),
+                     *(per_site[s][i] for s in per_site)]
+            f.write(",".join("" if c is None else str(c) for c in cells) + "\n")
+    curves: dict[str, list[float | None]] = {}
+    styles: dict[str, dict[str, Any]] = {}
+    if any(a is not None for a in curve):
+        curves["global model (aggregator's test split)"] = curve
+        styles["global model (aggregator's test split)"] = {"color": "black", "linewidth": 2.2}
+    if any(a is not None for a in mean_curve):
+        curves["sites, weighted mean"] = mean_curve
+        styles["sites, weighted mean"] = {"color": "black", "linestyle": "--", "linewidth": 2.2}
+    for s, values in per_site.items():
+        curves[s] = values
+        styles[s] = {"linewidth": 1.0, "alpha": 0.8}
+    if curves:
+        plot_curves(out / "accuracy.png", curves, styles=styles, ylabel="accuracy",
+                    title=f"{config.algorithm}: {config.clients} sites, OpenFL with mutual TLS")
+    final_sites = {s: v[-1] for s, v in per_site.items()} if records else {}
     summary = {"algorithm": config.algorithm, "dataset": config.dataset, "collaborators": config.clients,
                "rounds_completed": len(records), "final_accuracy": curve[-1] if curve else None,
                "best_accuracy": max((a for a in curve if a is not None), default=None),
+               "final_site_accuracy": final_sites, "final_site_accuracy_mean": mean_curve[-1] if records else None,
                "final_model": str(out / FINAL_MODEL) if (out / FINAL_MODEL).exists() else None,
-               "final_downlink": str(out / FINAL_DOWNLINK), "accuracy_curve": curve}
+               "final_downlink": str(out / FINAL_DOWNLINK), "accuracy_curve": curve,
+               "site_accuracy_curve": mean_curve}
     write_json(out / "summary.json", summary)
     return summary

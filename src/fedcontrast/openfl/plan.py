@@ -13,19 +13,23 @@ from typing import Any
 
 import yaml
 
-from ..config import RunConfig
-from ..construction import build_algorithm, load_splits, site_name
+from ..config import RunConfig, site_names
+from ..construction import build_algorithm, data_shape
 from ..errors import ConfigError
 
 PACKAGE = "fedcontrast.openfl"
+# The engine's own collaborator task, first in every round and alone in a final extra round: the
+# site evaluates what it received on its own held-out data (metrics only; nothing else leaves).
+EVALUATE_TASK = "evaluate"
+DEFAULT_ROUND_TIMEOUT = 1800.0  # seconds a round may take (aggregator.settings.round_timeout)
 DEFAULT_PORT = 50551
-WORKSPACE_DIRS = ("plan", "save", "local_state", "logs", "cert")
+WORKSPACE_DIRS = ("plan", "save", "local_state", "logs", "cert", "src")
 
 
 def model_shape(config: RunConfig) -> dict[str, int]:
-    """Input channels, image size and classes of the configured data set: the global model's shape."""
-    splits = load_splits(config)
-    return {"in_channels": splits.in_channels, "image_size": splits.image_size, "num_classes": splits.num_classes}
+    """Input channels, image size and classes: the global model's shape (from the data schema
+    without reading data, else from the configured data set)."""
+    return data_shape(config)
 
 
 def deployment_defaults(*, address: str = "localhost", port: int = DEFAULT_PORT, tls: bool = True,
@@ -49,28 +53,45 @@ def deployment_defaults(*, address: str = "localhost", port: int = DEFAULT_PORT,
     }
 
 
-def build_plan(config: RunConfig, *, shape: dict[str, int] | None = None, **network: Any) -> dict[str, Any]:
-    """The complete plan.yaml content for ``config`` (TLS and client authentication on by default)."""
+def build_plan(config: RunConfig, *, shape: dict[str, int] | None = None,
+               round_timeout: float = DEFAULT_ROUND_TIMEOUT, min_sites: int | None = None,
+               **network: Any) -> dict[str, Any]:
+    """The complete plan.yaml content for ``config`` (TLS and client authentication on by default).
+
+    ``round_timeout``: seconds a round may take before the federation stops naming the sites that did
+    not answer; ``min_sites``: how many answering sites let such a round be aggregated without the
+    others instead (None: all are needed)."""
     if config.sample_fraction != 1.0:
         raise ConfigError("sample_fraction < 1 is not supported in an OpenFL deployment yet: every "
                           "collaborator takes part in every round")
+    if not (isinstance(round_timeout, (int, float)) and round_timeout > 0):
+        raise ConfigError(f"round_timeout must be a number of seconds > 0, got {round_timeout!r}")
+    if min_sites is not None and not (isinstance(min_sites, int) and 1 <= min_sites <= config.clients):
+        raise ConfigError(f"min_sites must be an integer between 1 and the {config.clients} sites, got {min_sites!r}")
     algorithm = build_algorithm(config)
+    if EVALUATE_TASK in algorithm.tasks:
+        raise ConfigError(f"{algorithm.name} names a task {EVALUATE_TASK!r}, which the engine reserves for the "
+                          "sites' own evaluation; rename it")
     shape = shape or model_shape(config)
     run_config = config.to_dict()  # one object, referenced four times: YAML writes it once
     plan = deployment_defaults(**network)
-    plan["aggregator"]["settings"].update(run_config=run_config, model_shape=shape, rounds_to_train=config.rounds)
+    plan["aggregator"]["settings"].update(run_config=run_config, model_shape=shape, rounds_to_train=config.rounds,
+                                          round_timeout=float(round_timeout), min_sites=min_sites)
     # The loader checks the site's policy before reading data: it gets the very network settings and
     # model shape of this plan (the same objects: YAML writes them once and refers to them).
     plan["data_loader"] = {"template": f"{PACKAGE}.loader.SiteDataLoader", "settings": {
         "run_config": run_config, "network": plan["network"]["settings"], "model_shape": shape}}
     plan["task_runner"] = {"template": f"{PACKAGE}.runner.PluginTaskRunner",
                            "settings": {"run_config": run_config, "state_dir": "local_state/sites"}}
-    plan["assigner"] = {"template": "openfl.component.RandomGroupedAssigner", "settings": {
-        "task_groups": [{"name": "learning", "percentage": 1.0, "tasks": list(algorithm.tasks)}]}}
+    # Each round: evaluate (the sites' own held-out data), then the plugin's tasks; and one final
+    # evaluation-only round (see components.RoundAssigner).
+    plan["assigner"] = {"template": f"{PACKAGE}.components.RoundAssigner",
+                        "settings": {"train_tasks": list(algorithm.tasks)}}
     aggregation = {"template": f"{PACKAGE}.aggregation.PluginAggregation",
                    "settings": {"run_config": run_config, "model_shape": shape}}
-    plan["tasks"] = {task: {"function": task, "kwargs": {}, "aggregation_type": aggregation}
-                     for task in algorithm.tasks}
+    plan["tasks"] = {EVALUATE_TASK: {"function": EVALUATE_TASK, "kwargs": {}}}
+    plan["tasks"].update({task: {"function": task, "kwargs": {}, "aggregation_type": aggregation}
+                          for task in algorithm.tasks})
     return plan
 
 
@@ -106,29 +127,108 @@ def dump_yaml(data: Any) -> str:
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
-def create_workspace(directory: str | Path, config: RunConfig, *, collaborators: int | None = None,
-                     **network: Any) -> Path:
-    """A ready OpenFL workspace: ``plan/{plan,cols,data}.yaml`` and the folders ``fx`` expects.
+DATA_YAML_HEADER = ("# Each collaborator's data, one line per site on that site's own machine: NAME,PATH\n"
+                    "# (PATH: its image folder, one sub-folder per class of the plan's data schema;\n"
+                    "#  `fedcontrast site join` writes this line). The operator holds no data.\n")
+REQUIREMENTS = ("# What every party installs before running this workspace (`fx workspace export` ships this file).\n"
+                "fedcontrast=={version}\n")
+SRC_README = ("The federation's code is the installed `fedcontrast` package (version {version}), named in\n"
+              "../requirements.txt; the plan (plan/plan.yaml) says which of its classes run. Nothing here to edit.\n")
 
-    Collaborators are named ``site_0`` … and read shard ``i`` of the configured partition
-    (``plan/data.yaml``; an institution replaces its line with its own folder).
+
+def create_workspace(directory: str | Path, config: RunConfig, *, collaborators: int | None = None,
+                     round_timeout: float = DEFAULT_ROUND_TIMEOUT, min_sites: int | None = None,
+                     public_source: str | Path | None = None, log=print, **network: Any) -> Path:
+    """A ready OpenFL workspace: ``plan/{plan,cols,data}.yaml``, the folders ``fx`` expects, and
+    what ``fx workspace export`` packs (``src/``, ``requirements.txt``, ``.workspace``).
+
+    Sites are the plan's ``sites`` (default ``site_0`` …). Without a data schema each reads shard
+    ``i`` of the configured partition (``plan/data.yaml``, the embedded demo); with one, the
+    operator writes no data line: each institution adds its own (``fedcontrast site join``).
     """
+    from .. import __version__
+
     n = collaborators if collaborators is not None else config.clients
     if n < 1:
         raise ConfigError(f"a federation needs at least one collaborator, got {n}")
     if n != config.clients:
+        if config.sites:
+            raise ConfigError(f"{n} collaborators asked for, but the plan names {len(config.sites)} sites")
         config = config.replace(clients=n)
     ws = Path(directory)
     if (ws / "plan" / "plan.yaml").exists():
         raise ConfigError(f"{ws} already holds a workspace (plan/plan.yaml); choose another folder")
-    plan = build_plan(config, **network)
+    build_plan(config, round_timeout=round_timeout, min_sites=min_sites, **network)  # refuse bad settings first
     for sub in WORKSPACE_DIRS:
         (ws / sub).mkdir(parents=True, exist_ok=True)
+    if config.public_data is not None and public_source is not None:
+        from ..data.schema import public_folder_path
+
+        link = public_folder_path(config.public_data, ws)
+        if not link.exists() and Path(public_source).resolve() != link.resolve():
+            link.symlink_to(Path(public_source).resolve(), target_is_directory=True)
+    if config.algorithm == "fedpcl" and config.data_schema is not None:
+        config = shared_backbones(config, ws, log=log)
+    plan = build_plan(config, round_timeout=round_timeout, min_sites=min_sites, **network)
     (ws / "plan" / "plan.yaml").write_text(dump_yaml(plan))
-    names = [site_name(i) for i in range(n)]
+    names = site_names(config)
+    if any(name != name.lower() for name in names):
+        raise ConfigError("collaborator names must be lower case: OpenFL's certificate tools lower-case them")
     (ws / "plan" / "cols.yaml").write_text(dump_yaml({"collaborators": names}))
-    (ws / "plan" / "data.yaml").write_text("".join(f"{name},shard:{i}\n" for i, name in enumerate(names)))
+    if config.data_schema is None:
+        (ws / "plan" / "data.yaml").write_text("".join(f"{name},shard:{i}\n" for i, name in enumerate(names)))
+    else:
+        (ws / "plan" / "data.yaml").write_text(DATA_YAML_HEADER)
+    (ws / "requirements.txt").write_text(REQUIREMENTS.format(version=__version__))
+    (ws / "src" / "README.md").write_text(SRC_README.format(version=__version__))
+    (ws / ".workspace").write_text("current_plan_name: default\n")
     return ws
+
+
+BACKBONE_DIR = "save/backbones"  # shipped to every site inside the workspace package
+
+
+def shared_backbones(config: RunConfig, ws: Path, *, log=print) -> RunConfig:
+    """FedPCL in a deployment: every site must use the very same frozen backbones, so the operator
+    makes (or takes) the weight files once, ships them in the workspace package (``save/backbones``)
+    and writes their SHA-256 into the plan; a site holding a different file refuses to start.
+
+    Without ``backbone_files`` they are pre-trained here on the plan's public folder."""
+    import hashlib
+    import shutil
+
+    import torch
+
+    from ..algorithms.fedpcl import FedPCLHyperparameters
+    from ..construction import load_public
+    from ..models.backbones import pretrain_backbone
+
+    settings = dict(config.hyperparameters.get("fedpcl", {}))
+    hp = FedPCLHyperparameters(**settings)
+    out = ws / BACKBONE_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    for k, arch in enumerate(hp.backbones):
+        target = out / f"backbone_{k}_{arch}.pt"
+        if hp.backbone_files:
+            source = Path(hp.backbone_files[k])
+            if not source.is_file():
+                raise ConfigError(f"backbone weight file {source} does not exist")
+            shutil.copyfile(source, target)
+        else:
+            if config.public_data is None:
+                raise ConfigError("fedpcl in a deployment needs frozen backbones that every site shares: pass "
+                                  "--public-data FOLDER (they are pre-trained on it here) or "
+                                  "--set fedpcl.backbone_files=[FILE,...]")
+            public = load_public(config, base_dir=ws)
+            log(f"pre-training FedPCL backbone {k} ({arch}, {hp.pretrain_epochs} epochs) on the public folder "
+                f"({len(public)} images)")
+            torch.save(pretrain_backbone(arch, public, seed=config.seed + k, epochs=hp.pretrain_epochs).state_dict(),
+                       target)
+        files.append(target)
+    settings["backbone_files"] = [f.relative_to(ws).as_posix() for f in files]
+    settings["backbone_sha256"] = [hashlib.sha256(f.read_bytes()).hexdigest() for f in files]
+    return config.replace(hyperparameters={**config.hyperparameters, "fedpcl": settings})
 
 
 def read_workspace_config(workspace: str | Path) -> RunConfig:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +14,16 @@ from openfl.utilities import TensorKey
 from ..algorithms import ServerContext, SiteContext
 from ..atomic import atomic_torch_save
 from ..config import RunConfig
-from ..construction import (attach_public, build_algorithm, initial_model, resolve_device, server_seed, site_privacy,
-                            task_seed)
+from ..construction import (attach_public, build_algorithm, initial_model, resolve_device, server_seed, site_index,
+                            site_privacy, task_seed)
 from ..errors import CheckpointError
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, UPLOAD_PACKED, pack, unpack
+from .plan import EVALUATE_TASK
 
 WEIGHT_METRIC = "fedcontrast_aggregation_weight"  # n_k, sent as a metric so the aggregator has it exactly
 PERSONAL_TAG = "personal"  # tags (site, "personal"): a downlink tensor meant for that site only
+EVAL_SAMPLES = "samples"  # metric of the evaluate task: the size of the site's held-out split
+EVALUATION_STREAM = 1 << 16  # task index of the evaluate task's seed (apart from every plugin task's)
 
 
 class PluginTaskRunner(TaskRunner):
@@ -38,16 +40,15 @@ class PluginTaskRunner(TaskRunner):
         self.config = RunConfig.from_dict(run_config or {})
         self.algorithm = build_algorithm(self.config)
         self.device = resolve_device(self.config.device)
-        meta = data_loader.meta
-        self.model = initial_model(self.config, in_channels=meta.in_channels, image_size=meta.image_size,
-                                   num_classes=meta.num_classes).to(self.device)
-        attach_public(self.algorithm, meta.public)
+        shape = data_loader.shape
+        self.model = initial_model(self.config, **shape).to(self.device)
+        attach_public(self.algorithm, data_loader.public)
         server = ServerContext(model=self.model, round_num=0, seed=server_seed(self.config, 0),
-                               device=self.device, num_classes=meta.num_classes, public=meta.public)
-        specs = self.algorithm.download_specs(self.model, meta.num_classes)
+                               device=self.device, num_classes=shape["num_classes"], public=data_loader.public)
+        specs = self.algorithm.download_specs(self.model, shape["num_classes"])
         self.global_specs = [s for s in specs if not s.per_site]
         self.personal_specs = [s for s in specs if s.per_site]
-        self.upload_specs = self.algorithm.upload_specs(self.model, meta.num_classes)
+        self.upload_specs = self.algorithm.upload_specs(self.model, shape["num_classes"])
         self.initial_packed = pack(self.algorithm.initial_downlink(server).global_tensors, self.global_specs)
         self._pending: dict[str, dict[str, torch.Tensor]] = {}  # uploads of earlier tasks of the round
         self.state_dir = Path(state_dir)
@@ -55,6 +56,7 @@ class PluginTaskRunner(TaskRunner):
         self.initialize_tensorkeys_for_functions()
         for task in self.algorithm.tasks:
             setattr(self, task, functools.partial(self.run_plugin_task, task))
+        setattr(self, EVALUATE_TASK, self.run_site_evaluation)
 
     # --- what OpenFL calls ----------------------------------------------------------------------
     def get_tensor_dict(self, with_opt_vars: bool = False) -> dict[str, np.ndarray]:
@@ -65,21 +67,46 @@ class PluginTaskRunner(TaskRunner):
         keys = [TensorKey(GLOBAL_PACKED, "GLOBAL", 0, False, ("model",))]
         if self.personal_specs:  # OpenFL asks for (this collaborator, "personal") and serves only its own
             keys.append(TensorKey(PERSONAL_PACKED, "GLOBAL", 0, False, (PERSONAL_TAG,)))
-        for task in self.algorithm.tasks:
+        for task in (EVALUATE_TASK, *self.algorithm.tasks):
             self.required_tensorkeys_for_function[task] = keys
 
     def get_required_tensorkeys_for_function(self, func_name: str, **kwargs: Any) -> list[TensorKey]:
         return self.required_tensorkeys_for_function[func_name]
 
-    def run_plugin_task(self, task: str, col_name: str, round_num: int,
-                        input_tensor_dict: dict[str, np.ndarray], **kwargs: Any):
-        loader = self.data_loader
-        index = loader.site_index if loader.site_index is not None else zlib.crc32(col_name.encode()) % (1 << 20)
-        state = self._load_state(col_name)
+    def site_index(self, col_name: str) -> int:
+        """The site's position in the plan's list of sites (the shard's index for an unlisted
+        ``shard:N`` site; such a collaborator is refused by the aggregator anyway)."""
+        index = site_index(self.config, col_name)
+        if index is None:
+            index = self.data_loader.site_index if self.data_loader.site_index is not None else 0
+        return index
+
+    def _received(self, input_tensor_dict: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         received = unpack(input_tensor_dict[GLOBAL_PACKED], self.global_specs)
         if self.personal_specs:
             received.update(unpack(input_tensor_dict[PERSONAL_PACKED], self.personal_specs))
-        received = {k: v.to(self.device) for k, v in received.items()}
+        return {k: v.to(self.device) for k, v in received.items()}
+
+    def run_site_evaluation(self, col_name: str, round_num: int, input_tensor_dict: dict[str, np.ndarray],
+                            **kwargs: Any):
+        """The engine's ``evaluate`` task: the plugin's :meth:`~Algorithm.evaluate_at_site` on this
+        site's held-out split, for what the site received this round. Metrics only; state unchanged."""
+        loader = self.data_loader
+        index = self.site_index(col_name)
+        site = SiteContext(name=col_name, data=loader.train, model=self.model, training=self.config.training,
+                           round_num=round_num, seed=task_seed(self.config, round_num, index, EVALUATION_STREAM),
+                           device=self.device, state=self._load_state(col_name), public=loader.public, index=index)
+        metrics = self.algorithm.evaluate_at_site(site, self._received(input_tensor_dict), loader.test)
+        metrics[EVAL_SAMPLES] = float(len(loader.test))
+        return {TensorKey(f"{EVALUATE_TASK}_{key}", col_name, round_num, True, ("metric",)): np.array(value)
+                for key, value in metrics.items()}, {}
+
+    def run_plugin_task(self, task: str, col_name: str, round_num: int,
+                        input_tensor_dict: dict[str, np.ndarray], **kwargs: Any):
+        loader = self.data_loader
+        index = self.site_index(col_name)
+        state = self._load_state(col_name)
+        received = self._received(input_tensor_dict)
         site = SiteContext(name=col_name, data=loader.train, model=self.model, training=self.config.training,
                            round_num=round_num, seed=task_seed(self.config, round_num, index,
                                                               self.algorithm.tasks.index(task)),

@@ -141,17 +141,21 @@ def read_certificates(cert_dir: Path) -> list[Certificate] | None:
 
 
 def _site_data(workspace: Path | None, config: RunConfig) -> list[tuple[str, str]]:
-    path = workspace / "plan" / "data.yaml" if workspace is not None else None
-    if path is None or not path.is_file():
-        from ..construction import site_name
+    """(site, data) per line of the workspace's ``plan/data.yaml``; without lines (no workspace, or
+    an operator's, who holds no data) the plan's sites with their shards, or "its own folder"."""
+    from ..config import site_names
 
-        return [(site_name(i), f"shard:{i}") for i in range(config.clients)]
+    path = workspace / "plan" / "data.yaml" if workspace is not None else None
     rows = []
-    for line in path.read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#") and "," in line:
-            name, data = line.split(",", 1)
-            rows.append((name.strip(), data.strip()))
-    return rows
+    if path is not None and path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip() and not line.lstrip().startswith("#") and "," in line:
+                name, data = line.split(",", 1)
+                rows.append((name.strip(), data.strip()))
+    if rows:
+        return rows
+    own = config.data_schema is not None
+    return [(name, "its own folder" if own else f"shard:{i}") for i, name in enumerate(site_names(config))]
 
 
 def load_plan(path: str | Path) -> tuple[dict[str, Any], Path | None]:
@@ -199,9 +203,9 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
     network = plan.get("network", {}).get("settings", {})
     algorithm = build_algorithm(config)
     if algorithm.requires_public:  # FLESD's upload shapes depend on the public set's size
-        from ..construction import attach_public, load_splits
+        from ..construction import attach_public, load_public
 
-        attach_public(algorithm, load_splits(config).public)
+        attach_public(algorithm, load_public(config, base_dir=workspace if workspace is not None else "."))
     model = initial_model(config, **shape)
     by_kind, mechanism_lines = _mechanisms(config, algorithm)
     tensors = [TensorLine(s.name, s.shape, s.dtype, s.nbytes, s.kind, by_kind[s.kind])

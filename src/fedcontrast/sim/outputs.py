@@ -80,8 +80,10 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def plot_curves(path: Path, curves: dict[str, Sequence[float]], *, title: str,
-                bands: dict[str, Sequence[float]] | None = None) -> None:
-    """Test accuracy per round, one line per entry of ``curves`` (optional ± bands)."""
+                bands: dict[str, Sequence[float]] | None = None, ylabel: str = "global test accuracy",
+                styles: dict[str, dict[str, Any]] | None = None) -> None:
+    """Test accuracy per round, one line per entry of ``curves`` (optional ± bands; None values are
+    gaps; ``styles``: matplotlib line settings per label)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -90,13 +92,14 @@ def plot_curves(path: Path, curves: dict[str, Sequence[float]], *, title: str,
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for label, curve in curves.items():
         xs = range(1, len(curve) + 1)
-        ax.plot(xs, curve, label=label, linewidth=1.6)
+        curve = [float("nan") if c is None else c for c in curve]
+        ax.plot(xs, curve, label=label, **{"linewidth": 1.6, **(styles or {}).get(label, {})})
         if bands and label in bands:
             lo = [c - b for c, b in zip(curve, bands[label])]
             hi = [c + b for c, b in zip(curve, bands[label])]
             ax.fill_between(xs, lo, hi, alpha=0.2)
     ax.set_xlabel("round")
-    ax.set_ylabel("global test accuracy")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
