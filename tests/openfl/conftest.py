@@ -56,8 +56,8 @@ def workspace_factory(root: Path, pki: dict):
     """Makes ready workspaces (plan, PKI, init.pbuf) under ``root``; ``max_retries`` bounds
     collaborator retries."""
 
-    def make(config: RunConfig, *, name: str = "ws", max_retries: int = 30) -> Path:
-        ws = create_workspace(root / name, config, port=free_port(), max_retries=max_retries)
+    def make(config: RunConfig, *, name: str = "ws", max_retries: int = 30, **plan_options) -> Path:
+        ws = create_workspace(root / name, config, port=free_port(), max_retries=max_retries, **plan_options)
         shutil.rmtree(ws / "cert")
         shutil.copytree(pki["cert"], ws / "cert")
         cols = {"collaborators": [f"site_{i}" for i in range(config.clients)]}
@@ -89,6 +89,16 @@ class NanUpload(FedAvg):
             key = next(iter(result.uploads))
             result.uploads[key] = torch.full_like(result.uploads[key], float("nan"))
         return result
+
+
+class FailingTask(FedAvg):
+    """site_1's training raises in the second round."""
+    name = "failing_task"
+
+    def task_train(self, site, received):
+        if site.name == "site_1" and site.round_num == 1:
+            raise RuntimeError("deliberate failure in site_1's task")
+        return super().task_train(site, received)
 
 
 class BrokenAggregator(FedAvg):
@@ -136,6 +146,7 @@ def test_plugins(tmp_path, monkeypatch):
     (dist / "entry_points.txt").write_text("[fedcontrast.algorithms]\n"
                                            "nan_upload = test_only_plugins:NanUpload\n"
                                            "broken_aggregator = test_only_plugins:BrokenAggregator\n"
+                                           "failing_task = test_only_plugins:FailingTask\n"
                                            "personal_echo = test_only_plugins:PersonalEcho\n")
     monkeypatch.setenv("PYTHONPATH", str(pkg))
     monkeypatch.syspath_prepend(str(pkg))

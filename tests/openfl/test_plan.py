@@ -52,3 +52,49 @@ def test_workspace_round_trip_and_refusals(tmp_path):
         build_plan(config.replace(sample_fraction=0.5))
     with pytest.raises(ConfigError, match="not a workspace"):
         read_workspace_config(tmp_path / "nowhere")
+
+
+def test_a_schema_plan_needs_no_data_at_all(tmp_path):
+    # No data exists anywhere (no data_root): the operator's plan comes from the schema alone, and the
+    # loader `fx plan initialize` builds reads nothing.
+    from fedcontrast.config import DataSchema
+    from fedcontrast.openfl.loader import SiteDataLoader
+
+    schema = DataSchema((3, 20, 20), ("x", "y", "z"))
+    config = RunConfig(algorithm="moon", dataset="imagefolder", sites=("a", "b"), clients=2, data_schema=schema)
+    plan = build_plan(config)
+    assert plan["aggregator"]["settings"]["model_shape"] == {"in_channels": 3, "image_size": 20, "num_classes": 3}
+    loader = SiteDataLoader(data_path=None, run_config=config.to_dict())
+    assert loader.get_feature_shape() == (3, 20, 20) and loader.train is None and loader.public is None
+
+
+def test_a_site_reading_its_own_folder_is_refused_in_one_sentence(tmp_path):
+    from fedcontrast.config import DataSchema
+    from fedcontrast.openfl.loader import SiteDataLoader
+
+    (tmp_path / "images" / "cat").mkdir(parents=True)
+    demo = RunConfig(clients=2)
+    with pytest.raises(SystemExit, match="no data_schema to check it against"):
+        SiteDataLoader(data_path=str(tmp_path / "images"), run_config=demo.to_dict())
+    schema = RunConfig(dataset="imagefolder", sites=("a", "b"), clients=2,
+                       data_schema=DataSchema((1, 16, 16), ("dog", "bird")))
+    with pytest.raises(SystemExit, match=r"^fedcontrast collaborator: error: class folder\(s\) cat .* not among"):
+        SiteDataLoader(data_path=str(tmp_path / "images"), run_config=schema.to_dict())
+    with pytest.raises(SystemExit, match="does not exist"):
+        SiteDataLoader(data_path=str(tmp_path / "nowhere"), run_config=schema.to_dict())
+
+
+def test_the_evaluate_task_name_is_reserved():
+    from fedcontrast.algorithms.fedavg import FedAvg
+    from fedcontrast.algorithms import registry
+
+    class Clash(FedAvg):
+        name = "clash"
+        tasks = ("evaluate", "train")
+
+    registry._REGISTRY["clash"] = Clash
+    try:
+        with pytest.raises(ConfigError, match="reserves for the sites' own evaluation"):
+            build_plan(RunConfig(algorithm="clash", clients=2))
+    finally:
+        del registry._REGISTRY["clash"]

@@ -138,3 +138,32 @@ def test_exception_in_aggregator_task_stops_the_federation(make_workspace, test_
     assert "deliberate failure in the aggregator task" in str(info.value)
     assert "round 0 could not be aggregated" in str(info.value)
     assert time.monotonic() - started < FEDERATION_TIMEOUT / 2  # stopped, did not hang
+
+
+def test_a_failing_task_ends_the_federation_at_once_naming_the_site(make_workspace, test_plugins):
+    ws = make_workspace(small_config(algorithm="failing_task", rounds=3))
+    started = time.monotonic()
+    with pytest.raises(FederationFailed) as info:
+        run_federation(ws, timeout=FEDERATION_TIMEOUT)
+    assert "collaborator site_1 reported that its task 'train' failed in round 1" in str(info.value)
+    assert time.monotonic() - started < 120  # told at once: no round timeout to wait for
+    log = (ws / "logs" / "site_1.log").read_text()
+    assert ("fedcontrast collaborator: error: task 'train' of round 1 failed: RuntimeError: deliberate failure "
+            "in site_1's task (traceback in logs/site_1_error.txt)") in log
+    assert "Traceback" not in log and "Traceback" in (ws / "logs" / "site_1_error.txt").read_text()
+    assert [r["round"] for r in read_rounds(ws)] == [1]  # what finished before is kept
+
+
+def test_a_silent_site_is_left_out_where_min_sites_allows(make_workspace):
+    ws = make_workspace(small_config(algorithm="fedavg", rounds=1), round_timeout=6, min_sites=1)
+    procs = {"aggregator": start(ws, ["aggregator", "start"], "aggregator.log"),
+             "site_0": start(ws, ["collaborator", "start", "-n", "site_0"], "site_0.log")}  # site_1 never comes
+    try:
+        assert procs["aggregator"].wait(timeout=FEDERATION_TIMEOUT) == 0
+        assert procs["site_0"].wait(timeout=60) == 0
+    finally:
+        stop_all(procs)
+    records = read_rounds(ws)
+    assert [r["round"] for r in records] == [1] and records[0]["absent"] == ["site_1"]
+    assert set(records[0]["sites"]) == {"site_0"} and "evaluation" in records[0]["sites"]["site_0"]
+    assert "no answer from site_1 within 6 s; aggregated without them" in (ws / "logs" / "aggregator.log").read_text()

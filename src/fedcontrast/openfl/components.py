@@ -245,7 +245,9 @@ class SafeAggregator(Aggregator):
         self.lock = threading.RLock()  # the straggler timer, the watchdog and task results share it
         aggregation.PERSONAL_DIR = report_dir
         self._serve_personal_downlinks(config, model_shape or {}, report_dir)
-        self.round_started = time.monotonic()
+        # A round's clock starts when its first task is handed out (or, if no site ever asks, at start-up):
+        # the sites' own start-up time does not count against round 0.
+        self.round_started, self.round_open = time.monotonic(), False
         self.quit_since: float | None = None
         if self.round_timeout is not None:
             threading.Thread(target=self._watchdog, name="fedcontrast-round-timeout", daemon=True).start()
@@ -312,7 +314,7 @@ class SafeAggregator(Aggregator):
             return
         if self.round_number != round_number:  # the round ended: the next one's clock starts
             self.absent = set(missing)
-            self.round_started = time.monotonic()
+            self.round_started, self.round_open = time.monotonic(), False
         if aggregation.REJECTED:
             reasons = "; ".join(aggregation.REJECTED)
             aggregation.REJECTED.clear()
@@ -353,6 +355,8 @@ class SafeAggregator(Aggregator):
         tasks, round_number, sleep_time, time_to_quit = super().get_tasks(collaborator_name)
         if time_to_quit and self.failure is not None:
             sleep_time = FAILURE_SLEEP_CODE
+        if tasks and not self.round_open:
+            self.round_started, self.round_open = time.monotonic(), True
         return tasks, round_number, sleep_time, time_to_quit
 
     def all_quit_jobs_sent(self) -> bool:  # polled by the server's main thread

@@ -200,12 +200,29 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
 
     ``cert_from``: this site's workspace of an earlier experiment of the same federation, whose key
     and certificate are reused (copied on this machine; nothing to send, ``request`` is None)."""
-    from ..config import RunConfig, site_names
+    from ..config import site_names
     from ..data.schema import folder_fingerprint, public_folder_path, summarise_folder
 
     archive = Path(package).resolve()
-    if not archive.is_file():
-        raise DeploymentError(f"workspace package {archive} does not exist")
+    config = package_config(archive)
+    if name not in site_names(config):
+        raise DeploymentError(f"{name!r} is not a site of this plan ({', '.join(site_names(config))}); "
+                              "use the name the operator gave you")
+    if config.data_schema is None:
+        raise DeploymentError("this plan has no data schema (it is the embedded demo); ask the operator for a "
+                              "plan made with --input-shape and --classes")
+    folder = Path(data).expanduser().resolve()
+    summary = summarise_folder(folder, config.data_schema)  # before anything is unpacked
+    source = None
+    if config.public_data is not None:
+        if public is None:
+            raise DeploymentError("this plan names a public data set: pass --public FOLDER (the operator's files, "
+                                  f"fingerprint {config.public_data.sha256[:16]}…)")
+        source = Path(public).expanduser().resolve()
+        found = folder_fingerprint(source)
+        if found != config.public_data.sha256:
+            raise DeploymentError(f"the public folder {source} has fingerprint {found[:16]}… but the plan expects "
+                                  f"{config.public_data.sha256[:16]}…: get exactly the operator's files")
     parent = Path(into).resolve()
     parent.mkdir(parents=True, exist_ok=True)
     ws = parent / archive.name.split(".")[0]  # where `fx workspace import` unpacks it
@@ -214,24 +231,7 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
     log(f"  $ fx workspace import --archive {archive}")
     run_fx(parent, ["workspace", "import", "--archive", str(archive)])
     try:
-        config = RunConfig.from_dict(_plan(ws)["task_runner"]["settings"]["run_config"])
-        if name not in site_names(config):
-            raise DeploymentError(f"{name!r} is not a site of this plan ({', '.join(site_names(config))}); "
-                                  "use the name the operator gave you")
-        if config.data_schema is None:
-            raise DeploymentError("this plan has no data schema (it is the embedded demo); ask the operator for a "
-                                  "plan made with --input-shape and --classes")
-        folder = Path(data).expanduser().resolve()
-        summary = summarise_folder(folder, config.data_schema)
-        if config.public_data is not None:
-            if public is None:
-                raise DeploymentError("this plan names a public data set: pass --public FOLDER (the operator's files, "
-                                      f"fingerprint {config.public_data.sha256[:16]}…)")
-            source = Path(public).expanduser().resolve()
-            found = folder_fingerprint(source)
-            if found != config.public_data.sha256:
-                raise DeploymentError(f"the public folder {source} has fingerprint {found[:16]}… but the plan expects "
-                                      f"{config.public_data.sha256[:16]}…: get exactly the operator's files")
+        if source is not None:
             target = public_folder_path(config.public_data, ws)
             if target != source:
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -258,6 +258,21 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
     _refuse_secrets(request)
     _, csr_hash = request_site(request)
     return Joined(ws, request, csr_hash, summary)
+
+
+def package_config(archive: Path):
+    """The run configuration of a workspace package's plan, read without unpacking it."""
+    from ..config import RunConfig
+
+    if not archive.is_file():
+        raise DeploymentError(f"workspace package {archive} does not exist")
+    try:
+        with zipfile.ZipFile(archive) as z:
+            plan = yaml.safe_load(z.read("plan/plan.yaml"))
+        return RunConfig.from_dict(plan["task_runner"]["settings"]["run_config"])
+    except (zipfile.BadZipFile, KeyError, TypeError, yaml.YAMLError):
+        raise DeploymentError(f"{archive} is not a fedcontrast workspace package (no readable plan/plan.yaml; "
+                              "the operator makes it with `fedcontrast workspace export`)") from None
 
 
 def _data_yaml(ws: Path, name: str, folder: Path) -> str:

@@ -15,7 +15,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,8 @@ class LabCommandFailed(RuntimeError):
     """A party's command failed; the message holds its output's last lines."""
 
 
-def _bin(name: str) -> str:
+def executable(name: str) -> str:
+    """A command of this environment (`fx`, `fedcontrast`), by absolute path."""
     candidate = Path(sys.executable).with_name(name)
     return str(candidate) if candidate.exists() else name
 
@@ -65,6 +68,7 @@ class CrossSiloLab:
         self.net = NetnsLab(self.parties, domain=domain)
         self.data_config = RunConfig(dataset="digits", clients=len(sites), sites=tuple(sites), beta=beta, seed=seed)
         self.transfers: list[tuple[str, str, str]] = []  # (from, to, file name)
+        self._lock = threading.Lock()
         self.env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
                     "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
 
@@ -106,7 +110,7 @@ class CrossSiloLab:
         return done.stdout + done.stderr
 
     def fedcontrast(self, party: str, *args: str, cwd: Path | None = None) -> str:
-        return self.run(party, [_bin("fedcontrast"), *args], cwd=cwd)
+        return self.run(party, [executable("fedcontrast"), *args], cwd=cwd)
 
     def send(self, sender: str, path: Path, receiver: str) -> Path:
         """Copy one file from ``sender``'s disk to ``receiver``'s (the only way files travel)."""
@@ -114,7 +118,8 @@ class CrossSiloLab:
             raise ValueError(f"{path} is not on {sender}'s disk")
         target = self.disk(receiver) / Path(path).name
         shutil.copyfile(path, target)
-        self.transfers.append((sender, receiver, Path(path).name))
+        with self._lock:
+            self.transfers.append((sender, receiver, Path(path).name))
         return target
 
     def deploy(self, name: str, *, algorithm: str, port: int, options: list[str],
@@ -133,17 +138,24 @@ class CrossSiloLab:
             self.fedcontrast(OPERATOR, "ca", "init", name)
         self.fedcontrast(OPERATOR, "workspace", "export", name)
         package = self.disk(OPERATOR) / name / f"{name}.zip"
-        for site in self.sites:
+
+        def join(site: str) -> None:  # the sites act at the same time, as separate institutions would
             local = self.send(OPERATOR, package, site)
-            join = ["site", "join", local.name, "--name", site, "--data", "images", "--public", "public"]
-            if reuse is not None:
-                join += ["--cert-from", reuse.name]
-            self.fedcontrast(site, *join)
+            argv = ["site", "join", local.name, "--name", site, "--data", "images", "--public", "public"]
+            self.fedcontrast(site, *argv, *(["--cert-from", reuse.name] if reuse is not None else []))
+
+        def import_cert(site: str) -> None:
+            signed = self.send(OPERATOR, exp.workspace(self, OPERATOR) / f"agg_to_col_{site}_signed_cert.zip", site)
+            self.fedcontrast(site, "site", "import-cert", signed.name, "--workspace", name)
+
+        with ThreadPoolExecutor(len(self.sites)) as pool:
+            list(pool.map(join, self.sites))
             if reuse is None:
-                request = self.send(site, exp.workspace(self, site) / f"col_{site}_to_agg_cert_request.zip", OPERATOR)
-                self.fedcontrast(OPERATOR, "ca", "sign", name, request.name, "--yes")
-                signed = self.send(OPERATOR, exp.workspace(self, OPERATOR) / f"agg_to_col_{site}_signed_cert.zip", site)
-                self.fedcontrast(site, "site", "import-cert", signed.name, "--workspace", name)
+                for site in self.sites:  # the operator signs one request after the other
+                    request = self.send(site, exp.workspace(self, site) / f"col_{site}_to_agg_cert_request.zip",
+                                        OPERATOR)
+                    self.fedcontrast(OPERATOR, "ca", "sign", name, request.name, "--yes")
+                list(pool.map(import_cert, self.sites))
         return exp
 
     def start(self, exp: Experiment, *, sites: list[str] | None = None, threads: int | None = None) -> None:
@@ -153,14 +165,14 @@ class CrossSiloLab:
         env = {**self.env, "OMP_NUM_THREADS": str(threads)}
         exp.started = time.time()
         ws = exp.workspace(self, OPERATOR)
-        exp.processes[OPERATOR] = self.net.popen(OPERATOR, [_bin("fx"), "aggregator", "start"], cwd=ws, env=env,
+        exp.processes[OPERATOR] = self.net.popen(OPERATOR, [executable("fx"), "aggregator", "start"], cwd=ws, env=env,
                                                  log_path=ws / "logs" / "aggregator.log")
         for site in sites if sites is not None else self.sites:
             self.start_site(exp, site, env=env)
 
     def start_site(self, exp: Experiment, site: str, *, env: dict[str, str] | None = None) -> subprocess.Popen:
         ws = exp.workspace(self, site)
-        proc = self.net.popen(site, [_bin("fx"), "collaborator", "start", "-n", site], cwd=ws, env=env or self.env,
+        proc = self.net.popen(site, [executable("fx"), "collaborator", "start", "-n", site], cwd=ws, env=env or self.env,
                               log_path=ws / "logs" / f"{site}.log")
         exp.processes[site] = proc
         return proc

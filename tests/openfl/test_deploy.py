@@ -1,0 +1,221 @@
+"""The parties' commands of a cross-silo deployment, without a network: what each refuses (with one
+sentence, before anything is unpacked or sent), and the certificate checks a site makes. The whole
+flow across hosts runs in test_crosssilo.py."""
+
+import datetime as dt
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+from PIL import Image
+
+from fedcontrast.cli import main
+from fedcontrast.config import DataSchema, RunConfig
+from fedcontrast.data.schema import folder_fingerprint
+from fedcontrast.errors import DataError
+from fedcontrast.openfl.deploy import (DeploymentError, join, package_config, request_site, secrets_in, sign_request,
+                                       verify_site_certificate)
+from fedcontrast.openfl.plan import create_workspace
+
+CLASSES = ("neg", "pos")
+
+
+def images(root: Path, counts: dict[str, int], seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    for cls, n in counts.items():
+        (root / cls).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8), "L").save(root / cls / f"{i}.png")
+    return root
+
+
+def package(tmp_path: Path, config: RunConfig, name: str = "fed") -> Path:
+    """A workspace package as `fx workspace export` lays it out (the plan files are what matters here)."""
+    ws = create_workspace(tmp_path / "operator" / name, config)
+    archive = tmp_path / f"{name}.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for path in (ws / "plan").iterdir():
+            z.write(path, f"plan/{path.name}")
+    return archive
+
+
+def deployment(sites=("hosp1", "hosp2"), **changes) -> RunConfig:
+    schema = DataSchema((1, 16, 16), CLASSES)
+    return RunConfig(algorithm="fedavg", dataset="imagefolder", sites=sites, clients=len(sites), data_schema=schema,
+                     **changes)
+
+
+def test_join_refuses_before_unpacking_anything(tmp_path):
+    archive = package(tmp_path, deployment())
+    data = images(tmp_path / "data", {"neg": 3, "pos": 3})
+    site_dir = tmp_path / "site"
+    with pytest.raises(DeploymentError, match=r"'hosp9' is not a site of this plan \(hosp1, hosp2\)"):
+        join(archive, name="hosp9", data=data, into=site_dir)
+    with pytest.raises(DataError, match=r"class folder\(s\) cat .* not among the plan's classes"):
+        join(archive, name="hosp1", data=images(tmp_path / "cats", {"neg": 2, "cat": 2}), into=site_dir)
+    with pytest.raises(DeploymentError, match="no data schema"):
+        join(package(tmp_path, RunConfig(clients=2), "demo"), name="site_0", data=data, into=site_dir)
+    bogus = tmp_path / "bogus.zip"
+    with zipfile.ZipFile(bogus, "w") as z:
+        z.writestr("readme.txt", "hello")
+    with pytest.raises(DeploymentError, match="is not a fedcontrast workspace package"):
+        join(bogus, name="hosp1", data=data, into=site_dir)
+    assert not site_dir.exists() or not any(site_dir.iterdir())  # nothing unpacked
+
+
+def test_join_checks_the_public_folder_against_the_plan(tmp_path):
+    public = images(tmp_path / "public", {"neg": 2, "pos": 2}, seed=5)
+    config = deployment(public_data={"sha256": folder_fingerprint(public)})
+    archive = package(tmp_path, config)
+    data = images(tmp_path / "data", {"neg": 3})
+    with pytest.raises(DeploymentError, match="pass --public FOLDER"):
+        join(archive, name="hosp1", data=data, into=tmp_path / "site")
+    other = images(tmp_path / "other", {"neg": 2, "pos": 2}, seed=6)
+    with pytest.raises(DeploymentError, match=rf"{other} has fingerprint {folder_fingerprint(other)[:16]}… but the plan "
+                                              rf"expects {folder_fingerprint(public)[:16]}…"):
+        join(archive, name="hosp1", data=data, public=other, into=tmp_path / "site")
+    assert package_config(archive).public_data.sha256 == folder_fingerprint(public)
+
+
+# --- certificates --------------------------------------------------------------------------------
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def make_ca(cn: str):
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(_name(cn)).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + dt.timedelta(days=2))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(key, hashes.SHA256()))
+    return key, cert
+
+
+def issue(ca, cn: str, key=None):
+    ca_key, ca_cert = ca
+    key = key or rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(ca_cert.subject).public_key(key.public_key())
+            .serial_number(2).not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+            .sign(ca_key, hashes.SHA256()))
+    return key, cert
+
+
+def pem(obj) -> bytes:
+    if isinstance(obj, x509.Certificate):
+        return obj.public_bytes(serialization.Encoding.PEM)
+    return obj.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                             serialization.NoEncryption())
+
+
+def site_workspace(tmp_path: Path, chain, key, cert) -> Path:
+    ws = tmp_path / "ws"
+    (ws / "cert" / "client").mkdir(parents=True)
+    (ws / "cert" / "cert_chain.crt").write_bytes(pem(chain))
+    (ws / "cert" / "client" / "col_hosp1.key").write_bytes(pem(key))
+    (ws / "cert" / "client" / "col_hosp1.crt").write_bytes(pem(cert))
+    return ws
+
+
+def test_site_certificate_must_fit_its_key_and_the_federations_ca(tmp_path):
+    ca = make_ca("federation CA")
+    key, cert = issue(ca, "hosp1")
+    verify_site_certificate(site_workspace(tmp_path / "ok", ca[1], key, cert), "hosp1")
+    _, someone_elses = issue(ca, "hosp1")  # signed for another request: another key
+    with pytest.raises(DeploymentError, match="does not belong to this site's key"):
+        verify_site_certificate(site_workspace(tmp_path / "other_key", ca[1], key, someone_elses), "hosp1")
+    _, foreign = issue(make_ca("another CA"), "hosp1", key=key)
+    with pytest.raises(DeploymentError, match="is not signed by the federation's CA"):
+        verify_site_certificate(site_workspace(tmp_path / "other_ca", ca[1], key, foreign), "hosp1")
+
+
+def test_request_packages_are_read_and_refused_when_they_carry_a_key_or_another_site(tmp_path):
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    csr = x509.CertificateSigningRequestBuilder().subject_name(_name("hosp2")).sign(key, hashes.SHA384())
+    good = tmp_path / "col_hosp2_to_agg_cert_request.zip"
+    with zipfile.ZipFile(good, "w") as z:
+        z.writestr("col_hosp2.csr", csr.public_bytes(serialization.Encoding.PEM))
+    site, digest = request_site(good)
+    assert site == "hosp2" and len(digest) == 96 and not secrets_in(good)
+    leaky = tmp_path / "leaky.zip"
+    with zipfile.ZipFile(leaky, "w") as z:
+        z.writestr("col_hosp2.csr", csr.public_bytes(serialization.Encoding.PEM))
+        z.writestr("col_hosp2.key", pem(key))
+    assert secrets_in(leaky) == ["col_hosp2.key"]
+    with pytest.raises(DeploymentError, match="not a certificate request package"):
+        request_site(leaky)
+    ws = create_workspace(tmp_path / "op", deployment(sites=("hosp1", "hosp3")))
+    with pytest.raises(DeploymentError, match=r"certificate for 'hosp2', which is not a site of this plan"):
+        sign_request(ws, good, confirm=lambda s, h: True)
+    ws2 = create_workspace(tmp_path / "op2", deployment(sites=("hosp1", "hosp2")))
+    with pytest.raises(DeploymentError, match="no certificate authority yet"):
+        sign_request(ws2, good, confirm=lambda s, h: True)
+    (ws2 / "cert" / "ca").mkdir(parents=True)
+    (ws2 / "cert" / "ca" / "signing-ca.crt").write_text("")
+    (ws2 / "cert" / "client").mkdir(parents=True)
+    (ws2 / "cert" / "client" / "col_hosp1.csr").write_text("")  # fx would sign the first .csr it finds
+    with pytest.raises(DeploymentError, match="unsigned request left"):
+        sign_request(ws2, good, confirm=lambda s, h: True)
+    (ws2 / "cert" / "client" / "col_hosp1.csr").unlink()
+    with pytest.raises(DeploymentError, match="did not match"):
+        sign_request(ws2, good, confirm=lambda s, h: False)
+
+
+# --- workspace create from a schema --------------------------------------------------------------
+def test_operator_makes_a_plan_without_any_data(tmp_path, capsys):
+    ws = tmp_path / "fed"
+    assert main(["workspace", "create", "--algorithm", "moon", "--sites", "hosp1,hosp2,hosp3",
+                 "--input-shape", "3x24x24", "--classes", "normal,pneumonia,covid", "--address", "agg.example.org",
+                 "--round-timeout", "600", "--min-sites", "2", str(ws)]) == 0
+    plan = yaml.safe_load((ws / "plan" / "plan.yaml").read_text())
+    run = RunConfig.from_dict(plan["task_runner"]["settings"]["run_config"])
+    assert run.data_schema.input_shape == (3, 24, 24) and run.data_schema.classes == ("normal", "pneumonia", "covid")
+    assert run.sites == ("hosp1", "hosp2", "hosp3") and run.data_root is None
+    assert plan["aggregator"]["settings"]["model_shape"] == {"in_channels": 3, "image_size": 24, "num_classes": 3}
+    assert plan["aggregator"]["settings"]["round_timeout"] == 600 and plan["aggregator"]["settings"]["min_sites"] == 2
+    assert yaml.safe_load((ws / "plan" / "cols.yaml").read_text())["collaborators"] == ["hosp1", "hosp2", "hosp3"]
+    assert all(line.startswith("#") for line in (ws / "plan" / "data.yaml").read_text().splitlines())
+    assert "fedcontrast ca init" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dataset", "imagefolder", "--collaborators", "2"], "pass --input-shape C×H×W and --classes"),
+    (["--input-shape", "1x32x32", "--sites", "a,b"], "needs both --input-shape"),
+    (["--input-shape", "1x32", "--classes", "2", "--sites", "a,b"], "CHANNELSxHEIGHTxWIDTH"),
+    (["--input-shape", "1x32x32", "--classes", "2"], "--sites NAME,NAME"),
+    (["--algorithm", "fedpcl", "--input-shape", "1x16x16", "--classes", "2", "--sites", "a,b"],
+     "fedpcl in a deployment needs frozen backbones"),
+    (["--input-shape", "1x16x16", "--classes", "2", "--sites", "a,b", "--min-sites", "3"], "min_sites"),
+])
+def test_bad_deployment_settings_are_one_sentence(tmp_path, capsys, argv, message):
+    assert main(["workspace", "create", *argv, str(tmp_path / "ws")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_fedpcl_backbones_are_pretrained_on_the_public_folder_and_hashed(tmp_path):
+    public = images(tmp_path / "public", {"neg": 6, "pos": 6})
+    ws = tmp_path / "fed"
+    assert main(["workspace", "create", "--algorithm", "fedpcl", "--sites", "hosp1,hosp2", "--input-shape", "1x16x16",
+                 "--classes", "neg,pos", "--public-data", str(public), "--set", "fedpcl.pretrain_epochs=1",
+                 str(ws)]) == 0
+    run = RunConfig.from_dict(yaml.safe_load((ws / "plan" / "plan.yaml").read_text())["task_runner"]["settings"]
+                              ["run_config"])
+    settings = run.hyperparameters["fedpcl"]
+    import hashlib
+
+    assert settings["backbone_files"] == ["save/backbones/backbone_0_simple_cnn.pt"]
+    assert settings["backbone_sha256"] == [hashlib.sha256((ws / settings["backbone_files"][0]).read_bytes()).hexdigest()]
+    assert run.public_data.sha256 == folder_fingerprint(public) and (ws / "public").resolve() == public.resolve()
+    assert run.data_schema.mean is not None  # measured on the public folder: every party normalises alike
+    from fedcontrast.algorithms.fedpcl import check_backbone_files
+
+    (ws / settings["backbone_files"][0]).write_bytes(b"tampered")
+    with pytest.raises(DataError, match="has SHA-256 .* but the plan expects"):
+        check_backbone_files(settings["backbone_files"], settings["backbone_sha256"], base_dir=ws)
