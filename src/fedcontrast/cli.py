@@ -349,6 +349,22 @@ def cmd_site_import_cert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from .openfl.launch import export_results, format_round, read_rounds
+
+    ws = Path(args.workspace)
+    records = read_rounds(ws)
+    if not records:
+        raise ConfigError(f"{ws / 'save' / 'rounds.jsonl'} holds no finished round yet (is this the aggregator's "
+                          "workspace, and has a round finished?)")
+    for record in records:
+        print(format_round(record))
+    out = Path(args.out) if args.out else ws / "report"
+    summary = export_results(ws, out)
+    print(f"{summary['rounds_completed']} rounds; accuracy.png, rounds.csv and summary.json in {out}")
+    return 0
+
+
 def cmd_public_fingerprint(args: argparse.Namespace) -> int:
     from .data.schema import folder_fingerprint
 
@@ -585,6 +601,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("signed", metavar="SIGNED.zip")
     c.add_argument("--workspace", default=".", help="this site's workspace (default: here)")
     c.set_defaults(func=cmd_site_import_cert)
+
+    p = sub.add_parser("report", help="a federation's rounds so far (the aggregator's workspace): every site's "
+                                      "held-out accuracy, plot, CSV, summary")
+    p.add_argument("workspace")
+    p.add_argument("--out", help="folder for accuracy.png, rounds.csv, summary.json (default: WORKSPACE/report)")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("public", help="public data folders")
     psub2 = p.add_subparsers(dest="public_command", required=True)

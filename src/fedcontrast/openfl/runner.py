@@ -16,7 +16,7 @@ from ..atomic import atomic_torch_save
 from ..config import RunConfig
 from ..construction import (attach_public, build_algorithm, initial_model, resolve_device, server_seed, site_index,
                             site_privacy, task_seed)
-from ..errors import CheckpointError
+from ..errors import CheckpointError, FedContrastError
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, UPLOAD_PACKED, pack, unpack
 from .plan import EVALUATE_TASK
 
@@ -37,6 +37,21 @@ class PluginTaskRunner(TaskRunner):
     def __init__(self, data_loader=None, run_config: dict[str, Any] | None = None,
                  state_dir: str = "local_state/sites", **kwargs: Any) -> None:
         super().__init__(data_loader, **kwargs)
+        try:
+            self._build(data_loader, run_config)
+        except FedContrastError as exc:  # e.g. no public set for FLESD: one sentence, no traceback
+            from .components import CollaboratorStopped
+
+            raise CollaboratorStopped(f"fedcontrast collaborator: error: {exc}") from None
+        self._pending: dict[str, dict[str, torch.Tensor]] = {}  # uploads of earlier tasks of the round
+        self.state_dir = Path(state_dir)
+        self.required_tensorkeys_for_function: dict[str, list[TensorKey]] = {}
+        self.initialize_tensorkeys_for_functions()
+        for task in self.algorithm.tasks:
+            setattr(self, task, functools.partial(self.run_plugin_task, task))
+        setattr(self, EVALUATE_TASK, self.run_site_evaluation)
+
+    def _build(self, data_loader, run_config: dict[str, Any] | None) -> None:
         self.config = RunConfig.from_dict(run_config or {})
         self.algorithm = build_algorithm(self.config)
         self.device = resolve_device(self.config.device)
@@ -50,13 +65,6 @@ class PluginTaskRunner(TaskRunner):
         self.personal_specs = [s for s in specs if s.per_site]
         self.upload_specs = self.algorithm.upload_specs(self.model, shape["num_classes"])
         self.initial_packed = pack(self.algorithm.initial_downlink(server).global_tensors, self.global_specs)
-        self._pending: dict[str, dict[str, torch.Tensor]] = {}  # uploads of earlier tasks of the round
-        self.state_dir = Path(state_dir)
-        self.required_tensorkeys_for_function: dict[str, list[TensorKey]] = {}
-        self.initialize_tensorkeys_for_functions()
-        for task in self.algorithm.tasks:
-            setattr(self, task, functools.partial(self.run_plugin_task, task))
-        setattr(self, EVALUATE_TASK, self.run_site_evaluation)
 
     # --- what OpenFL calls ----------------------------------------------------------------------
     def get_tensor_dict(self, with_opt_vars: bool = False) -> dict[str, np.ndarray]:
