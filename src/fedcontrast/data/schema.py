@@ -23,7 +23,7 @@ from .imagefolder import (IMAGE_SUFFIXES, _images_in, _visible_dirs, check_chann
 from .splits import channel_stats
 
 __all__ = ["FolderSummary", "folder_fingerprint", "infer_schema", "load_public_folder", "load_site_splits",
-           "public_folder_path", "summarise_folder"]
+           "public_folder_path", "summarise_folder", "verify_public_folder", "with_statistics"]
 
 
 def folder_fingerprint(folder: str | Path) -> str:
@@ -106,9 +106,9 @@ def public_folder_path(public: PublicDataConfig, base_dir: str | Path = ".") -> 
     return path if path.is_absolute() else Path(base_dir) / path
 
 
-def load_public_folder(public: PublicDataConfig, schema: DataSchema, base_dir: str | Path = ".") -> ArrayDataset:
-    """The public image folder named in the plan, after checking its fingerprint; labelled by the
-    schema's classes, normalised with the schema's statistics (else its own: identical at every party)."""
+def verify_public_folder(public: PublicDataConfig, base_dir: str | Path = ".") -> Path:
+    """The plan's public folder on this machine, refused (one sentence naming the folder and both
+    fingerprints) unless its files are exactly those the plan's fingerprint describes."""
     path = public_folder_path(public, base_dir)
     if not path.is_dir():
         raise DataError(f"the plan's public data folder {path} does not exist on this machine; put the public "
@@ -117,6 +117,13 @@ def load_public_folder(public: PublicDataConfig, schema: DataSchema, base_dir: s
     if found != public.sha256:
         raise DataError(f"the public data folder {path} has fingerprint {found[:16]}… but the plan expects "
                         f"{public.sha256[:16]}…: every party must hold exactly the operator's files")
+    return path
+
+
+def load_public_folder(public: PublicDataConfig, schema: DataSchema, base_dir: str | Path = ".") -> ArrayDataset:
+    """The public image folder named in the plan, after checking its fingerprint; labelled by the
+    schema's classes, normalised with the schema's statistics (else its own: identical at every party)."""
+    path = verify_public_folder(public, base_dir)
     raw = load_imagefolder_raw(str(path), schema.image_size, class_names=schema.classes, channels=schema.in_channels)
     x = np.concatenate([raw.train_x, raw.test_x]) if raw.test_x is not None else raw.train_x
     y = np.concatenate([raw.train_y, raw.test_y]) if raw.test_y is not None else raw.train_y

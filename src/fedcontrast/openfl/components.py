@@ -38,6 +38,7 @@ from ..config import RunConfig, site_names
 from ..construction import build_algorithm, initial_model, load_public, load_splits, resolve_device, server_seed
 from ..errors import ConfigError, FedContrastError
 from ..evaluation import local_model_accuracy
+from ..sim.outputs import write_json
 from . import aggregation
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, unpack
 from .plan import DEFAULT_ROUND_TIMEOUT, EVALUATE_TASK
@@ -177,7 +178,7 @@ class RoundReport(Callback):
                                   "training": {f"{t}_{k}": v for t in self.algorithm.tasks for k, v in m.get(t, {}).items()}}
                            for site, m in sorted(training.items())}
         self.pending = record
-        (self.out_dir / PENDING_FILE).write_text(json.dumps(record))
+        write_json(self.out_dir / PENDING_FILE, record)  # atomic: a kill leaves the previous one
         logger.info("round %d/%d aggregated%s", round_num + 1, self.rounds,
                     f"; global test accuracy {record['accuracy']:.4f}" if "accuracy" in record else "")
 
@@ -233,6 +234,10 @@ class SafeAggregator(Aggregator):
         try:
             config = RunConfig.from_dict(run_config or {})
             _check_collaborators(config, kwargs.get("authorized_cols") or [], min_sites)
+            if config.public_data is not None:  # every party holds exactly the plan's public files
+                from ..data.schema import verify_public_folder
+
+                verify_public_folder(config.public_data)
             self.report = RoundReport(config, model_shape or {}, report_dir, rounds_to_train)
         except FedContrastError as exc:
             print(f"fedcontrast aggregator: error: {exc}", file=sys.stderr, flush=True)
@@ -350,6 +355,9 @@ class SafeAggregator(Aggregator):
         self.failure = reason
         logger.error("federation stopped: %s", reason)
         self.rounds_to_train = self.round_number  # every collaborator is now told to quit
+        pending = self.report.pending.get("round")
+        if pending is not None and pending > self.report.written:  # keep the last aggregated round's record,
+            self.report.write_record(pending)  # with whatever evaluations of it arrived
 
     def get_tasks(self, collaborator_name):
         tasks, round_number, sleep_time, time_to_quit = super().get_tasks(collaborator_name)

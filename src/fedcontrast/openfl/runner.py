@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from ..construction import (attach_public, build_algorithm, initial_model, resol
 from ..errors import CheckpointError, FedContrastError
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, UPLOAD_PACKED, pack, unpack
 from .plan import EVALUATE_TASK
+
+logger = logging.getLogger(__name__)
 
 WEIGHT_METRIC = "fedcontrast_aggregation_weight"  # n_k, sent as a metric so the aggregator has it exactly
 PERSONAL_TAG = "personal"  # tags (site, "personal"): a downlink tensor meant for that site only
@@ -106,6 +109,9 @@ class PluginTaskRunner(TaskRunner):
                            device=self.device, state=self._load_state(col_name), public=loader.public, index=index)
         metrics = self.algorithm.evaluate_at_site(site, self._received(input_tensor_dict), loader.test)
         metrics[EVAL_SAMPLES] = float(len(loader.test))
+        if "accuracy" in metrics:
+            logger.info("%s, round %d: what it received scores %.4f on its %d held-out images", col_name, round_num,
+                        metrics["accuracy"], len(loader.test))
         return {TensorKey(f"{EVALUATE_TASK}_{key}", col_name, round_num, True, ("metric",)): np.array(value)
                 for key, value in metrics.items()}, {}
 
