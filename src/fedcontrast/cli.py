@@ -218,6 +218,9 @@ def deployment_config(args: argparse.Namespace) -> tuple[RunConfig, Path | None]
         changes["sites"] = tuple(n.strip() for n in args.sites.split(",") if n.strip())
     schema = None
     if args.input_shape or args.classes:
+        if args.dataset not in (None, "imagefolder"):
+            raise ConfigError(f"a data schema (--input-shape, --classes) describes the sites' image folders; drop "
+                              f"--dataset {args.dataset}")
         if not (args.input_shape and args.classes):
             raise ConfigError("a data schema needs both --input-shape (e.g. 1x32x32) and --classes (e.g. 0,1,2 or 10)")
         schema = DataSchema(parse_input_shape(args.input_shape), parse_classes(args.classes),
@@ -325,8 +328,8 @@ def cmd_site_join(args: argparse.Namespace) -> int:
                   cert_from=args.cert_from)
     s = joined.summary
     present = {c: n for c, n in s.counts.items() if n}
-    print(f"workspace {joined.workspace}: {args.name} reads {s.folder} ({s.total} images; classes present: "
-          + ", ".join(f"{c}={n}" for c, n in present.items())
+    print(f"workspace {joined.workspace}: {args.name} reads {s.folder} ({s.total} images; training images per "
+          "class: " + ", ".join(f"{c}={n}" for c, n in present.items())
           + (f"; absent: {', '.join(s.missing_classes())}" if s.missing_classes() else "")
           + ("; test/ folder held out" if s.split_folders else "; a stratified test split is held out") + ")")
     print(f"your private key {joined.workspace / 'cert' / 'client' / f'col_{args.name}.key'} stays on this machine")

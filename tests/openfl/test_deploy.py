@@ -219,3 +219,13 @@ def test_fedpcl_backbones_are_pretrained_on_the_public_folder_and_hashed(tmp_pat
     (ws / settings["backbone_files"][0]).write_bytes(b"tampered")
     with pytest.raises(DataError, match="has SHA-256 .* but the plan expects"):
         check_backbone_files(settings["backbone_files"], settings["backbone_sha256"], base_dir=ws)
+
+
+def test_a_workspace_with_results_is_not_exported(tmp_path):
+    from fedcontrast.openfl.deploy import export_workspace
+
+    ws = create_workspace(tmp_path / "fed", deployment())
+    (ws / "save" / "rounds.jsonl").write_text('{"round": 1}\n')  # every site's figures: not for the others
+    with pytest.raises(DeploymentError, match="holds results of a run .*rounds.jsonl"):
+        export_workspace(ws)
+    assert not (ws / "fed.zip").exists()

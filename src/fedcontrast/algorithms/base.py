@@ -26,8 +26,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -314,6 +315,20 @@ class Algorithm(ABC):
 
         load_weights(site.model, received)
         return evaluate_classifier(site.model, test, site.device)
+
+    # deployment
+    @classmethod
+    def share_files(cls, settings: dict[str, Any], workspace: Path, *, public: Callable[[], Any], seed: int,
+                    log: Callable[[str], None] = print) -> dict[str, Any]:
+        """Files every site of a deployment must hold identically (FedPCL's frozen backbones): the
+        operator makes or copies them under ``workspace/save/`` (the workspace package ships it) and
+        the returned settings pin them (paths relative to the workspace, SHA-256). ``public()`` loads
+        the public data set. Default: none, ``settings`` unchanged."""
+        return settings
+
+    def check_shared_files(self, workspace: str | Path = ".") -> None:
+        """Refuse (:class:`~fedcontrast.errors.DataError`, one sentence) shared files that differ
+        from the plan's pins. Default: nothing to check."""
 
     # declarations
     def upload_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..aggregation import fill_missing_prototypes, global_prototypes
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from ..evaluation import distribution_weighted_accuracy
 from ..losses import check_temperature, fedpcl_loss
 from ..models import MODEL_NAMES
@@ -114,6 +114,44 @@ class FedPCL(Algorithm):
         if key not in self._features:
             self._features[key] = self.backbones(data, public).to(device).features(data.x.to(device))
         return self._features[key]
+
+    # --- deployment -----------------------------------------------------------------------------
+    @classmethod
+    def share_files(cls, settings, workspace, *, public, seed, log=print):
+        """The frozen backbones every site must share: the given ``backbone_files`` copied, or — without
+        them — pre-trained here on the public data set, into ``save/backbones/``, pinned by SHA-256."""
+        import shutil
+
+        import torch
+
+        from ..models.backbones import pretrain_backbone
+
+        hp = cls.Hyperparameters(**settings)
+        out = Path(workspace) / "save" / "backbones"
+        out.mkdir(parents=True, exist_ok=True)
+        files = []
+        for k, arch in enumerate(hp.backbones):
+            target = out / f"backbone_{k}_{arch}.pt"
+            if hp.backbone_files:
+                if not Path(hp.backbone_files[k]).is_file():
+                    raise DataError(f"backbone weight file {hp.backbone_files[k]} does not exist")
+                shutil.copyfile(hp.backbone_files[k], target)
+            else:
+                data = public()
+                if data is None:
+                    raise ConfigError("fedpcl in a deployment needs frozen backbones that every site shares: pass "
+                                      "--public-data FOLDER (they are pre-trained on it here) or "
+                                      "--set fedpcl.backbone_files=[FILE,...]")
+                log(f"pre-training FedPCL backbone {k} ({arch}, {hp.pretrain_epochs} epochs) on the public data "
+                    f"({len(data)} images)")
+                torch.save(pretrain_backbone(arch, data, seed=seed + k, epochs=hp.pretrain_epochs).state_dict(), target)
+            files.append(target)
+        return {**settings, "backbone_files": [f.relative_to(workspace).as_posix() for f in files],
+                "backbone_sha256": [hashlib.sha256(f.read_bytes()).hexdigest() for f in files]}
+
+    def check_shared_files(self, workspace=".") -> None:
+        if self.hp.backbone_files:
+            check_backbone_files(self.hp.backbone_files, self.hp.backbone_sha256, base_dir=workspace)
 
     # --- the site's networks --------------------------------------------------------------------
     def backbones(self, data, public):

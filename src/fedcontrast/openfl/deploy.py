@@ -113,6 +113,13 @@ def export_workspace(workspace: str | Path, *, log: Callable[[str], None] = prin
     the package every institution gets. Refused if it would hold any private key."""
     ws = Path(workspace).resolve()
     _plan(ws)
+    # `fx workspace export` ships save/ whole: results of a run there (every site's figures) would go
+    # to every institution. Only the initial model and the pinned shared files belong in a package.
+    results = sorted(p.name for p in (ws / "save").iterdir()
+                     if p.name not in ("init.pbuf", "backbones")) if (ws / "save").is_dir() else []
+    if results:
+        raise DeploymentError(f"{ws / 'save'} holds results of a run ({', '.join(results[:3])}): the package would "
+                              "send them to every institution; export from a fresh workspace")
     if not (ws / "save" / "init.pbuf").exists():
         log("  $ fx plan initialize")
         run_fx(ws, ["plan", "initialize"])
@@ -201,6 +208,7 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
     ``cert_from``: this site's workspace of an earlier experiment of the same federation, whose key
     and certificate are reused (copied on this machine; nothing to send, ``request`` is None)."""
     from ..config import site_names
+    from ..construction import build_algorithm
     from ..data.schema import folder_fingerprint, public_folder_path, summarise_folder
 
     archive = Path(package).resolve()
@@ -236,7 +244,7 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
             if target != source:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.symlink_to(source, target_is_directory=True)
-        _check_backbones(config, ws)
+        build_algorithm(config).check_shared_files(ws)  # e.g. FedPCL's backbone files against the plan's hashes
         (ws / "plan" / "data.yaml").write_text(_data_yaml(ws, name, folder))
         if cert_from is not None:
             old = Path(cert_from).resolve() / "cert"
@@ -279,15 +287,6 @@ def _data_yaml(ws: Path, name: str, folder: Path) -> str:
     """The site's ``plan/data.yaml``: the operator's comment lines and this site's one data line."""
     comments = [l for l in (ws / "plan" / "data.yaml").read_text().splitlines() if l.lstrip().startswith("#")]
     return "\n".join([*comments, f"{name},{folder}"]) + "\n"
-
-
-def _check_backbones(config, ws: Path) -> None:
-    """FedPCL's backbone files shipped in the package must be the ones whose hashes the plan holds."""
-    from ..algorithms.fedpcl import check_backbone_files
-
-    settings = config.hyperparameters.get(config.algorithm, {})
-    if config.algorithm == "fedpcl" and settings.get("backbone_files"):
-        check_backbone_files(settings["backbone_files"], settings.get("backbone_sha256") or (), base_dir=ws)
 
 
 def import_certificate(workspace: str | Path, signed_zip: str | Path, *, log: Callable[[str], None] = print) -> str:

@@ -26,12 +26,6 @@ DEFAULT_PORT = 50551
 WORKSPACE_DIRS = ("plan", "save", "local_state", "logs", "cert", "src")
 
 
-def model_shape(config: RunConfig) -> dict[str, int]:
-    """Input channels, image size and classes: the global model's shape (from the data schema
-    without reading data, else from the configured data set)."""
-    return data_shape(config)
-
-
 def deployment_defaults(*, address: str = "localhost", port: int = DEFAULT_PORT, tls: bool = True,
                         max_retries: int = 30) -> dict[str, Any]:
     """The parts of a plan that do not depend on the algorithm: components, network, persistence."""
@@ -72,7 +66,7 @@ def build_plan(config: RunConfig, *, shape: dict[str, int] | None = None,
     if EVALUATE_TASK in algorithm.tasks:
         raise ConfigError(f"{algorithm.name} names a task {EVALUATE_TASK!r}, which the engine reserves for the "
                           "sites' own evaluation; rename it")
-    shape = shape or model_shape(config)
+    shape = shape or data_shape(config)  # from the data schema when there is one: no data read
     run_config = config.to_dict()  # one object, referenced four times: YAML writes it once
     plan = deployment_defaults(**network)
     plan["aggregator"]["settings"].update(run_config=run_config, model_shape=shape, rounds_to_train=config.rounds,
@@ -106,7 +100,7 @@ def plan_templates(collaborators: int = 3) -> dict[str, dict[str, Any]]:
 
     templates = {"defaults": deployment_defaults()}
     base = RunConfig(clients=collaborators)
-    shape = model_shape(base)
+    shape = data_shape(base)
     for name in available_algorithms():
         templates[name] = build_plan(base.replace(algorithm=name), shape=shape)
     return templates
@@ -167,13 +161,11 @@ def create_workspace(directory: str | Path, config: RunConfig, *, collaborators:
         link = public_folder_path(config.public_data, ws)
         if not link.exists() and Path(public_source).resolve() != link.resolve():
             link.symlink_to(Path(public_source).resolve(), target_is_directory=True)
-    if config.algorithm == "fedpcl" and config.data_schema is not None:
-        config = shared_backbones(config, ws, log=log)
+    if config.data_schema is not None:  # files every site must hold alike (FedPCL's backbones), pinned in the plan
+        config = pin_shared_files(config, ws, log=log)
     plan = build_plan(config, round_timeout=round_timeout, min_sites=min_sites, **network)
     (ws / "plan" / "plan.yaml").write_text(dump_yaml(plan))
-    names = site_names(config)
-    if any(name != name.lower() for name in names):
-        raise ConfigError("collaborator names must be lower case: OpenFL's certificate tools lower-case them")
+    names = site_names(config)  # lower case (RunConfig checks): OpenFL's certificate tools lower-case names
     (ws / "plan" / "cols.yaml").write_text(dump_yaml({"collaborators": names}))
     if config.data_schema is None:
         (ws / "plan" / "data.yaml").write_text("".join(f"{name},shard:{i}\n" for i, name in enumerate(names)))
@@ -185,50 +177,19 @@ def create_workspace(directory: str | Path, config: RunConfig, *, collaborators:
     return ws
 
 
-BACKBONE_DIR = "save/backbones"  # shipped to every site inside the workspace package
-
-
-def shared_backbones(config: RunConfig, ws: Path, *, log=print) -> RunConfig:
-    """FedPCL in a deployment: every site must use the very same frozen backbones, so the operator
-    makes (or takes) the weight files once, ships them in the workspace package (``save/backbones``)
-    and writes their SHA-256 into the plan; a site holding a different file refuses to start.
-
-    Without ``backbone_files`` they are pre-trained here on the plan's public folder."""
-    import hashlib
-    import shutil
-
-    import torch
-
-    from ..algorithms.fedpcl import FedPCLHyperparameters
+def pin_shared_files(config: RunConfig, ws: Path, *, log=print) -> RunConfig:
+    """The plugin's files that every site must hold identically (e.g. FedPCL's frozen backbones),
+    made or copied into the workspace's ``save/`` (which the workspace package ships) and pinned in
+    the plan by their SHA-256 (:meth:`~fedcontrast.algorithms.Algorithm.share_files`)."""
+    from ..algorithms import get_algorithm
     from ..construction import load_public
-    from ..models.backbones import pretrain_backbone
 
-    settings = dict(config.hyperparameters.get("fedpcl", {}))
-    hp = FedPCLHyperparameters(**settings)
-    out = ws / BACKBONE_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    files = []
-    for k, arch in enumerate(hp.backbones):
-        target = out / f"backbone_{k}_{arch}.pt"
-        if hp.backbone_files:
-            source = Path(hp.backbone_files[k])
-            if not source.is_file():
-                raise ConfigError(f"backbone weight file {source} does not exist")
-            shutil.copyfile(source, target)
-        else:
-            if config.public_data is None:
-                raise ConfigError("fedpcl in a deployment needs frozen backbones that every site shares: pass "
-                                  "--public-data FOLDER (they are pre-trained on it here) or "
-                                  "--set fedpcl.backbone_files=[FILE,...]")
-            public = load_public(config, base_dir=ws)
-            log(f"pre-training FedPCL backbone {k} ({arch}, {hp.pretrain_epochs} epochs) on the public folder "
-                f"({len(public)} images)")
-            torch.save(pretrain_backbone(arch, public, seed=config.seed + k, epochs=hp.pretrain_epochs).state_dict(),
-                       target)
-        files.append(target)
-    settings["backbone_files"] = [f.relative_to(ws).as_posix() for f in files]
-    settings["backbone_sha256"] = [hashlib.sha256(f.read_bytes()).hexdigest() for f in files]
-    return config.replace(hyperparameters={**config.hyperparameters, "fedpcl": settings})
+    cls = get_algorithm(config.algorithm)
+    settings = dict(config.hyperparameters.get(config.algorithm, {}))
+    pinned = cls.share_files(settings, ws, public=lambda: load_public(config, base_dir=ws), seed=config.seed, log=log)
+    if pinned == settings:
+        return config
+    return config.replace(hyperparameters={**config.hyperparameters, config.algorithm: pinned})
 
 
 def read_workspace_config(workspace: str | Path) -> RunConfig:

@@ -196,9 +196,9 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
     agg = plan.get("aggregator", {}).get("settings", {})
     shape = agg.get("model_shape")
     if not shape:
-        from ..openfl.plan import model_shape
+        from ..construction import data_shape
 
-        shape = model_shape(config)
+        shape = data_shape(config)
     rounds = int(agg.get("rounds_to_train", config.rounds))
     network = plan.get("network", {}).get("settings", {})
     algorithm = build_algorithm(config)
