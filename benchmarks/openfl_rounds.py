@@ -72,7 +72,9 @@ def main() -> None:
              "MOON on digits (Dir(0.5) over the collaborators, 10 local epochs, batch 64). OpenFL: `fx aggregator "
              "start` + one `fx collaborator start` per site, separate processes, mutual TLS on localhost, each "
              "collaborator given `cores ÷ collaborators` threads (at least 1); simulator: one process, 2 threads, "
-             f"sites in turn. Medians over rounds 2–{args.rounds}.", "",
+             f"sites in turn. Medians over rounds 2–{args.rounds}. Each OpenFL round includes every site's "
+             "evaluation of the model it received on its own held-out data (the engine's `evaluate` task); the "
+             "simulator does no such evaluation.", "",
              "| collaborators | simulator s/round | OpenFL s/round | ratio | OpenFL launch → round 1 | uploaded / site / round | downloaded / site / round |",
              "|---|---|---|---|---|---|---|"]
     for n, sim, fl, first, up, down in rows:

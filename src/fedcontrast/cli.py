@@ -312,7 +312,11 @@ def cmd_ca_sign(args: argparse.Namespace) -> int:
         print(f"request of {site!r}: SHA-384 hash {csr_hash}")
         if args.yes:
             return True
-        answer = input(f"Is this the hash {site} read out to you (by phone or another channel)? [y/N] ")
+        try:
+            answer = input(f"Is this the hash {site} read out to you (by phone or another channel)? [y/N] ")
+        except EOFError:  # no terminal to ask on
+            raise ConfigError("no one to confirm the request's hash (no terminal): compare it with the site's, then "
+                              "pass --yes") from None
         return answer.strip().lower() in ("y", "yes")
 
     signed = sign_request(args.workspace, args.request, confirm=confirm)
