@@ -7,20 +7,16 @@ bit for bit: the same shard for ``site_3``, the same initial weights, the same p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
 from .algorithms import Algorithm, get_algorithm
-from pathlib import Path
-
 from .config import RunConfig, site_names
 from .data import ArrayDataset, DataSplits, load_dataset, partition_indices
 from .errors import ConfigError
 from .models import ContrastiveNet, build_model
-
-
-def site_name(index: int) -> str:
-    return f"site_{index}"
 
 
 def site_index(config: RunConfig, name: str) -> int | None:

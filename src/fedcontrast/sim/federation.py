@@ -18,9 +18,9 @@ from ..algorithms import Downlink, ServerContext, SiteContext, load_weights, nby
 from ..algorithms.base import WEIGHT_PREFIX
 from ..errors import ConfigError
 from ..evaluation import linear_probe, local_model_accuracy
-from ..config import RunConfig
+from ..config import RunConfig, site_names
 from ..construction import (attach_public, build_algorithm, derive_seed, initial_model, load_splits, partition,
-                            resolve_device, server_seed, site_name, site_privacy, task_seed)
+                            resolve_device, server_seed, site_privacy, task_seed)
 from .outputs import GLOBAL_SITE, metric_row
 
 __all__ = ["Federation", "build_algorithm", "derive_seed"]
@@ -49,7 +49,8 @@ class Federation:
         splits = self.splits = load_splits(config)
         parts = self.partition = partition(config, splits)
         on_device = (lambda d: d) if self.device.type == "cpu" else (lambda d: _to_device(d, self.device))
-        self.sites = [Site(site_name(i), i, on_device(splits.train.subset(p))) for i, p in enumerate(parts)]
+        self.sites = [Site(name, i, on_device(splits.train.subset(p)))
+                      for i, (name, p) in enumerate(zip(site_names(config), parts))]
         self.test = on_device(splits.test)
         self.public = on_device(splits.public) if splits.public is not None else None
         model = initial_model(config, in_channels=splits.in_channels, image_size=splits.image_size,
