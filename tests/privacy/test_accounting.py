@@ -88,3 +88,27 @@ def test_simulated_rounds_record_the_planned_history_and_it_survives_a_reload(tm
         torch.save(site.state[HISTORY_KEY], tmp_path / "h.pt")
         assert torch.load(tmp_path / "h.pt", weights_only=True) == site.state[HISTORY_KEY]
     assert dp_sgd_sample_rate(len(fed.sites[0].data), 32) == compact(history_of(fed.sites[0].state))[0][1]
+
+
+@pytest.mark.parametrize("k", [93, 99, 105])
+def test_a_dp_sgd_session_records_the_true_sampling_rate(k):
+    # n = 10k samples in batches of 10: q = 1/k exactly. Opacus's accountant records 1/len(loader), and
+    # for these k float rounding makes len(loader) = int(1/q) = k − 1, i.e. q = 1/(k − 1): too high.
+    from fedcontrast.privacy.dp_sgd import DPSGDSession
+
+    assert int(1 / (1 / k)) == k - 1  # the rounding the test is about
+    n, batch = 10 * k, 10
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    session = DPSGDSession(model, optimizer, num_samples=n, batch_size=batch, noise_multiplier=1.0, max_grad_norm=1.0,
+                           generator=torch.Generator().manual_seed(0))
+    for idx in session.epoch_batches():
+        session.optimizer.zero_grad()
+        session.model(torch.ones(len(idx), 2)).sum().backward()
+        session.optimizer.step()
+    history = session.close()
+    training = TrainingConfig(local_epochs=1, batch_size=batch)
+    privacy = PrivacyConfig(dp_sgd={"noise_multiplier": 1.0})
+    assert compact(history) == round_history(privacy, training, n)  # [[1.0, 1/k, k − 1]]
+    assert compact(history)[0][1] == 1 / k
+    assert epsilon(history, delta=1e-5) == planned_epsilon(privacy, training, n=n, rounds=1).total

@@ -61,7 +61,11 @@ class DPSGDSession:
             module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=noise_multiplier,
             max_grad_norm=max_grad_norm, poisson_sampling=False,  # the loader above already is Poisson
             noise_generator=generator)
-        self.sample_rate = 1 / len(loader)
+        # The true Poisson rate q = 1/⌈n/B⌉. Opacus's accountant records 1/len(loader), and len(loader) =
+        # int(1/q) is ⌈n/B⌉ − 1 whenever float rounding makes 1/(1/k) fall below k (k = 93, 99, 105, …):
+        # that would over-state ε and disagree with the plan. The steps themselves (int(1/q) per epoch)
+        # are what the sampler draws, so only the rate is replaced (see close()).
+        self.sample_rate = loader.sample_rate
         self.noise_multiplier = noise_multiplier
         self.on_close = on_close
         self.model.forbid_grad_accumulation()
@@ -78,7 +82,7 @@ class DPSGDSession:
     def close(self) -> list[list[float]]:
         """Remove the hooks; returns (and passes to ``on_close``) the accountant history of this session."""
         self.model._close()
-        history = [[float(s), float(q), int(n)] for s, q, n in self.engine.accountant.history]
+        history = [[float(s), float(self.sample_rate), int(n)] for s, _, n in self.engine.accountant.history]
         if self.on_close is not None:
             self.on_close(history)
         return history
