@@ -61,6 +61,26 @@ def local_model_accuracy(model: nn.Module, local_models, test, device: torch.dev
     return out
 
 
+PROTOTYPE_METRICS = ("euclidean", "cosine")
+
+
+def nearest_prototype(z: torch.Tensor, prototypes: torch.Tensor, present: torch.Tensor | None = None, *,
+                      metric: str = "euclidean") -> torch.Tensor:
+    """The class of the nearest prototype for each row of ``z``: ``argmin_c ‖z − P_c‖²`` (euclidean,
+    FedPCL's official rule) or ``argmax_c cos(z, P_c)`` (cosine); classes with ``present == 0`` are
+    never chosen. Not ``argmax z·P``: prototypes are means of unit vectors, their norms differ by
+    class, and the dot product favours the longer ones. ``(N, d), (C, d), (C,) → (N,)``."""
+    if metric not in PROTOTYPE_METRICS:
+        raise ValueError(f"metric must be one of {', '.join(PROTOTYPE_METRICS)}, got {metric!r}")
+    if metric == "euclidean":
+        scores = -torch.cdist(z.double(), prototypes.double()).square()  # (N, C)
+    else:
+        scores = F.normalize(z.double(), dim=1) @ F.normalize(prototypes.double(), dim=1).T
+    if present is not None:
+        scores = scores.masked_fill(~present.to(torch.bool), float("-inf"))
+    return scores.argmax(1)
+
+
 def distribution_weighted_accuracy(pred: torch.Tensor, y: torch.Tensor, class_weights: torch.Tensor) -> float:
     """``Σ_c w_c · acc_c / Σ_c w_c`` over the classes present in ``y``: accuracy on a test set whose
     label distribution follows ``class_weights`` (e.g. a site's class counts)."""

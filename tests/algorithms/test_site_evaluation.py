@@ -71,9 +71,10 @@ def test_fedpcl_measures_the_personal_model_by_its_prototypes():
         z = F.normalize(head(features), dim=1)
     for key, protos in (("accuracy", received[GLOBAL_PROTOTYPES]), ("local_accuracy", received[LOCAL_SETS][0])):
         correct = 0
-        for i in range(len(test)):  # an explicit loop over samples and the classes that have a prototype
-            scores = {c: float(z[i] @ protos[c]) for c in range(len(protos)) if received[PRESENT][c] > 0}
-            correct += int(max(scores, key=scores.get) == int(test.y[i]))
+        for i in range(len(test)):  # an explicit loop: the nearest prototype among the classes that have one
+            distances = {c: float(((z[i] - protos[c]) ** 2).sum()) for c in range(len(protos))
+                         if received[PRESENT][c] > 0}
+            correct += int(min(distances, key=distances.get) == int(test.y[i]))
         assert metrics[key] == pytest.approx(correct / len(test))
 
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..aggregation import fill_missing_prototypes, global_prototypes
 from ..errors import ConfigError, DataError
-from ..evaluation import distribution_weighted_accuracy
+from ..evaluation import PROTOTYPE_METRICS, distribution_weighted_accuracy, nearest_prototype
 from ..losses import check_temperature, fedpcl_loss
 from ..models import MODEL_NAMES
 from ..models.backbones import backbone_set
@@ -46,6 +46,7 @@ class FedPCLHyperparameters:
     temperature: float = 0.07
     prototype_weighting: str = "count"  # or "paper_eq6"
     min_class_samples: int = 1  # classes with fewer (released) local samples are not uploaded
+    nearest: str = "euclidean"  # prediction: the nearest prototype by squared distance (official code), or "cosine"
 
     def __post_init__(self) -> None:
         for name in ("backbones", "backbone_files", "backbone_sha256", "projection_hidden"):
@@ -67,6 +68,8 @@ class FedPCLHyperparameters:
             raise ValueError(f"prototype_weighting must be count or paper_eq6, got {self.prototype_weighting!r}")
         if not (isinstance(self.min_class_samples, int) and self.min_class_samples >= 1):
             raise ValueError(f"min_class_samples must be an integer >= 1, got {self.min_class_samples!r}")
+        if self.nearest not in PROTOTYPE_METRICS:
+            raise ValueError(f"nearest must be one of {', '.join(PROTOTYPE_METRICS)}, got {self.nearest!r}")
 
 
 def check_backbone_files(files, hashes, *, base_dir: str | Path = ".") -> None:
@@ -256,15 +259,14 @@ class FedPCL(Algorithm):
 
     def _predict(self, site: SiteContext, received: Mapping[str, torch.Tensor], data: Any):
         """Predictions of the site's personal model on ``data``: by the nearest global prototype and
-        by the nearest of its own (filled) local prototypes. ``→ (N,), (N,)``."""
+        by the nearest of its own (filled) local prototypes (``hp.nearest``). ``→ (N,), (N,)``."""
         features = self.features(data, site.public, site.device)
         head = self.head(site, features.shape[1], received[GLOBAL_PROTOTYPES].shape[1]).eval()
         with torch.no_grad():
             z = F.normalize(head(features), dim=1)
-        mask = received[PRESENT].to(torch.bool)
         own = received[LOCAL_SETS][min(site.index, len(received[LOCAL_SETS]) - 1)]
-        nearest = lambda protos: (z @ protos.T).masked_fill(~mask, float("-inf")).argmax(1)  # noqa: E731
-        return nearest(received[GLOBAL_PROTOTYPES]), nearest(own)
+        return (nearest_prototype(z, received[GLOBAL_PROTOTYPES], received[PRESENT], metric=self.hp.nearest),
+                nearest_prototype(z, own, received[PRESENT], metric=self.hp.nearest))
 
     def evaluate_site(self, site: SiteContext, received: Mapping[str, torch.Tensor], test: Any) -> dict[str, float]:
         """Personalised accuracy of the site's head, by nearest global prototype (``accuracy``) and by
