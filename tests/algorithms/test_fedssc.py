@@ -86,3 +86,40 @@ def test_inconsistent_uploads_are_rejected_naming_the_sender(counts, means_row, 
         means[0] = means_row
     with pytest.raises(InvalidUploadError, match=f"site 'x'.*{match}"):
         alg.check_upload("x", {CLASS_MEANS: means, CLASS_COUNTS: torch.tensor(counts)}, weight)
+
+
+def test_under_dp_sgd_the_class_sums_take_every_sample_through_the_final_model(make_site):
+    # DP-SGD's Poisson batches leave out some samples each epoch: sums over them would depend on its
+    # hidden draws. Under DP-SGD every sample enters once, through the final local model.
+    from fedcontrast.algorithms.moon import represent_all
+    from fedcontrast.config import PrivacyConfig
+    from fedcontrast.privacy import SitePrivacy
+
+    from fedcontrast.privacy.dp_sgd import make_dp_compatible
+
+    site = make_site(training=TrainingConfig(local_epochs=2, batch_size=16), n=96)
+    site.model = make_dp_compatible(site.model)  # as every engine builds it under DP-SGD
+    site.privacy = SitePrivacy(PrivacyConfig(dp_sgd={"noise_multiplier": 1.0}), site.state, round_num=0, noise_seed=1)
+    alg = get_algorithm("fedssc").from_settings({"min_class_samples": 1})
+    received = {**weight_tensors(site.model), CLASS_REPS: torch.zeros(10, 32), CLASS_PRESENT: torch.zeros(10)}
+    result = alg.run_task("train", site, received)
+    counts = torch.bincount(site.data.y, minlength=10)
+    assert torch.equal(result.uploads[CLASS_COUNTS], counts)  # every sample, exactly once
+    site.model.eval()
+    with torch.no_grad():
+        z = represent_all(site.model, site.data.x)  # the final model, as uploaded
+    for c in range(10):
+        if counts[c]:
+            assert torch.allclose(result.uploads[CLASS_MEANS][c], z[site.data.y == c].mean(0), atol=1e-5)
+
+
+def test_last_epoch_means_are_refused_under_dp_sgd():
+    from fedcontrast.config import RunConfig
+    from fedcontrast.construction import build_algorithm
+    from fedcontrast.errors import ConfigError
+
+    config = RunConfig(algorithm="fedssc", hyperparameters={"fedssc": {"class_means": "last_epoch"}},
+                       privacy={"dp_sgd": {"noise_multiplier": 1.0}})
+    with pytest.raises(ConfigError, match="last_epoch does not compose with DP-SGD"):
+        build_algorithm(config)
+    assert build_algorithm(config.replace(hyperparameters={"fedssc": {"class_means": "auto"}})) is not None

@@ -275,6 +275,10 @@ class Algorithm(ABC):
         """Raise ConfigError when the hyper-parameters cannot work with ``training``; engines call
         it once before the first round."""
 
+    def validate_privacy(self, privacy: Any) -> None:
+        """Raise ConfigError when the hyper-parameters cannot work with the plan's privacy section
+        (a :class:`~fedcontrast.config.PrivacyConfig`); called at plan time, after the DP kinds."""
+
     # collaborator side
     def run_task(self, task: str, site: SiteContext, received: Mapping[str, torch.Tensor]) -> TaskResult:
         if task not in self.tasks:

@@ -12,10 +12,11 @@ import torch
 from torch import nn
 
 from ..aggregation import weighted_average
+from ..errors import ConfigError
 from ..losses import check_temperature, global_class_contrastive_loss
 from .base import (WEIGHT_PREFIX, Downlink, InvalidUploadError, ServerContext, SiteContext, TensorSpec,
                    weight_specs, weight_tensors)
-from .moon import Moon
+from .moon import Moon, represent_all
 from .registry import register_algorithm
 from .training import ExtraLoss
 
@@ -24,6 +25,7 @@ CLASS_COUNTS = "fedssc.class_counts"  # upload (C,): samples behind each mean, 0
 CLASS_REPS = "fedssc.class_reps"  # download (C, d): the shared s^c
 CLASS_PRESENT = "fedssc.class_present"  # download (C,): 1 where s^c exists
 SCHEDULES = ("linear", "cosine", "constant")
+CLASS_MEAN_SOURCES = ("auto", "last_epoch", "final_model")
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,11 @@ class FedSSCHyperparameters:
     k: int = 3  # uploaded class means averaged per class, chosen at random among the senders
     min_class_samples: int = 10  # classes with fewer local samples are never uploaded
     cache_reference_representations: bool | str = "auto"
+    # Where the shared class means come from: the representations of the last local epoch's batches
+    # (the specification), or one pass over every sample with the final local model. "auto": the
+    # last epoch, except under DP-SGD, where only the final-model pass composes (see
+    # fedcontrast.privacy.representations).
+    class_means: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("mu_moon", "mu_glob_start", "mu_glob_end"):
@@ -54,6 +61,8 @@ class FedSSCHyperparameters:
             raise ValueError(f"min_class_samples must be an integer >= 1, got {self.min_class_samples!r}")
         if self.cache_reference_representations not in (True, False, "auto"):
             raise ValueError("cache_reference_representations must be true, false or auto")
+        if self.class_means not in CLASS_MEAN_SOURCES:
+            raise ValueError(f"class_means must be one of {', '.join(CLASS_MEAN_SOURCES)}, got {self.class_means!r}")
 
 
 def mu_glob_schedule(round_num: int, *, start: float, end: float, warmup_rounds: int, schedule: str = "linear") -> float:
@@ -104,6 +113,17 @@ class FedSSC(Moon):
         return mu_glob_schedule(round_num, start=hp.mu_glob_start, end=hp.mu_glob_end,
                                 warmup_rounds=hp.warmup_rounds, schedule=hp.schedule)
 
+    def validate_privacy(self, privacy) -> None:
+        if privacy.dp_sgd is not None and self.hp.class_means == "last_epoch":
+            raise ConfigError("fedssc.class_means: last_epoch does not compose with DP-SGD (which samples of the "
+                              "last epoch entered the sums depends on DP-SGD's hidden Poisson draws); use final_model "
+                              "or auto")
+
+    def class_mean_source(self, site: SiteContext) -> str:
+        if self.hp.class_means != "auto":
+            return self.hp.class_means
+        return "final_model" if site.privacy is not None and site.privacy.dp_sgd is not None else "last_epoch"
+
     # --- collaborator ---------------------------------------------------------------------------
     def local_loss(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> ExtraLoss:
         moon = super().local_loss(site, received)
@@ -113,7 +133,7 @@ class FedSSC(Moon):
         num_classes, dim = reps.shape
         class_sums = site.scratch["class_sums"] = site.class_sums(num_classes, dim)
         labels_all = site.data.y.to(site.device)
-        last_epoch = site.training.local_epochs - 1
+        last_epoch = site.training.local_epochs - 1 if self.class_mean_source(site) == "last_epoch" else None
 
         def extra(x, idx, z, logits, epoch):
             term, parts = moon(x, idx, z, logits, epoch)
@@ -129,7 +149,15 @@ class FedSSC(Moon):
         return extra
 
     def extra_uploads(self, site: SiteContext) -> dict[str, torch.Tensor]:
-        sums, counts = site.scratch["class_sums"].release()  # noisy under representation DP
+        class_sums = site.scratch["class_sums"]
+        if self.class_mean_source(site) == "final_model":  # every sample once, through the final local model
+            was_training = site.model.training
+            site.model.eval()
+            with torch.no_grad():
+                z = represent_all(site.model, site.data.x.to(site.device))
+            site.model.train(was_training)
+            class_sums.add(z, site.data.y.to(site.device), torch.arange(len(z), device=site.device))
+        sums, counts = class_sums.release()  # noisy under representation DP
         counts = counts.round().clamp_min(0)
         # Data minimisation: a class below the threshold leaves the site as a zero row and count 0
         # (decided on the released counts, so the decision itself is post-processing).

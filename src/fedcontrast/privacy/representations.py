@@ -14,10 +14,18 @@ Gaussian mechanism of noise multiplier σ (std σC / sensitivity C), and so are 
 sensitivity 1): the release is accounted as two Gaussian mechanisms of multiplier σ at sample rate 1.
 
 What "the encoder regarded as given" means: the z's come from a model trained on the same private
-data. With DP-SGD on, that model's whole training trajectory is already a DP release, and the sums
-are computed *given* it, so adaptive composition of the two (one accountant) is an end-to-end
-guarantee. Without DP-SGD the guarantee covers the sample's direct contribution to the uploaded
-tensors only, not its influence through the model's weights (which FedSSC uploads raw anyway).
+data. With DP-SGD on, the composition argument is: (1) DP-SGD's *output* — the final local weights
+θ — is a DP release (Poisson-subsampled Gaussian steps, accounted); (2) the class sums are a
+function of θ and of the data only — one pass over *every* sample with the final model, each
+counted once (FedSSC's ``class_means: final_model``, FedPCL's prototype pass) — released through the
+Gaussian mechanism above, whose sensitivity holds for any fixed θ; so (3) by adaptive composition the
+pair (θ, noisy sums) is accounted by one accountant holding both histories: an end-to-end guarantee.
+Step (2) fails if the sums depend on DP-SGD's *internal* randomness rather than on its output — for
+example sums over the last epoch's Poisson batches, whose membership is DP-SGD's hidden draw (in a
+run only 61 % of the samples entered them): then the sums are not a function of the released θ and
+the data, and the argument does not hold. FedSSC therefore refuses ``class_means: last_epoch`` under
+DP-SGD. Without DP-SGD the guarantee covers the sample's direct contribution to the uploaded tensors
+only, not its influence through the model's weights (which FedSSC uploads raw anyway).
 
 Public-set representations (FLESD)
 ----------------------------------
