@@ -477,17 +477,21 @@ def cmd_audit(args: argparse.Namespace) -> int:
     import json
 
     from .privacy.audit import audit_plan, format_report, load_plan
-    from .privacy.policy import SitePolicy, check_policy
+    from .privacy.policy import SitePolicy, check_policy, compared_guarantee
 
     plan, workspace = load_plan(args.target)
-    report = audit_plan(plan, source=str(args.target), workspace=workspace)
-    violations = check_policy(report, SitePolicy.from_yaml(args.policy)) if args.policy else []
+    policy = SitePolicy.from_yaml(args.policy) if args.policy else None
+    report = audit_plan(plan, source=str(args.target), workspace=workspace, policy=policy)
+    violations = check_policy(report, policy) if policy else []
+    compared = compared_guarantee(report, policy) if policy else None
     if args.json:
-        print(json.dumps({**report.to_dict(), "policy": args.policy, "violations": violations}, indent=2))
+        print(json.dumps({**report.to_dict(), "policy": args.policy, "compared": compared, "violations": violations},
+                         indent=2))
     else:
         print(format_report(report), end="")
         if args.policy:
-            print(f"\npolicy {args.policy}: " + ("compliant" if not violations else f"{len(violations)} violation(s)"))
+            print(f"\npolicy {args.policy}: " + ("compliant" if not violations else f"{len(violations)} violation(s)")
+                  + f" ({compared})")
             for v in violations:
                 print(f"  VIOLATION: {v}")
     if violations:

@@ -112,6 +112,12 @@ class PrivacyConfig:
     accountant: str = "rdp"
     dp_sgd: DPSGDConfig | None = None
     representations: RepresentationDPConfig | None = None
+    # A site's sample count (its aggregation weight) is released once, as n + N(0, σ²) with this σ
+    # (sensitivity 1), and reused every round; a site whose policy declares its count public sends it exact.
+    count_noise_multiplier: float = 10.0
+    # Noise sampled robustly against floating-point attacks (Opacus's secure noise): None = on under
+    # OpenFL, off in the simulator (reproducible either way: the simulator's noise is seeded).
+    secure_mode: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dp_sgd", _typed_section(DPSGDConfig, self.dp_sgd, "privacy.dp_sgd"))
@@ -120,6 +126,10 @@ class PrivacyConfig:
         _check(_finite(self.delta) and 0 < self.delta < 1, f"privacy.delta must be in (0, 1), got {self.delta!r}")
         _check(self.accountant in ACCOUNTANTS,
                f"privacy.accountant must be one of {', '.join(ACCOUNTANTS)}, got {self.accountant!r}")
+        _check(_finite(self.count_noise_multiplier) and self.count_noise_multiplier > 0,
+               f"privacy.count_noise_multiplier must be a number > 0, got {self.count_noise_multiplier!r}")
+        _check(self.secure_mode in (None, True, False),
+               f"privacy.secure_mode must be true, false or left out, got {self.secure_mode!r}")
         _check(self.dp_sgd is not None or self.representations is not None,
                "privacy needs dp_sgd or representations (or both); leave the section out to turn privacy off")
 

@@ -60,6 +60,7 @@ def build_algorithm(config: RunConfig) -> Algorithm:
             raise ConfigError(f"{algorithm.name} does not support privacy.{unsupported[0]} (its DP mechanisms: "
                               f"{supported}); remove that section or choose another algorithm")
         algorithm.private_representations = config.privacy.representations is not None
+        algorithm.exact_weights = False  # a site's sample count may arrive noised
         algorithm.validate_privacy(config.privacy)
     return algorithm
 

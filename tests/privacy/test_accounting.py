@@ -8,16 +8,19 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 
 from fedcontrast.config import PrivacyConfig, RunConfig, TrainingConfig
 from fedcontrast.privacy import HISTORY_KEY, epsilon, history_of, planned_epsilon, round_history
-from fedcontrast.privacy.accounting import compact, dp_sgd_sample_rate
+from fedcontrast.privacy.accounting import compact, count_history, dp_sgd_sample_rate
 from fedcontrast.sim.federation import Federation
 
 BOTH = PrivacyConfig(delta=1e-5, dp_sgd={"noise_multiplier": 1.1, "max_grad_norm": 1.0},
                      representations={"noise_multiplier": 3.0, "clip": 1.0})
 
 
-def opacus_direct(accountant, n, training, privacy, rounds):
-    """One round = local_epochs · ⌈n/B⌉ DP-SGD steps, then the two release mechanisms (sums, counts)."""
+def opacus_direct(accountant, n, training, privacy, rounds, count=True):
+    """One round = local_epochs · ⌈n/B⌉ DP-SGD steps, then the two release mechanisms (sums, counts);
+    and, once, the site's sample count (one Gaussian mechanism of sensitivity 1)."""
     q = 1 / math.ceil(n / training.batch_size)
+    if count:
+        accountant.step(noise_multiplier=privacy.count_noise_multiplier, sample_rate=1.0)
     for _ in range(rounds):
         if privacy.dp_sgd is not None:
             for _ in range(training.local_epochs * math.ceil(n / training.batch_size)):
@@ -33,7 +36,12 @@ def test_planned_epsilon_equals_rdp_accountant_called_directly(n, rounds):
     training = TrainingConfig(local_epochs=2, batch_size=32)
     planned = planned_epsilon(BOTH, training, n=n, rounds=rounds)
     assert planned.total == pytest.approx(opacus_direct(RDPAccountant(), n, training, BOTH, rounds), abs=1e-6)
-    assert planned.per_round == pytest.approx(opacus_direct(RDPAccountant(), n, training, BOTH, 1), abs=1e-6)
+    assert planned.per_round == pytest.approx(opacus_direct(RDPAccountant(), n, training, BOTH, 1, count=False),
+                                              abs=1e-6)
+    exact_count = planned_epsilon(BOTH, training, n=n, rounds=rounds, count=False)  # the site made it public
+    assert exact_count.total == pytest.approx(opacus_direct(RDPAccountant(), n, training, BOTH, rounds, count=False),
+                                              abs=1e-6)
+    assert exact_count.total < planned.total
     assert 0 < planned.per_round <= planned.total and (rounds == 1 or planned.per_round < planned.total)
 
 
@@ -80,7 +88,8 @@ def test_simulated_rounds_record_the_planned_history_and_it_survives_a_reload(tm
         n = len(site.data)
         planned = planned_epsilon(config.privacy, config.training, n=n, rounds=2)
         assert compact(history_of(site.state)) == compact(
-            [[s, q, k * 2] for s, q, k in round_history(config.privacy, config.training, n)])
+            [[s, q, k * 2] for s, q, k in round_history(config.privacy, config.training, n)]
+            + count_history(config.privacy))  # and the sample count, released once
         assert compact(history_of(site.state, 1)) == round_history(config.privacy, config.training, n)
         row = next(r for r in rows if r["site"] == site.name and r["round"] == 2)
         assert f'"dp_epsilon":{round(planned.total, 6)}' in row["extra"]
@@ -111,4 +120,20 @@ def test_a_dp_sgd_session_records_the_true_sampling_rate(k):
     privacy = PrivacyConfig(dp_sgd={"noise_multiplier": 1.0})
     assert compact(history) == round_history(privacy, training, n)  # [[1.0, 1/k, k − 1]]
     assert compact(history)[0][1] == 1 / k
-    assert epsilon(history, delta=1e-5) == planned_epsilon(privacy, training, n=n, rounds=1).total
+    assert epsilon(history, delta=1e-5) == planned_epsilon(privacy, training, n=n, rounds=1, count=False).total
+
+
+def test_the_sample_count_is_released_once_noised_and_reused():
+    from fedcontrast.privacy import SitePrivacy
+
+    privacy = PrivacyConfig(representations={"noise_multiplier": 2.0}, count_noise_multiplier=3.0)
+    state = {}
+    draws = []
+    for round_num in range(3):  # a fresh privacy object each round, as engines make them
+        draws.append(SitePrivacy(privacy, state, round_num=round_num, noise_seed=round_num).released_count(120))
+    assert draws[0] == draws[1] == draws[2] != 120.0  # noised once, then the same value: one release
+    assert history_of(state) == [[3.0, 1.0, 1]]  # accounted once, in the round it was drawn
+    samples = [SitePrivacy(privacy, {}, round_num=0, noise_seed=s).released_count(120) for s in range(4000)]
+    mean = sum(samples) / len(samples)
+    std = (sum((x - mean) ** 2 for x in samples) / len(samples)) ** 0.5
+    assert abs(mean - 120) < 0.3 and abs(std - 3.0) < 0.15  # N(n, σ²)

@@ -28,9 +28,12 @@ CASES = [(a, k) for a in available_algorithms() for k in sorted(get_algorithm(a)
 def test_every_declared_dp_kind_runs_and_its_uploads_pass_the_checks(algorithm, kind):
     fed = Federation(tiny(algorithm, {kind: MECHANISMS[kind]}))
     fed.run_round(0)  # validates uploads against the declaration and the plugin's check_upload
+    count_sigma = fed.config.privacy.count_noise_multiplier
     for site in fed.sites:
-        kinds = {1.0 if q == 1.0 else "sgd" for _, q, _ in history_of(site.state)}
+        history = [h for h in history_of(site.state) if h != [count_sigma, 1.0, 1]]  # the one-off count release
+        kinds = {1.0 if q == 1.0 else "sgd" for _, q, _ in history}
         assert kinds == ({1.0} if kind == "representations" else {"sgd"})
+        assert [count_sigma, 1.0, 1] in history_of(site.state)
 
 
 def test_builtin_dp_declarations():

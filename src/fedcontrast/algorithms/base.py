@@ -250,12 +250,18 @@ class Algorithm(ABC):
     # label distribution each round; the simulator can switch this on for any weight-uploading plugin.
     evaluates_local_models: ClassVar[bool] = False
     requires_public: ClassVar[bool] = False  # needs the public data set on every site and the aggregator
+    # The numbers each collaborator task reports besides its uploads (they leave the site as OpenFL
+    # metrics when the site shares them; the privacy audit lists them): task → metric names. And those
+    # of evaluate_at_site. A contract test checks that nothing else is reported.
+    task_metrics: ClassVar[dict[str, tuple[str, ...]]] = {}
+    evaluation_metrics: ClassVar[tuple[str, ...]] = ("accuracy", "loss")
 
     def __init__(self, hp: Any | None = None) -> None:
         self.hp = hp if hp is not None else self.Hyperparameters()
         self.num_sites = 1  # the federation's size; engines set it (declarations may depend on it)
         self.public_size = 0  # samples in the public data set; engines set it when the run has one
         self.private_representations = False  # engines set it: uploaded counts are noisy (check_upload adapts)
+        self.exact_weights = True  # engines set it: False when sites may send noised sample counts (under DP)
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any] | None) -> Algorithm:

@@ -19,6 +19,7 @@ class FedAvg(Algorithm):
 
     name = "fedavg"
     dp_kinds = frozenset({"dp_sgd"})
+    task_metrics = {"train": ("loss", "ce", "accuracy")}
 
     def local_loss(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> ExtraLoss | None:
         """The term added to cross-entropy; ``None`` for plain FedAvg. Called after the global

@@ -101,6 +101,8 @@ class FedPCL(Algorithm):
     prototypes and prototype fill. Evaluation: per site, nearest global / own local prototype."""
 
     name = "fedpcl"
+    task_metrics = {"train": ("loss", "global_loss", "local_loss"), "prototypes": ("classes",)}
+    evaluation_metrics = ("accuracy", "local_accuracy")
     Hyperparameters = FedPCLHyperparameters
     tasks = ("train", "prototypes")
     personalized = True
@@ -234,7 +236,7 @@ class FedPCL(Algorithm):
             raise InvalidUploadError(f"site {site!r} uploaded a prototype from fewer than "
                                      f"{self.hp.min_class_samples} samples; rejected")
         # Exact only without noise and without a threshold: then every sample is in some class.
-        exact = not self.private_representations and self.hp.min_class_samples == 1
+        exact = not self.private_representations and self.exact_weights and self.hp.min_class_samples == 1
         if exact and int(counts.sum()) != int(weight):
             raise InvalidUploadError(f"site {site!r} uploaded class counts summing to {int(counts.sum())}, "
                                      f"not its {int(weight)} samples; rejected")

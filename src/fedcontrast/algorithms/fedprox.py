@@ -29,6 +29,7 @@ class FedProx(FedAvg):
     """Loss ``CE + μ/2 · ||w − w_glob||²``; aggregation as FedAvg."""
 
     name = "fedprox"
+    task_metrics = {"train": ("loss", "ce", "accuracy", "proximal")}
     Hyperparameters = FedProxHyperparameters
     # Opacus's per-sample gradients leave out the proximal term (it acts on the parameters, not
     # through a module's forward), so DP-SGD would silently train plain FedAvg.

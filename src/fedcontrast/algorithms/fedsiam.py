@@ -97,6 +97,8 @@ class FedSiamDA(Algorithm):
     uploaded local model, :attr:`evaluates_local_models`)."""
 
     name = "fedsiam_da"
+    task_metrics = {"train": ("loss", "ce", "stop", "hist", "accuracy")}
+    evaluation_metrics = ("accuracy", "loss", "local_accuracy", "local_loss")
     Hyperparameters = FedSiamHyperparameters
     evaluates_local_models = True
 

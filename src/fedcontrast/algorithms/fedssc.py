@@ -101,6 +101,7 @@ class FedSSC(Moon):
     local epoch with its count. Aggregator: FedAvg on weights; ``s^c`` from ``k`` random senders."""
 
     name = "fedssc"
+    task_metrics = {"train": ("loss", "ce", "accuracy", "contrastive", "global_contrastive")}
     Hyperparameters = FedSSCHyperparameters
     dp_kinds = frozenset({"dp_sgd", "representations"})
 
@@ -175,7 +176,7 @@ class FedSSC(Moon):
                                      f"{self.hp.min_class_samples} samples; rejected")
         if bool(((counts == 0) & (means.abs().sum(1) > 0)).any()):
             raise InvalidUploadError(f"site {site!r} uploaded a class mean with a count of 0; rejected")
-        if float(counts.sum()) > weight and not self.private_representations:  # noisy counts may exceed it
+        if float(counts.sum()) > weight and not self.private_representations and self.exact_weights:  # noisy may
             raise InvalidUploadError(f"site {site!r} uploaded class counts summing to {int(counts.sum())}, "
                                      f"more than its {int(weight)} samples; rejected")
 

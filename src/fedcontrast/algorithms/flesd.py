@@ -192,6 +192,8 @@ class FedAvgSimCLR(Algorithm):
 
     name = "fedavg_simclr"
     Hyperparameters = SimCLRHyperparameters
+    task_metrics = {"train": ("loss", "steps")}
+    evaluation_metrics = ("accuracy", "probe_accuracy", "probe_train_accuracy")
 
     def task_train(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> TaskResult:
         load_weights(site.model, received)
@@ -219,6 +221,8 @@ class Flesd(Algorithm):
     name = "flesd"
     Hyperparameters = FlesdHyperparameters
     tasks = ("train", "similarity")
+    task_metrics = {"train": ("loss", "steps"), "similarity": ("public_samples",)}
+    evaluation_metrics = ("accuracy", "probe_accuracy", "probe_train_accuracy")
     requires_public = True
     # Representation DP applies to Z_k (site.public_representations: one Gaussian release per round;
     # the sensitivity argument is in fedcontrast.privacy.representations). DP-SGD does not: NT-Xent

@@ -61,6 +61,7 @@ class Moon(FedAvg):
     """
 
     name = "moon"
+    task_metrics = {"train": ("loss", "ce", "accuracy", "contrastive")}
     Hyperparameters = MoonHyperparameters
 
     @property

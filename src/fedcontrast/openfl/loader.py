@@ -47,10 +47,12 @@ class SiteDataLoader(DataLoader):
         self.site_index: int | None = None  # the shard's index for ``shard:N`` lines
         self.train: ArrayDataset | None = None
         self.test: ArrayDataset | None = None
+        self.site_policy = None  # this site's policy, if it has one (it also says what may leave the site)
+        self.reported_train_size: float | None = None  # the count as released (set by the runner; noised under DP)
         try:
             self.config = RunConfig.from_dict(run_config or {})
             if data_path is not None:  # a collaborator (not `fx plan initialize`)
-                enforce_site_policy(self.config, network, model_shape, data_path)
+                self.site_policy = enforce_site_policy(self.config, network, model_shape, data_path)
             self._load(data_path)
         except FedContrastError as exc:
             raise CollaboratorStopped(f"fedcontrast collaborator: error: {exc}") from None
@@ -86,7 +88,10 @@ class SiteDataLoader(DataLoader):
     def get_feature_shape(self) -> tuple[int, ...]:
         return (self.shape["in_channels"], self.shape["image_size"], self.shape["image_size"])
 
-    def get_train_data_size(self) -> int:
+    def get_train_data_size(self) -> float:
+        """What OpenFL sends as a "train" task's data size: the count as this site releases it."""
+        if self.reported_train_size is not None:
+            return self.reported_train_size
         return len(self.train) if self.train is not None else 0
 
     def get_valid_data_size(self) -> int:
@@ -94,16 +99,17 @@ class SiteDataLoader(DataLoader):
 
 
 def enforce_site_policy(config: RunConfig, network: dict[str, Any] | None, model_shape: dict[str, int] | None,
-                        data_path: str, cwd: str | Path = ".") -> None:
+                        data_path: str, cwd: str | Path = ".") -> Any:
     """Stop the collaborator (exit 1, one sentence) when the plan violates this site's policy file
-    (``$FEDCONTRAST_SITE_POLICY`` or ``site_policy.yaml`` in the workspace); no file, no check."""
+    (``$FEDCONTRAST_SITE_POLICY`` or ``site_policy.yaml`` in the workspace); no file, no check.
+    Returns the policy (None without one): it also says what this site lets leave besides its uploads."""
     from ..privacy.audit import audit_plan
     from ..privacy.policy import SitePolicy, check_policy, site_policy_path
     from .components import CollaboratorStopped
 
     path = site_policy_path(cwd)
     if path is None:
-        return
+        return None
     try:
         policy = SitePolicy.from_yaml(path)
         if network is None or model_shape is None:
@@ -112,13 +118,15 @@ def enforce_site_policy(config: RunConfig, network: dict[str, Any] | None, model
         plan = {"task_runner": {"settings": {"run_config": config.to_dict()}}, "network": {"settings": network},
                 "aggregator": {"settings": {"model_shape": model_shape, "rounds_to_train": config.rounds}}}
         samples = policy.site_samples or config.min_samples  # known to the site, else the plan's worst case
-        report = audit_plan(plan, source="plan", sites=[("this site", data_path)], site_samples={"this site": samples})
+        report = audit_plan(plan, source="plan", sites=[("this site", data_path)], site_samples={"this site": samples},
+                            policy=policy)
         violations = check_policy(report, policy)
     except FedContrastError as exc:
         raise CollaboratorStopped(f"fedcontrast collaborator: error: cannot check this site's policy {path}: {exc}") from None
     if violations:
         raise CollaboratorStopped(f"fedcontrast collaborator: error: this site's policy {path} refuses the plan "
                                   f"before any data is read: {'; '.join(violations)}")
+    return policy
 
 
 def _shard_index(data_path: str, clients: int) -> int:

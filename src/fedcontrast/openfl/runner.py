@@ -55,7 +55,11 @@ class PluginTaskRunner(TaskRunner):
         setattr(self, EVALUATE_TASK, self.run_site_evaluation)
 
     def _build(self, data_loader, run_config: dict[str, Any] | None) -> None:
+        from ..privacy.releases import release_choices
+
         self.config = RunConfig.from_dict(run_config or {})
+        # What this site lets leave besides its uploads (the plan's DP, the site's own policy).
+        self.releases = release_choices(self.config.privacy, getattr(data_loader, "site_policy", None))
         self.algorithm = build_algorithm(self.config)
         self.device = resolve_device(self.config.device)
         shape = data_loader.shape
@@ -112,6 +116,8 @@ class PluginTaskRunner(TaskRunner):
         if "accuracy" in metrics:
             logger.info("%s, round %d: what it received scores %.4f on its %d held-out images", col_name, round_num,
                         metrics["accuracy"], len(loader.test))
+        if not self.releases.evaluation_metrics:  # kept on the site (the log above); nothing leaves
+            return {}, {}
         return {TensorKey(f"{EVALUATE_TASK}_{key}", col_name, round_num, True, ("metric",)): np.array(value)
                 for key, value in metrics.items()}, {}
 
@@ -128,8 +134,18 @@ class PluginTaskRunner(TaskRunner):
                            # DP noise from the operating system: the aggregator knows the plan's seed
                            privacy=site_privacy(self.config, state, round_num, noise_seed=None))
         result = self.algorithm.run_task(task, site, received)
+        weight = result.weight
+        if site.privacy is not None and not self.releases.exact_count:
+            weight = site.privacy.released_count(result.weight)  # drawn once, recorded, reused every round
+        loader.reported_train_size = weight  # OpenFL also sends a "train" task's data size: the same value
+        metrics = {k: v for k, v in result.metrics.items()
+                   if self.releases.training_metrics and k in self.algorithm.task_metrics.get(task, ())}
         if site.privacy is not None:
-            result.metrics.update(site.privacy.metrics())
+            epsilon = site.privacy.metrics()
+            logger.info("%s, round %d: ε = %.4g so far (δ = %g)", col_name, round_num, epsilon.get("dp_epsilon", 0.0),
+                        self.config.privacy.delta)
+            if self.releases.epsilon_metrics:
+                metrics.update(epsilon)
         self._save_state(col_name, site.state)
         # One packed upload per round, sent with the round's last task (two tasks uploading the
         # same tensor name in one round would confuse OpenFL's aggregation).
@@ -141,9 +157,9 @@ class PluginTaskRunner(TaskRunner):
             if missing:
                 raise ValueError(f"{self.algorithm.name} did not produce its declared upload(s) {missing[:3]}")
             uploads[TensorKey(UPLOAD_PACKED, col_name, round_num, False, ("trained",))] = pack(pending, self.upload_specs)
-            uploads[TensorKey(WEIGHT_METRIC, col_name, round_num, True, ("metric",))] = np.array(result.weight)
+            uploads[TensorKey(WEIGHT_METRIC, col_name, round_num, True, ("metric",))] = np.array(weight)
             del self._pending[col_name]
-        for key, value in result.metrics.items():
+        for key, value in metrics.items():
             uploads[TensorKey(f"{task}_{key}", col_name, round_num, True, ("metric",))] = np.array(value)
         return uploads, {}
 

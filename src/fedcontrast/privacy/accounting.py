@@ -11,6 +11,11 @@ Each round a site may run two mechanisms, composed in the same history:
   batch size ``B``;
 * the representation release: two full-batch Gaussian mechanisms (``sample_rate = 1``) of noise
   multiplier σ, one on the per-class sums and one on the counts (see ``representations.py``).
+
+And once per federation, unless the site's policy declares its sample count public: the count
+itself (its aggregation weight), ``n + N(0, σ_n²)`` with sensitivity 1 under add/remove adjacency —
+one Gaussian mechanism ``[σ_n, 1, 1]``, released in the first round and reused afterwards
+(post-processing).
 """
 
 from __future__ import annotations
@@ -82,21 +87,27 @@ def round_history(privacy: PrivacyConfig, training: TrainingConfig, n: int, *,
     return history
 
 
+def count_history(privacy: PrivacyConfig) -> list[Entry]:
+    """The one-off release of a site's sample count: one Gaussian mechanism of sensitivity 1."""
+    return [[privacy.count_noise_multiplier, 1.0, 1]]
+
+
 @dataclass(frozen=True)
 class PlannedEpsilon:
     delta: float
-    per_round: float  # ε of one round's mechanisms alone
-    total: float  # ε after ``rounds`` rounds (composed)
+    per_round: float  # ε of one round's mechanisms alone (the one-off count release aside)
+    total: float  # ε after ``rounds`` rounds (composed, with the count release when it is noised)
     rounds: int
 
 
 def planned_epsilon(privacy: PrivacyConfig, training: TrainingConfig, *, n: int, rounds: int,
                     dp_sgd: bool = True, representations: bool = True,
-                    representation_releases: int = RELEASE_MECHANISMS) -> PlannedEpsilon:
-    """ε per round and after ``rounds`` rounds for a site of ``n`` samples, from the configuration alone."""
+                    representation_releases: int = RELEASE_MECHANISMS, count: bool = True) -> PlannedEpsilon:
+    """ε per round and after ``rounds`` rounds for a site of ``n`` samples, from the configuration
+    alone; ``count``: the site's sample count is released noised (False: its policy makes it public)."""
     one = round_history(privacy, training, n, dp_sgd=dp_sgd, representations=representations,
                         representation_releases=representation_releases)
-    total = [[sigma, q, steps * rounds] for sigma, q, steps in one]
+    total = [[sigma, q, steps * rounds] for sigma, q, steps in one] + (count_history(privacy) if count else [])
     return PlannedEpsilon(delta=privacy.delta, rounds=rounds,
                           per_round=epsilon(one, delta=privacy.delta, accountant=privacy.accountant),
                           total=epsilon(total, delta=privacy.delta, accountant=privacy.accountant))

@@ -17,6 +17,9 @@ import yaml
 from ..config import RunConfig
 from ..errors import ConfigError
 from .accounting import planned_epsilon
+from .releases import ReleaseLine, describe_releases, release_choices
+
+GUARANTEE_KINDS = ("none", "conditional", "end-to-end", "site-level")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,9 @@ class AuditReport:
     client_auth: bool
     certificates: list[Certificate] | None  # None: no certificates found
     class_minimum: int | None  # fewest samples behind a shared per-class feature (None: none shared)
+    guarantee_kind: str = "none"  # none | conditional (given the local model) | end-to-end | site-level
+    releases: list[ReleaseLine] = field(default_factory=list)  # everything that leaves (tensors and the rest)
+    secure_noise: str = ""  # how DP noise is sampled under OpenFL
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -75,6 +81,7 @@ class AuditReport:
         for site in out["sites"]:  # JSON has no infinity
             for key in ("epsilon_round", "epsilon_total"):
                 site[key] = None if math.isinf(site[key]) else site[key]
+            site["releases"] = out["releases"]  # what leaves this site, each with its guarantee
         return out
 
 
@@ -103,21 +110,36 @@ def _mechanisms(config: RunConfig, algorithm) -> tuple[dict[str, str], list[str]
     return by_kind, lines
 
 
-def _guarantee(config: RunConfig, algorithm, tensors: list[TensorLine]) -> str:
+def _guarantee(config: RunConfig, algorithm, tensors: list[TensorLine]) -> tuple[str, str]:
+    """The kind of guarantee on the uploaded tensors (see GUARANTEE_KINDS) and its sentence."""
     if any(t.mechanism == "none" for t in tensors):
-        return "none: some tensors leave without differential privacy (ε unbounded)"
+        return "none", "none: some tensors leave without differential privacy (ε unbounded)"
     p = config.privacy
     if algorithm.representation_releases == 1 and p.representations is not None:  # FLESD's public-set release
-        return ("end-to-end at site level: the noise on the public-set representations covers any change of the "
-                "site's whole data set (Δ = 2√N), whatever the local training; sample-level follows")
+        return "site-level", ("end-to-end at site level: the noise on the public-set representations covers any "
+                              "change of the site's whole data set (Δ = 2√N), whatever the local training; "
+                              "sample-level follows")
     if "dp_sgd" in algorithm.dp_kinds and p.dp_sgd is None:
-        return ("representations only, given the local model: the model computing them is trained on the same "
-                "data without DP-SGD")
+        return "conditional", ("conditional (given the local model): representations only; the model computing them "
+                               "is trained on the same data without DP-SGD")
     if "dp_sgd" not in algorithm.dp_kinds and p.representations is not None:
-        return (f"given the local model: {algorithm.name} trains its local network without DP-SGD, so the "
-                "guarantee covers each sample's direct contribution to the uploads, not its influence "
-                "through that network")
-    return "end-to-end (sample-level, add/remove adjacency): every upload is covered by the accountant"
+        return "conditional", (f"conditional (given the local model): {algorithm.name} trains its local network "
+                               "without DP-SGD, so the guarantee covers each sample's direct contribution to the "
+                               "uploads, not its influence through that network")
+    return "end-to-end", "end-to-end (sample-level, add/remove adjacency): every upload is covered by the accountant"
+
+
+def _secure_noise(config: RunConfig) -> str:
+    from .site import secure_csprng_available
+
+    if config.privacy is None:
+        return "no DP noise"
+    if config.privacy.secure_mode is False:
+        return "off (privacy.secure_mode: false): plain Gaussian sampling from an OS-seeded Mersenne Twister"
+    how = ("Opacus secure_mode with torchcsprng" if secure_csprng_available() else
+           "Opacus's floating-point-safe Gaussian sampling from an OS-seeded Mersenne Twister (torchcsprng, "
+           "which Opacus's full secure_mode needs, is not installed)")
+    return f"on under OpenFL{' and in the simulator' if config.privacy.secure_mode else ''}: {how}"
 
 
 def read_certificates(cert_dir: Path) -> list[Certificate] | None:
@@ -187,9 +209,12 @@ def shard_sizes(config: RunConfig) -> list[int]:
 
 
 def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = None,
-               sites: list[tuple[str, str]] | None = None, site_samples: dict[str, int] | None = None) -> AuditReport:
+               sites: list[tuple[str, str]] | None = None, site_samples: dict[str, int] | None = None,
+               policy: Any = None) -> AuditReport:
     """The facts of ``plan``. ``sites`` (name, data) defaults to the workspace's ``plan/data.yaml``;
-    ``site_samples`` gives a site's sample count (e.g. from its own policy) instead of the partition's."""
+    ``site_samples`` gives a site's sample count (e.g. from its own policy) instead of the partition's;
+    ``policy`` (a site's :class:`~.policy.SitePolicy`) decides what that site lets leave besides its
+    uploads (its count public or noised, metrics shared or withheld; default: the plan's defaults)."""
     from ..construction import build_algorithm, initial_model
 
     config = RunConfig.from_dict(plan["task_runner"]["settings"]["run_config"])
@@ -210,7 +235,12 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
     by_kind, mechanism_lines = _mechanisms(config, algorithm)
     tensors = [TensorLine(s.name, s.shape, s.dtype, s.nbytes, s.kind, by_kind[s.kind])
                for s in algorithm.upload_specs(model, shape["num_classes"])]
-    guarantee = _guarantee(config, algorithm, tensors)
+    kind, guarantee = _guarantee(config, algorithm, tensors)
+    choices = release_choices(config.privacy, policy)
+    releases = describe_releases(config, algorithm, tensors, choices, conditional=kind == "conditional")
+    uncovered = [r.name for r in releases[len(tensors):] if r.guarantee == "not covered"]
+    if config.privacy is not None and uncovered:
+        guarantee += f"; not covered, shared by this site's choice: {', '.join(uncovered)}"
     unbounded = any(t.mechanism == "none" for t in tensors)
     lines = []
     sizes: list[int] | None = None
@@ -228,7 +258,8 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
         else:
             planned = planned_epsilon(config.privacy, config.training, n=samples, rounds=rounds,
                                       representations=any(t.kind != "weights" for t in tensors),
-                                      representation_releases=algorithm.representation_releases)
+                                      representation_releases=algorithm.representation_releases,
+                                      count=not choices.exact_count)
             eps_round, eps_total = planned.per_round, planned.total
         lines.append(SiteLine(name, data, samples, note, eps_round, eps_total))
     certs = read_certificates(workspace / "cert") if workspace is not None else None
@@ -237,7 +268,8 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
                        accountant=config.privacy.accountant if config.privacy else None,
                        mechanisms=mechanism_lines or ["none"], guarantee=guarantee, tensors=tensors, sites=lines,
                        tls=bool(network.get("use_tls", True)), client_auth=bool(network.get("require_client_auth", True)),
-                       certificates=certs, class_minimum=algorithm.shared_class_minimum())
+                       certificates=certs, class_minimum=algorithm.shared_class_minimum(), guarantee_kind=kind,
+                       releases=releases, secure_noise=_secure_noise(config))
 
 
 def _eps(x: float) -> str:
@@ -255,9 +287,14 @@ def format_report(report: AuditReport) -> str:
                      f"{'raw weights' if t.kind == 'weights' else t.kind:15s} {t.mechanism}")
     total = sum(t.bytes_per_round for t in report.tensors)
     lines.append(f"  total {total} bytes per site per round")
+    lines += ["", "everything that leaves each site (what it is computed from, bytes per round, guarantee):"]
+    for r in report.releases:
+        lines.append(f"  {r.name[:44]:44s} {r.source[:40]:40s} {r.bytes_per_round:>9d}  {r.guarantee}"
+                     + (f" — {r.note}" if r.note and r.guarantee != "covered" else ""))
     lines += ["", "differential privacy:"] + [f"  {m}" for m in report.mechanisms]
     if report.delta is not None:
         lines.append(f"  accountant: {report.accountant} (Opacus), δ = {report.delta:g}")
+        lines.append(f"  secure noise: {report.secure_noise}")
     lines.append(f"  guarantee: {report.guarantee}")
     if report.class_minimum is not None:
         lines.append(f"  per-class features are shared for classes with ≥ {report.class_minimum} (released) samples")

@@ -48,24 +48,35 @@ class DPSGDSession:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, num_samples: int, batch_size: int,
                  noise_multiplier: float, max_grad_norm: float, generator: torch.Generator,
-                 on_close: Callable[[list], None] | None = None) -> None:
+                 on_close: Callable[[list], None] | None = None, secure: bool = False) -> None:
         from opacus import PrivacyEngine
         from opacus.data_loader import DPDataLoader
 
-        self.engine = PrivacyEngine(accountant="rdp")  # its history is all we read; any kind records it alike
+        from .site import secure_csprng_available
+
+        # secure: Opacus's full secure_mode (a CSPRNG for batches and noise) where torchcsprng is
+        # installed; otherwise its floating-point-safe noise sampling with our OS-seeded generator.
+        self.csprng = secure and secure_csprng_available()
+        self.engine = PrivacyEngine(accountant="rdp", secure_mode=self.csprng)  # its history is all we read
         indices = torch.utils.data.TensorDataset(torch.arange(num_samples))
         plain = torch.utils.data.DataLoader(indices, batch_size=batch_size)
-        # Poisson sampling drawn from our generator (PrivacyEngine would use the global RNG).
-        loader = DPDataLoader.from_data_loader(plain, generator=generator)
-        self.model, self.optimizer, self.loader = self.engine.make_private(
-            module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=noise_multiplier,
-            max_grad_norm=max_grad_norm, poisson_sampling=False,  # the loader above already is Poisson
-            noise_generator=generator)
+        if self.csprng:  # Opacus draws the Poisson batches and the noise from its CSPRNG (no seed allowed)
+            self.model, self.optimizer, self.loader = self.engine.make_private(
+                module=model, optimizer=optimizer, data_loader=plain, noise_multiplier=noise_multiplier,
+                max_grad_norm=max_grad_norm, poisson_sampling=True)
+        else:  # Poisson sampling and noise drawn from our generator (PrivacyEngine would use the global RNG)
+            loader = DPDataLoader.from_data_loader(plain, generator=generator)
+            self.model, self.optimizer, self.loader = self.engine.make_private(
+                module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=noise_multiplier,
+                max_grad_norm=max_grad_norm, poisson_sampling=False,  # the loader above already is Poisson
+                noise_generator=generator)
+        if secure:
+            self.optimizer.secure_mode = True  # Opacus's floating-point-safe noise sampling
         # The true Poisson rate q = 1/⌈n/B⌉. Opacus's accountant records 1/len(loader), and len(loader) =
         # int(1/q) is ⌈n/B⌉ − 1 whenever float rounding makes 1/(1/k) fall below k (k = 93, 99, 105, …):
         # that would over-state ε and disagree with the plan. The steps themselves (int(1/q) per epoch)
         # are what the sampler draws, so only the rate is replaced (see close()).
-        self.sample_rate = loader.sample_rate
+        self.sample_rate = self.loader.sample_rate
         self.noise_multiplier = noise_multiplier
         self.on_close = on_close
         self.model.forbid_grad_accumulation()

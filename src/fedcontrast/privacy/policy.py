@@ -9,8 +9,12 @@ A policy is a small YAML file (see ``policies/example-site.yaml``)::
     allow_weights: false      # may model weights leave the site (with or without DP-SGD)?
     min_class_count: 10       # fewest samples behind a shared per-class feature
     site_samples: 400         # this site's sample count, for its exact ε (else the plan's worst case)
+    accept_conditional_guarantees: false  # may a guarantee "given the local model" meet max_epsilon?
+    public_sample_count: false            # under DP: send the exact count (else noised once, accounted)
+    share_training_metrics: false         # under DP default false; without DP default true
+    share_evaluation_metrics: false       # the held-out accuracy of what the site received, likewise
 
-Every key is optional; an absent key checks nothing.
+Every key is optional; an absent key checks nothing (and the sharing keys take their defaults).
 """
 
 from __future__ import annotations
@@ -38,14 +42,22 @@ class SitePolicy:
     allow_weights: bool = True
     min_class_count: int | None = None
     site_samples: int | None = None
+    accept_conditional_guarantees: bool = False
+    public_sample_count: bool = False
+    share_training_metrics: bool | None = None  # None: shared without DP, withheld under DP
+    share_evaluation_metrics: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_epsilon", "max_delta"):
             value = getattr(self, name)
             if value is not None and not (_finite(value) and value > 0):
                 raise ConfigError(f"policy {name} must be a number > 0, got {value!r}")
-        for name in ("require_tls", "require_client_auth", "allow_weights"):
+        for name in ("require_tls", "require_client_auth", "allow_weights", "accept_conditional_guarantees",
+                     "public_sample_count"):
             if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"policy {name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("share_training_metrics", "share_evaluation_metrics"):
+            if getattr(self, name) not in (None, True, False):
                 raise ConfigError(f"policy {name} must be true or false, got {getattr(self, name)!r}")
         for name in ("min_class_count", "site_samples"):
             value = getattr(self, name)
@@ -81,7 +93,13 @@ def check_policy(report: AuditReport, policy: SitePolicy, *, sites: list[str] | 
         for site in report.sites:
             if sites is not None and site.name not in sites:
                 continue
-            if math.isinf(site.epsilon_total):
+            if report.guarantee_kind == "conditional" and not policy.accept_conditional_guarantees \
+                    and not math.isinf(site.epsilon_total):
+                violations.append(f"ε = {site.epsilon_total:.3g} for {site.name} is a conditional guarantee (given the "
+                                  f"local model, which trains without DP): it bounds nothing end to end, so it cannot "
+                                  f"meet the policy's max_epsilon {policy.max_epsilon:g} (set "
+                                  "accept_conditional_guarantees: true to accept it)")
+            elif math.isinf(site.epsilon_total):
                 unprotected = sorted({t.name for t in report.tensors if t.mechanism == "none"})
                 what = f"{unprotected[0]} leaves without differential privacy" if unprotected else "no DP"
                 violations.append(f"ε is unbounded for {site.name} ({what}) but the policy's max_epsilon is "
@@ -98,6 +116,19 @@ def check_policy(report: AuditReport, policy: SitePolicy, *, sites: list[str] | 
                           f"{report.class_minimum} samples but the policy requires at least {policy.min_class_count} "
                           f"(set {report.algorithm}.min_class_samples)")
     return violations
+
+
+def compared_guarantee(report: AuditReport, policy: SitePolicy) -> str:
+    """Which guarantee the policy's max_epsilon was compared with, for the verdict."""
+    if policy.max_epsilon is None:
+        return "no ε bound in the policy"
+    kind = {"end-to-end": "the end-to-end (sample-level) ε", "site-level": "the site-level ε (sample-level follows)",
+            "none": "no guarantee (ε unbounded)"}.get(report.guarantee_kind)
+    if kind is None:  # conditional
+        kind = ("the conditional ε (given the local model), accepted by accept_conditional_guarantees"
+                if policy.accept_conditional_guarantees else "the conditional ε (given the local model), treated as "
+                                                             "unbounded")
+    return f"max_epsilon {policy.max_epsilon:g} against {kind}"
 
 
 def site_policy_path(cwd: str | Path = ".") -> Path | None:

@@ -50,9 +50,19 @@ def clip_rows(z: torch.Tensor, clip: float) -> torch.Tensor:
 
 
 def gaussian_noise(shape: tuple[int, ...], std: float, generator: torch.Generator, *,
-                   device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """N(0, std²) samples drawn on the CPU from ``generator`` (reproducible on any device)."""
-    return (torch.randn(shape, generator=generator, dtype=torch.float64) * std).to(device=device, dtype=dtype)
+                   device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                   secure: bool = False) -> torch.Tensor:
+    """N(0, std²) samples drawn on the CPU from ``generator`` (reproducible on any device).
+
+    ``secure``: the sampling Opacus's ``secure_mode`` uses against floating-point attacks on the
+    Gaussian mechanism (Holohan & Braghin 2021, §5.1, n = 2): one draw discarded, then the sum of 4
+    draws of N(0, std²) halved — still exactly N(0, std²), but its low-order bits no longer reveal the
+    value the noise was added to."""
+    if not secure:
+        return (torch.randn(shape, generator=generator, dtype=torch.float64) * std).to(device=device, dtype=dtype)
+    torch.randn((1,), generator=generator, dtype=torch.float64)  # discarded, as Opacus does
+    total = sum(torch.randn(shape, generator=generator, dtype=torch.float64) * std for _ in range(4))
+    return (total / 2).to(device=device, dtype=dtype)
 
 
 class GaussianClassSums(ClassSums):
@@ -61,11 +71,13 @@ class GaussianClassSums(ClassSums):
     accountant."""
 
     def __init__(self, num_classes: int, dim: int, num_samples: int, device: torch.device, *,
-                 noise_multiplier: float, clip: float, generator: torch.Generator, on_release=None) -> None:
+                 noise_multiplier: float, clip: float, generator: torch.Generator, on_release=None,
+                 secure: bool = False) -> None:
         super().__init__(num_classes, dim, num_samples, device)
         self.noise_multiplier, self.clip = float(noise_multiplier), float(clip)
         self.generator = generator
         self.on_release = on_release
+        self.secure = secure
 
     def transform(self, z: torch.Tensor) -> torch.Tensor:
         return clip_rows(z, self.clip)
@@ -73,9 +85,9 @@ class GaussianClassSums(ClassSums):
     def release(self) -> tuple[torch.Tensor, torch.Tensor]:
         sums, counts = super().release()
         sigma, c = self.noise_multiplier, self.clip
-        noisy_sums = sums + gaussian_noise(tuple(sums.shape), sigma * c, self.generator,
+        noisy_sums = sums + gaussian_noise(tuple(sums.shape), sigma * c, self.generator, secure=self.secure,
                                            device=sums.device, dtype=sums.dtype)  # sensitivity C (one row)
-        noisy_counts = counts + gaussian_noise(tuple(counts.shape), sigma, self.generator,
+        noisy_counts = counts + gaussian_noise(tuple(counts.shape), sigma, self.generator, secure=self.secure,
                                                device=counts.device, dtype=counts.dtype)  # sensitivity 1
         if self.on_release is not None:
             self.on_release()
@@ -88,8 +100,8 @@ def public_sensitivity(num_public: int, row_norm: float = 1.0) -> float:
     return 2.0 * row_norm * math.sqrt(num_public)
 
 
-def gaussian_public_representations(z: torch.Tensor, *, noise_multiplier: float,
-                                    generator: torch.Generator) -> tuple[torch.Tensor, float]:
+def gaussian_public_representations(z: torch.Tensor, *, noise_multiplier: float, generator: torch.Generator,
+                                    secure: bool = False) -> tuple[torch.Tensor, float]:
     """FLESD's ``Z_k = normalize(f_k(P))`` (N, d) released with Gaussian noise; returns ``(Z̃, Δ)``.
 
     Sensitivity argument. P is public and the same on every site; the site's private data reaches
@@ -111,7 +123,8 @@ def gaussian_public_representations(z: torch.Tensor, *, noise_multiplier: float,
         raise ValueError(f"z must have shape (N, d), got {tuple(z.shape)}")
     unit = torch.nn.functional.normalize(z, dim=1)
     delta = public_sensitivity(z.shape[0])
-    noise = gaussian_noise(tuple(z.shape), noise_multiplier * delta, generator, device=z.device, dtype=z.dtype)
+    noise = gaussian_noise(tuple(z.shape), noise_multiplier * delta, generator, device=z.device, dtype=z.dtype,
+                           secure=secure)
     return unit + noise, delta
 
 

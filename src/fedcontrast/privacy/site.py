@@ -22,10 +22,12 @@ import torch
 from torch import nn
 
 from ..config import PrivacyConfig
-from .accounting import RELEASE_MECHANISMS, compact, epsilon
-from .representations import GaussianClassSums, gaussian_public_representations, public_release_history
+from .accounting import RELEASE_MECHANISMS, compact, count_history, epsilon
+from .representations import (GaussianClassSums, gaussian_noise, gaussian_public_representations,
+                              public_release_history)
 
 HISTORY_KEY = "privacy.history"
+COUNT_KEY = "privacy.released_count"  # the sample count as released once (noised), reused every round
 
 
 def history_of(state: dict[str, Any], round_num: int | None = None) -> list[list[float]]:
@@ -34,10 +36,23 @@ def history_of(state: dict[str, Any], round_num: int | None = None) -> list[list
     return [list(r[1:]) for r in rows if round_num is None or int(r[0]) == round_num]
 
 
+def secure_csprng_available() -> bool:
+    """Whether Opacus's full ``secure_mode`` can run here (it needs the ``torchcsprng`` package)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torchcsprng") is not None
+
+
 class SitePrivacy:
+    """``noise_seed=None`` (a deployment): the noise generator is seeded from the operating system and,
+    unless the plan says ``secure_mode: false``, noise is sampled securely (see
+    :func:`~.representations.gaussian_noise`); a seed (the simulator): reproducible, secure sampling
+    only when the plan says ``secure_mode: true``."""
+
     def __init__(self, config: PrivacyConfig, state: dict[str, Any], *, round_num: int,
                  noise_seed: int | None = None) -> None:
         self.config = config
+        self.secure = config.secure_mode if config.secure_mode is not None else noise_seed is None
         self.dp_sgd = config.dp_sgd
         self.representations = config.representations
         self.state = state
@@ -60,23 +75,35 @@ class SitePrivacy:
         return {"dp_epsilon": self.epsilon(), "dp_epsilon_round": self.epsilon(self.round_num)}
 
     # --- mechanisms -----------------------------------------------------------------------------
+    def released_count(self, n: float) -> float:
+        """The site's sample count as it may leave: ``n + N(0, σ_n²)`` drawn once (the first time it
+        is asked, recorded in the history), then the same value every round — post-processing of
+        one release. At least 1: a weight must be positive (post-processing too)."""
+        if COUNT_KEY not in self.state:
+            sigma = self.config.count_noise_multiplier
+            noisy = float(n) + float(gaussian_noise((1,), sigma, self.generator, secure=self.secure)[0])
+            self.state[COUNT_KEY] = max(1.0, noisy)
+            self.record(count_history(self.config))
+        return float(self.state[COUNT_KEY])
+
     def training_session(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, num_samples: int,
                          batch_size: int):
         from .dp_sgd import DPSGDSession
 
         return DPSGDSession(model, optimizer, num_samples=num_samples, batch_size=batch_size,
                             noise_multiplier=self.dp_sgd.noise_multiplier, max_grad_norm=self.dp_sgd.max_grad_norm,
-                            generator=self.generator, on_close=self.record)
+                            generator=self.generator, on_close=self.record, secure=self.secure)
 
     def class_sums(self, num_classes: int, dim: int, num_samples: int, device: torch.device) -> GaussianClassSums:
         rep = self.representations
         return GaussianClassSums(num_classes, dim, num_samples, device, noise_multiplier=rep.noise_multiplier,
-                                 clip=rep.clip, generator=self.generator,
+                                 clip=rep.clip, generator=self.generator, secure=self.secure,
                                  on_release=lambda: self.record([[rep.noise_multiplier, 1.0, RELEASE_MECHANISMS]]))
 
     def public_representations(self, z: torch.Tensor) -> torch.Tensor:
         """FLESD's public-set release (:func:`gaussian_public_representations`), recorded."""
         sigma = self.representations.noise_multiplier
-        noisy, _ = gaussian_public_representations(z, noise_multiplier=sigma, generator=self.generator)
+        noisy, _ = gaussian_public_representations(z, noise_multiplier=sigma, generator=self.generator,
+                                                   secure=self.secure)
         self.record(public_release_history(sigma))
         return noisy

@@ -130,10 +130,12 @@ class Federation:
             for t, task in enumerate(self.algorithm.tasks):
                 ctx = self.site_context(site, round_num, task_seed(cfg, round_num, site.index, t))
                 result = self.algorithm.run_task(task, ctx, received)
-                if ctx.privacy is not None:
+                weight = result.weight
+                if ctx.privacy is not None:  # the count as a deployment releases it: noised once under DP
+                    weight = ctx.privacy.released_count(result.weight)
                     result.metrics.update(ctx.privacy.metrics())
                 merged.update(result.uploads)
-                weights[site.name] = result.weight
+                weights[site.name] = weight
                 rows.append(metric_row(round_num + 1, site.name, task, len(site.data), result.metrics,
                                        nbytes(result.uploads), down if t == 0 else 0))
             validate_uploads(site.name, merged, self.upload_specs)

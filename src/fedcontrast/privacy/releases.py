@@ -1,0 +1,115 @@
+"""Everything that leaves a site besides its declared upload tensors, and what a site lets leave.
+
+Every round a collaborator also reports numbers computed from its private data: its aggregation
+weight (its exact sample count), the metrics of its tasks (training loss, accuracy, contrastive
+terms …), its evaluation of what it received (held-out accuracy and the held-out split's size),
+and under DP its ε so far. Under add/remove adjacency an exact count breaks any sample-level
+guarantee, and a metric computed on private data is a release like any other.
+
+So, under DP (the plan has a ``privacy`` section):
+
+* the sample count is released **noised** once, ``n + N(0, σ_n²)`` (``privacy.count_noise_multiplier``;
+  sensitivity 1), accounted, and reused every round — unless the site's policy declares it public
+  (``public_sample_count: true``: then it leaves exact and outside the accountant, by the site's choice);
+* training and evaluation metrics are **withheld** unless the site's policy opts in
+  (``share_training_metrics`` / ``share_evaluation_metrics: true``: then they leave, and the audit says
+  the guarantee does not cover them); the site still sees them in its own log;
+* ε itself leaves when it is a function of what may leave anyway: without DP-SGD (ε then depends
+  on the plan alone), or when the count is public; with DP-SGD it depends on the exact count through
+  the sample rate q = 1/⌈n/B⌉ and is withheld.
+
+Without DP nothing is covered anyway: everything is sent unless the site's policy says ``false``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ReleaseChoices:
+    exact_count: bool  # the sample count leaves exact (no DP, or public by the site's policy)
+    training_metrics: bool  # the tasks' metrics leave
+    evaluation_metrics: bool  # the site's evaluation of what it received leaves
+    epsilon_metrics: bool  # dp_epsilon / dp_epsilon_round leave
+
+
+def release_choices(privacy: Any, policy: Any = None) -> ReleaseChoices:
+    """What leaves a site under the plan's ``privacy`` section (None: no DP) and the site's policy
+    (a :class:`~fedcontrast.privacy.policy.SitePolicy`, or None: the defaults)."""
+    dp = privacy is not None
+
+    def share(flag: bool | None) -> bool:
+        return flag if flag is not None else not dp  # without DP: shared; under DP: withheld
+
+    exact = not dp or bool(policy is not None and policy.public_sample_count)
+    return ReleaseChoices(
+        exact_count=exact,
+        training_metrics=share(policy.share_training_metrics if policy is not None else None),
+        evaluation_metrics=share(policy.share_evaluation_metrics if policy is not None else None),
+        epsilon_metrics=dp and (exact or privacy.dp_sgd is None))
+
+
+@dataclass(frozen=True)
+class ReleaseLine:
+    """One thing that leaves a site every round (or once), for the audit."""
+
+    name: str
+    source: str  # what it is computed from
+    bytes_per_round: int
+    guarantee: str  # covered | conditional | not covered | withheld | public (site policy)
+    note: str = ""
+
+
+METRIC_BYTES = 4  # one float32 scalar per OpenFL metric (plus its name and framing)
+
+
+def describe_releases(config: Any, algorithm: Any, tensors: list, choices: ReleaseChoices,
+                      conditional: bool) -> list[ReleaseLine]:
+    """The audit's list of releases: every upload tensor (``tensors``: the audit's tensor lines) and
+    every other number a site sends under ``choices``. ``conditional``: the DP guarantee on the
+    tensors holds only given the local model (FedPCL's personal head trains without DP)."""
+    dp = config.privacy is not None
+    lines = []
+    for t in tensors:
+        source = ("the training data, through local training" if t.kind == "weights" else
+                  "the training data's labels" if t.kind == "count" else "the training data, through the model")
+        guarantee = "not covered" if t.mechanism == "none" else "conditional" if conditional else "covered"
+        lines.append(ReleaseLine(t.name, source, t.bytes_per_round, guarantee, t.mechanism))
+    if not dp:
+        count = ReleaseLine("aggregation weight", "the number of training samples (exact)", METRIC_BYTES,
+                            "not covered", "no DP in the plan")
+    elif choices.exact_count:
+        count = ReleaseLine("aggregation weight", "the number of training samples (exact)", METRIC_BYTES,
+                            "public (site policy)", "the site's policy declares its sample count public")
+    else:
+        count = ReleaseLine("aggregation weight", "the number of training samples, noised once", METRIC_BYTES,
+                            "covered", f"n + N(0, σ²), σ = {config.privacy.count_noise_multiplier:g}, released in "
+                                       "the first round and reused (accounted once)")
+    lines.append(count)
+    for task in algorithm.tasks:
+        names = algorithm.task_metrics.get(task, ())
+        if names:
+            lines.append(_metric_line(f"{task} metrics ({', '.join(names)})", "the training data", len(names),
+                                      choices.training_metrics, dp, "share_training_metrics"))
+    names = (*algorithm.evaluation_metrics, "samples")
+    lines.append(_metric_line(f"evaluate metrics ({', '.join(names)})", "the site's held-out data", len(names),
+                              choices.evaluation_metrics, dp, "share_evaluation_metrics"))
+    if dp:
+        if not choices.epsilon_metrics:
+            lines.append(ReleaseLine("dp_epsilon, dp_epsilon_round", "the plan and the exact sample count", 0,
+                                     "withheld", "with DP-SGD, ε depends on the exact count (q = 1/⌈n/B⌉)"))
+        else:
+            source = "the plan" if config.privacy.dp_sgd is None else "the plan and the sample count"
+            lines.append(ReleaseLine("dp_epsilon, dp_epsilon_round", source, 2 * METRIC_BYTES,
+                                     "public (site policy)" if config.privacy.dp_sgd is not None else "covered",
+                                     "a function of the plan (and of the count the site made public)"))
+    return lines
+
+
+def _metric_line(name: str, source: str, count: int, shared: bool, dp: bool, setting: str) -> ReleaseLine:
+    if not shared:
+        return ReleaseLine(name, source, 0, "withheld", f"kept on the site ({setting}: true to share)")
+    note = "no DP in the plan" if not dp else f"shared by the site's choice ({setting}: true)"
+    return ReleaseLine(name, source, count * METRIC_BYTES, "not covered", note)
