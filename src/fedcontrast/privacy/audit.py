@@ -288,9 +288,11 @@ def format_report(report: AuditReport) -> str:
     total = sum(t.bytes_per_round for t in report.tensors)
     lines.append(f"  total {total} bytes per site per round")
     lines += ["", "everything that leaves each site (what it is computed from, bytes per round, guarantee):"]
+    width = max(len(r.name) for r in report.releases)
+    source_width = max(len(r.source) for r in report.releases)
     for r in report.releases:
-        lines.append(f"  {r.name[:44]:44s} {r.source[:40]:40s} {r.bytes_per_round:>9d}  {r.guarantee}"
-                     + (f" — {r.note}" if r.note and r.guarantee != "covered" else ""))
+        lines.append(f"  {r.name:{width}s}  {r.source:{source_width}s} {r.bytes_per_round:>9d}  {r.guarantee}"
+                     + (f" — {r.note}" if r.note and r.guarantee not in ("covered", "conditional") else ""))
     lines += ["", "differential privacy:"] + [f"  {m}" for m in report.mechanisms]
     if report.delta is not None:
         lines.append(f"  accountant: {report.accountant} (Opacus), δ = {report.delta:g}")
