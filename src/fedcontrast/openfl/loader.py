@@ -88,10 +88,11 @@ class SiteDataLoader(DataLoader):
     def get_feature_shape(self) -> tuple[int, ...]:
         return (self.shape["in_channels"], self.shape["image_size"], self.shape["image_size"])
 
-    def get_train_data_size(self) -> float:
-        """What OpenFL sends as a "train" task's data size: the count as this site releases it."""
+    def get_train_data_size(self) -> int:
+        """What OpenFL sends as a "train" task's data size (an integer field): the count as this site
+        releases it, rounded (post-processing of the release)."""
         if self.reported_train_size is not None:
-            return self.reported_train_size
+            return max(1, round(self.reported_train_size))
         return len(self.train) if self.train is not None else 0
 
     def get_valid_data_size(self) -> int:
