@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from fedcontrast.cli import main
 
@@ -20,6 +21,7 @@ TINY = ["--dataset", "synthetic", "--image-size", "16", "--clients", "2", "--rou
     (["simulate", "--dataset", "cifar10", "--data-root", "/nonexistent/cifar"], "/nonexistent/cifar"),
     (["simulate", "--set", "mu=-3"], "mu"),
     (["simulate", "--set", "moon.tau=1"], "no setting"),
+    (["simulate", "--set", "mu=["], "--set 'mu=[' is not valid YAML"),
     (["simulate", "--lr", "0"], "lr"),
     (["simulate", "--config", "/nonexistent.yaml"], "does not exist"),
     (["compare", "--algorithms", "fedavg", "moon:mu"], "name:key=value"),
@@ -98,3 +100,60 @@ def test_local_eval_linear_probe_and_probe_command(tmp_path, capsys):
     assert main(["simulate", *TINY[:-3], "--public-fraction", "0.2", "--quiet", "--algorithm", "fedpcl",
                  "--linear-probe", "--runs-dir", str(tmp_path), "--name", "p"]) == 2
     assert "no global model" in capsys.readouterr().err
+
+
+def one_sentence(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("privacy", [None, {"representations": {"noise_multiplier": 2.0}}])
+def test_simulate_fedpcl_prints_its_summary_and_exits_0(tmp_path, capsys, privacy):
+    # FedPCL reports its sites' local accuracy without a balanced one: the summary used to raise KeyError.
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"privacy": privacy, "hyperparameters": {
+        "fedpcl": {"projection_hidden": [16], "pretrain_epochs": 1}}}))
+    assert main(["simulate", "--config", str(config), *TINY[:-3], "--public-fraction", "0.2", "--quiet",
+                 "--algorithm", "fedpcl", "--projection-dim", "32", "--runs-dir", str(tmp_path), "--name", "p"]) == 0
+    out = capsys.readouterr().out
+    assert "final test accuracy" in out
+    assert "sites' local models:" in out and "on their own label distributions" in out
+    assert "balanced" not in out
+
+
+def test_plan_write_refuses_to_overwrite_without_force(tmp_path, capsys):
+    assert main(["plan", "write", str(tmp_path / "plan"), "--collaborators", "2"]) == 0
+    capsys.readouterr()
+    edited = tmp_path / "plan" / "moon.yaml"
+    edited.write_text("# my edits\n")
+    assert main(["plan", "write", str(tmp_path / "plan")]) == 2
+    err = one_sentence(capsys)
+    assert "already exists" in err and "--force" in err and "another folder" in err
+    assert edited.read_text() == "# my edits\n"  # untouched
+    assert main(["plan", "write", str(tmp_path / "plan"), "--force"]) == 0
+    assert edited.read_text() != "# my edits\n"
+    capsys.readouterr()
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("keep\n")
+    assert main(["plan", "write", str(a_file)]) == 2
+    assert "is a file, not a folder" in one_sentence(capsys)
+    assert a_file.read_text() == "keep\n"
+
+
+def test_pki_on_a_folder_that_is_not_a_workspace(tmp_path, capsys):
+    assert main(["pki", str(tmp_path)]) == 2
+    err = one_sentence(capsys)
+    assert f"{tmp_path} is not a workspace" in err and "fedcontrast workspace create" in err
+    assert not (tmp_path / "cert").exists()
+
+
+@pytest.mark.parametrize("command", [["federation", "--collaborators", "2"], ["workspace", "create", "--collaborators",
+                                                                             "2"]])
+@pytest.mark.parametrize("port", ["99999", "0", "-1"])
+def test_port_outside_1_to_65535_is_refused(tmp_path, capsys, command, port):
+    target = [] if command[0] == "federation" else [str(tmp_path / "ws")]
+    runs = ["--runs-dir", str(tmp_path)] if command[0] == "federation" else []
+    assert main([*command, "--port", port, *runs, *target]) == 2
+    assert f"--port must be a TCP port from 1 to 65535, got {port}" in one_sentence(capsys)
+    assert not any(tmp_path.iterdir())  # nothing written

@@ -14,6 +14,7 @@ import yaml
 
 from .config import RunConfig, load_yaml
 from .errors import ConfigError, FedContrastError
+from .yamlio import loads_yaml
 
 # flag name → config key (None default = "not given": the YAML file or the default applies)
 RUN_FLAGS = {
@@ -33,6 +34,10 @@ def _add_run_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) ->
             p.add_argument("--" + key.replace("_", "-"), dest=key, type=typ, default=None)
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="[ALG.]KEY=VALUE",
                    help="an algorithm hyper-parameter, e.g. --set mu=1 or --set moon.temperature=0.2")
+    p.add_argument("--robustness", dest="robustness_settings", action="append", default=[], metavar="KEY=VALUE",
+                   help="what the aggregator accepts from a site, e.g. --robustness rule=median, "
+                        "--robustness max_update_ratio=1, --robustness 'max_samples={hosp1: 900, hosp2: 400}', "
+                        "--robustness on_rejected=exclude (README: Hostile sites)")
 
 
 def _parse_setting(text: str, default_algorithm: str | None) -> tuple[str, str, Any]:
@@ -45,13 +50,22 @@ def _parse_setting(text: str, default_algorithm: str | None) -> tuple[str, str, 
         raise ConfigError(f"--set {text!r} must name its algorithm here, e.g. --set moon.{key}=...")
     else:
         algorithm = default_algorithm
-    return algorithm, key, yaml.safe_load(value)
+    return algorithm, key, loads_yaml(value, f"--set {text!r}")
+
+
+def _mapping(value: Any, name: str) -> dict[str, Any]:
+    """A copy of the YAML section ``name`` (empty when left out); anything but a mapping is refused."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} must be a mapping of settings, got {value!r}")
+    return dict(value)
 
 
 def config_from_args(args: argparse.Namespace, *, default_algorithm_for_set: bool = True) -> RunConfig:
     data: dict[str, Any] = load_yaml(args.config) if args.config else {}
     data = dict(data)
-    training = dict(data.get("training") or {})
+    training = _mapping(data.get("training"), "training")
     for key in RUN_FLAGS:
         if getattr(args, key, None) is not None:
             data[key] = getattr(args, key)
@@ -59,12 +73,21 @@ def config_from_args(args: argparse.Namespace, *, default_algorithm_for_set: boo
         if getattr(args, key, None) is not None:
             training[key] = getattr(args, key)
     data["training"] = training
-    hyper = {k: dict(v) for k, v in (data.get("hyperparameters") or {}).items()}
+    hyper = {k: _mapping(v, f"hyperparameters.{k}") for k, v in _mapping(data.get("hyperparameters"),
+                                                                          "hyperparameters").items()}
     default_alg = data.get("algorithm", RunConfig.algorithm) if default_algorithm_for_set else None
     for text in args.settings:
         algorithm, key, value = _parse_setting(text, default_alg)
         hyper.setdefault(algorithm, {})[key] = value
     data["hyperparameters"] = hyper
+    robustness = _mapping(data.get("robustness"), "robustness")
+    for text in getattr(args, "robustness_settings", []):
+        key, value = text.split("=", 1) if "=" in text else (text, None)
+        if value is None or not key:
+            raise ConfigError(f"--robustness expects KEY=VALUE, got {text!r}")
+        robustness[key.strip()] = yaml.safe_load(value)
+    if robustness:
+        data["robustness"] = robustness
     return RunConfig.from_dict(data)
 
 
@@ -81,9 +104,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"final test accuracy {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f} "
           f"at round {summary['best_round']}), {summary['wall_time_s']:.1f} s; results in {run_dir}")
     final = summary.get("final_metrics", {})
-    if "local_accuracy" in final:
-        print(f"sites' local models: {final['local_accuracy']:.4f} ± {final['local_accuracy_std']:.4f} on their own "
-              f"label distributions, {final['local_balanced_accuracy']:.4f} on the balanced test split")
+    if "local_accuracy" in final:  # personalised plugins (FedPCL) report no balanced accuracy
+        spread = f" ± {final['local_accuracy_std']:.4f}" if "local_accuracy_std" in final else ""
+        balanced = (f", {final['local_balanced_accuracy']:.4f} on the balanced test split"
+                    if "local_balanced_accuracy" in final else "")
+        print(f"sites' local models: {final['local_accuracy']:.4f}{spread} on their own label distributions{balanced}")
     if args.linear_probe and "probe_accuracy" in final:
         print(f"linear probe of the global encoder: {final['probe_accuracy']:.4f}")
     return 0
@@ -173,6 +198,12 @@ def cmd_algorithms(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_port(port: int | None) -> None:
+    """A TCP port given with --port (None: the default) must be one: 1 … 65535."""
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(f"--port must be a TCP port from 1 to 65535, got {port}")
+
+
 def _free_port() -> int:
     import socket
 
@@ -256,6 +287,7 @@ def cmd_workspace_create(args: argparse.Namespace) -> int:
     from .config import site_names
     from .openfl.plan import DEFAULT_PORT, create_workspace, read_workspace_config
 
+    check_port(args.port)
     config, public_source = deployment_config(args)
     if args.collaborators is None and not config.sites:
         raise ConfigError("say how many sites: --sites NAME,NAME,... (institutions) or --collaborators N")
@@ -403,9 +435,19 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def cmd_plan_write(args: argparse.Namespace) -> int:
-    from .openfl.plan import write_plan_templates
+    from .openfl.plan import plan_templates, write_plan_templates
 
-    for path in write_plan_templates(args.directory, args.collaborators):
+    out = Path(args.directory)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file, not a folder: name a folder for the plans")
+    if args.collaborators < 1:
+        raise ConfigError(f"--collaborators must be at least 1, got {args.collaborators}")
+    existing = [out / f"{name}.yaml" for name in plan_templates(args.collaborators) if (out / f"{name}.yaml").exists()]
+    if existing and not args.force:
+        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+        raise ConfigError(f"{existing[0]}{more} already exists: write the plans into another folder, or pass --force "
+                          "to replace them")
+    for path in write_plan_templates(out, args.collaborators):
         print(f"wrote {path}")
     return 0
 
@@ -414,7 +456,10 @@ def cmd_pki(args: argparse.Namespace) -> int:
     from .openfl.pki import dev_pki_commands, make_dev_pki
     from .openfl.plan import collaborator_names
 
-    names = args.collaborators or collaborator_names(args.workspace)
+    ws = Path(args.workspace)
+    if not (args.dry_run and args.collaborators) and not (ws / "plan" / "plan.yaml").is_file():
+        raise ConfigError(f"{ws} is not a workspace (no plan/plan.yaml): make one with `fedcontrast workspace create`")
+    names = args.collaborators or collaborator_names(ws)
     if args.dry_run:
         print("\n".join(" ".join(c) for c in dev_pki_commands(names, fqdn=args.fqdn)))
         return 0
@@ -431,6 +476,7 @@ def cmd_federation(args: argparse.Namespace) -> int:
     from .openfl.pki import make_dev_pki
     from .openfl.plan import collaborator_names, create_workspace, read_workspace_config
 
+    check_port(args.port)
     config = config_from_args(args).replace(clients=args.collaborators)
     run_dir = Path(args.runs_dir) / (args.name or f"federation-{config.algorithm}-{config.dataset}-k{config.clients}-s{config.seed}")
     ws = run_dir / "workspace"
@@ -637,6 +683,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = psub.add_parser("write", help="write plan/defaults.yaml and one plan per registered algorithm")
     w.add_argument("directory", nargs="?", default="plan")
     w.add_argument("--collaborators", type=int, default=3)
+    w.add_argument("--force", action="store_true", help="replace plans already in the folder")
     w.set_defaults(func=cmd_plan_write)
 
     p = sub.add_parser("pki", help="make a local development PKI in a workspace with fx commands")

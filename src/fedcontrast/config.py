@@ -7,15 +7,17 @@ rejects unknown keys by name, so a typo in a YAML file is an error rather than a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import ConfigError
+from .yamlio import load_yaml_file
 
 AUGMENTATIONS = ("none", "crop", "crop_flip")
 ACCOUNTANTS = ("rdp", "prv")
@@ -33,6 +35,74 @@ def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+# Sane bounds, refused at configuration time rather than met as a memory blow-up or a NaN upload later.
+MAX_IMAGE_SIZE = 1024  # pixels per side of the model's input
+MAX_PROJECTION_DIM = 65536
+# Clipping bounds (DP-SGD's max_grad_norm, the representations' clip): far above any useful bound,
+# and small enough that σ·C noise stays finite in float32.
+MAX_CLIP = 1e4
+# Noise multipliers σ: below 0.1 ε is in the hundreds or more (no privacy at all) and Opacus's PRV
+# accountant runs out of memory; above 1e6 the noise is all there is.
+MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER = 0.1, 1e6
+# δ must be well below 1/n for the guarantee to mean anything (δ ≥ 1/n allows releasing a sample).
+MAX_DELTA = 0.01
+
+
+def _in_range(x: Any, low: float, high: float) -> bool:
+    return _finite(x) and low <= x <= high
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether ``value`` (as YAML gives it) fits the type annotation ``hint``; containers are checked
+    on the outside only (the field's own check looks inside)."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin is tuple or hint is tuple:
+        return isinstance(value, (tuple, list))
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    if dataclasses.is_dataclass(hint):
+        return isinstance(value, (hint, dict))  # a mapping is converted by the field's own code
+    return True
+
+
+def _describe(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_describe(h) for h in typing.get_args(hint))
+    if dataclasses.is_dataclass(hint):
+        return "a mapping of settings"
+    names = {type(None): "left out", bool: "true or false", int: "an integer", float: "a number", str: "a string",
+             tuple: "a list", dict: "a mapping"}
+    return names.get(typing.get_origin(hint) or hint, str(hint))
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _check_types(obj: Any, prefix: str = "") -> None:
+    """Every field of the dataclass ``obj`` checked against its annotation, so that a list where a
+    number belongs (``training: [1, 2]``, ``device: 5``) is one sentence, not a traceback later."""
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        _check(_fits(value, hints[f.name]), f"{prefix}{f.name} must be {_describe(hints[f.name])}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class TrainingConfig:
     """Local SGD settings shared by every supervised algorithm (MOON §4.1 defaults)."""
@@ -45,6 +115,7 @@ class TrainingConfig:
     augmentation: str = "none"
 
     def __post_init__(self) -> None:
+        _check_types(self, "training.")
         _check(isinstance(self.local_epochs, int) and self.local_epochs >= 1,
                f"training.local_epochs must be an integer >= 1, got {self.local_epochs!r}")
         _check(isinstance(self.batch_size, int) and self.batch_size >= 2,
@@ -56,6 +127,17 @@ class TrainingConfig:
                f"training.weight_decay must be >= 0, got {self.weight_decay!r}")
         _check(self.augmentation in AUGMENTATIONS,
                f"training.augmentation must be one of {', '.join(AUGMENTATIONS)}, got {self.augmentation!r}")
+
+
+def _check_noise_multiplier(value: Any, name: str) -> None:
+    _check(_in_range(value, MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER),
+           f"{name} must be a number > 0 in [{MIN_NOISE_MULTIPLIER:g}, {MAX_NOISE_MULTIPLIER:g}] (below "
+           f"{MIN_NOISE_MULTIPLIER:g} there is no privacy to speak of), got {value!r}")
+
+
+def _check_clip(value: Any, name: str) -> None:
+    _check(_finite(value) and 0 < value <= MAX_CLIP,
+           f"{name} must be a number > 0 and at most {MAX_CLIP:g} (a larger bound clips nothing), got {value!r}")
 
 
 def _typed_section(cls: type, value: Any, name: str) -> Any:
@@ -81,10 +163,9 @@ class DPSGDConfig:
     max_grad_norm: float = 1.0
 
     def __post_init__(self) -> None:
-        _check(_finite(self.noise_multiplier) and self.noise_multiplier > 0,
-               f"privacy.dp_sgd.noise_multiplier must be a number > 0, got {self.noise_multiplier!r}")
-        _check(_finite(self.max_grad_norm) and self.max_grad_norm > 0,
-               f"privacy.dp_sgd.max_grad_norm must be a number > 0, got {self.max_grad_norm!r}")
+        _check_types(self, "privacy.dp_sgd.")
+        _check_noise_multiplier(self.noise_multiplier, "privacy.dp_sgd.noise_multiplier")
+        _check_clip(self.max_grad_norm, "privacy.dp_sgd.max_grad_norm")
 
 
 @dataclass(frozen=True)
@@ -96,10 +177,9 @@ class RepresentationDPConfig:
     clip: float = 1.0  # C
 
     def __post_init__(self) -> None:
-        _check(_finite(self.noise_multiplier) and self.noise_multiplier > 0,
-               f"privacy.representations.noise_multiplier must be a number > 0, got {self.noise_multiplier!r}")
-        _check(_finite(self.clip) and self.clip > 0,
-               f"privacy.representations.clip must be a number > 0, got {self.clip!r}")
+        _check_types(self, "privacy.representations.")
+        _check_noise_multiplier(self.noise_multiplier, "privacy.representations.noise_multiplier")
+        _check_clip(self.clip, "privacy.representations.clip")
 
 
 @dataclass(frozen=True)
@@ -123,11 +203,13 @@ class PrivacyConfig:
         object.__setattr__(self, "dp_sgd", _typed_section(DPSGDConfig, self.dp_sgd, "privacy.dp_sgd"))
         object.__setattr__(self, "representations", _typed_section(
             RepresentationDPConfig, self.representations, "privacy.representations"))
-        _check(_finite(self.delta) and 0 < self.delta < 1, f"privacy.delta must be in (0, 1), got {self.delta!r}")
+        _check_types(self, "privacy.")
+        _check(_finite(self.delta) and 0 < self.delta <= MAX_DELTA,
+               f"privacy.delta must be in (0, {MAX_DELTA:g}], well below 1/n for the smallest site's n samples "
+               f"(e.g. 1e-5), got {self.delta!r}")
         _check(self.accountant in ACCOUNTANTS,
                f"privacy.accountant must be one of {', '.join(ACCOUNTANTS)}, got {self.accountant!r}")
-        _check(_finite(self.count_noise_multiplier) and self.count_noise_multiplier > 0,
-               f"privacy.count_noise_multiplier must be a number > 0, got {self.count_noise_multiplier!r}")
+        _check_noise_multiplier(self.count_noise_multiplier, "privacy.count_noise_multiplier")
         _check(self.secure_mode in (None, True, False),
                f"privacy.secure_mode must be true, false or left out, got {self.secure_mode!r}")
         _check(self.dp_sgd is not None or self.representations is not None,
@@ -161,12 +243,14 @@ class DataSchema:
     def __post_init__(self) -> None:
         for name in ("input_shape", "classes", "mean", "std"):
             object.__setattr__(self, name, _tuple(getattr(self, name)))
+        _check_types(self, "data_schema.")
         shape = self.input_shape
         _check(isinstance(shape, tuple) and len(shape) == 3 and all(isinstance(v, int) and v >= 1 for v in shape),
                f"data_schema.input_shape must be three positive integers (channels, height, width), got {shape!r}")
         _check(shape[0] in (1, 3), f"data_schema.input_shape must have 1 (grey) or 3 (RGB) channels, got {shape[0]}")
-        _check(shape[1] == shape[2] and shape[1] >= 8,
-               f"data_schema.input_shape must be square and at least 8×8 pixels, got {shape[1]}×{shape[2]}")
+        _check(shape[1] == shape[2] and 8 <= shape[1] <= MAX_IMAGE_SIZE,
+               f"data_schema.input_shape must be square, from 8×8 to {MAX_IMAGE_SIZE}×{MAX_IMAGE_SIZE} pixels, "
+               f"got {shape[1]}×{shape[2]}")
         classes = self.classes
         _check(isinstance(classes, tuple) and len(classes) >= 2 and all(isinstance(c, str) and c for c in classes),
                f"data_schema.classes must name at least two classes (folder names), got {classes!r}")
@@ -208,10 +292,62 @@ class PublicDataConfig:
     folder: str = "public"
 
     def __post_init__(self) -> None:
+        _check_types(self, "public_data.")
         _check(isinstance(self.sha256, str) and SHA256_HEX.match(self.sha256) is not None,
                f"public_data.sha256 must be 64 lower-case hex digits (`fedcontrast public fingerprint FOLDER`), "
                f"got {self.sha256!r}")
         _check(isinstance(self.folder, str) and self.folder.strip() != "", "public_data.folder must be a path")
+
+
+ROBUST_RULES = ("mean", "median", "trimmed_mean")
+ON_REJECTED = ("stop", "exclude")
+
+
+@dataclass(frozen=True)
+class RobustnessConfig:
+    """What the aggregator accepts from a site and how it combines model weights (every engine
+    applies it before the plugin aggregates: :mod:`fedcontrast.robust`).
+
+    ``max_samples``: the most samples (aggregation weight) a site may claim — one number for every
+    site, or a mapping site → the count it declared at enrolment; None: no bound. ``max_update_ratio``:
+    an upload whose model update ``‖w_k − w‖`` exceeds this multiple of the global model's norm ``‖w‖``
+    is rejected (the default 10 stops absurd uploads; honest training moved digits models by ≤ 0.04 of
+    ``‖w‖`` per round: set it a few times above the honest ratio where sites may be hostile). ``clip_update_norm``: each accepted update is
+    scaled to at most this L2 norm. ``rule``: how model weights are combined — ``mean`` (each plugin's
+    own weighted average), ``median`` or ``trimmed_mean`` (coordinate-wise, unweighted, dropping
+    ``⌊trim_fraction·K⌋`` (at least one) of the K sites' values at each end). ``reject_replays``:
+    an upload identical to one the same site sent in an earlier round is rejected. ``on_rejected``:
+    ``stop`` — the round is aggregated without the rejected upload(s), then the federation stops
+    naming the senders (the operator looks before going on); ``exclude`` — it goes on without them.
+    """
+
+    rule: str = "mean"
+    trim_fraction: float = 0.2
+    clip_update_norm: float | None = None
+    max_update_ratio: float | None = 10.0
+    max_samples: float | dict[str, float] | None = None
+    reject_replays: bool = True
+    on_rejected: str = "stop"
+
+    def __post_init__(self) -> None:
+        _check_types(self, "robustness.")
+        _check(self.rule in ROBUST_RULES,
+               f"robustness.rule must be one of {', '.join(ROBUST_RULES)}, got {self.rule!r}")
+        _check(_finite(self.trim_fraction) and 0 <= self.trim_fraction < 0.5,
+               f"robustness.trim_fraction must be in [0, 0.5), got {self.trim_fraction!r}")
+        for name in ("clip_update_norm", "max_update_ratio"):
+            value = getattr(self, name)
+            _check(value is None or (_finite(value) and value > 0),
+                   f"robustness.{name} must be a number > 0 or left out, got {value!r}")
+        bound = self.max_samples
+        values = list(bound.values()) if isinstance(bound, dict) else [bound]
+        _check(bound is None or all(_finite(v) and v > 0 for v in values),
+               "robustness.max_samples must be a number > 0, or a mapping site → number > 0, or left out; "
+               f"got {bound!r}")
+        _check(isinstance(self.reject_replays, bool),
+               f"robustness.reject_replays must be true or false, got {self.reject_replays!r}")
+        _check(self.on_rejected in ON_REJECTED,
+               f"robustness.on_rejected must be one of {', '.join(ON_REJECTED)}, got {self.on_rejected!r}")
 
 
 @dataclass(frozen=True)
@@ -245,12 +381,17 @@ class RunConfig:
     sites: tuple[str, ...] = ()
     data_schema: DataSchema | None = None
     public_data: PublicDataConfig | None = None
+    # What the aggregator accepts from a site and how model weights are combined (hostile sites).
+    robustness: RobustnessConfig = field(default_factory=RobustnessConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "privacy", _typed_section(PrivacyConfig, self.privacy, "privacy"))
         object.__setattr__(self, "data_schema", _typed_section(DataSchema, self.data_schema, "data_schema"))
         object.__setattr__(self, "public_data", _typed_section(PublicDataConfig, self.public_data, "public_data"))
+        object.__setattr__(self, "robustness",
+                           _typed_section(RobustnessConfig, self.robustness, "robustness") or RobustnessConfig())
         object.__setattr__(self, "sites", _tuple(self.sites))
+        _check_types(self)
         _check(isinstance(self.sites, tuple) and all(isinstance(n, str) and SITE_NAME.match(n) for n in self.sites),
                f"sites must be lower-case names (letters, digits, '_', '.', '-'), got {list(self.sites)!r}")
         _check(len(set(self.sites)) == len(self.sites), f"sites names a site twice: {list(self.sites)}")
@@ -274,6 +415,10 @@ class RunConfig:
         _check(_finite(self.sample_fraction) and 0 < self.sample_fraction <= 1,
                f"sample_fraction must be in (0, 1], got {self.sample_fraction!r}")
         _check(isinstance(self.seed, int) and self.seed >= 0, f"seed must be an integer >= 0, got {self.seed!r}")
+        _check(self.image_size is None or 8 <= self.image_size <= MAX_IMAGE_SIZE,
+               f"image_size must be from 8 to {MAX_IMAGE_SIZE} pixels (or left out), got {self.image_size!r}")
+        _check(1 <= self.projection_dim <= MAX_PROJECTION_DIM,
+               f"projection_dim must be from 1 to {MAX_PROJECTION_DIM}, got {self.projection_dim!r}")
         _check(self.target_accuracy is None or (_finite(self.target_accuracy) and 0 < self.target_accuracy <= 1),
                f"target_accuracy must be in (0, 1], got {self.target_accuracy!r}")
         _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
@@ -281,6 +426,10 @@ class RunConfig:
         _check(isinstance(self.hyperparameters, dict) and
                all(isinstance(v, dict) for v in self.hyperparameters.values()),
                "hyperparameters must map an algorithm name to a mapping of its settings")
+        if isinstance(self.robustness.max_samples, dict):
+            strangers = sorted(set(self.robustness.max_samples) - set(site_names(self)))
+            _check(not strangers, f"robustness.max_samples names {', '.join(strangers)}, which the plan does not "
+                                  f"name as a site ({', '.join(site_names(self))})")
 
     # --- (de)serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -343,15 +492,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping; missing files and syntax errors become :class:`ConfigError`."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"configuration file {p} does not exist")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"configuration file {p} is not valid YAML: {str(exc).splitlines()[0]}") from None
+def load_yaml(path: str | Path, what: str = "configuration file") -> dict[str, Any]:
+    """Read a YAML mapping; a missing file, a syntax error or a key given twice is a :class:`ConfigError`."""
+    data = load_yaml_file(path, what) or {}
     if not isinstance(data, dict):
-        raise ConfigError(f"configuration file {p} must hold a mapping of settings")
+        raise ConfigError(f"{what} {path} must hold a mapping of settings")
     return data

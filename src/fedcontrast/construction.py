@@ -53,6 +53,7 @@ def build_algorithm(config: RunConfig) -> Algorithm:
     algorithm = get_algorithm(config.algorithm).from_settings(config.hyperparameters.get(config.algorithm))
     algorithm.validate_training(config.training)
     algorithm.num_sites = config.clients
+    algorithm.robustness = config.robustness
     if config.privacy is not None:
         unsupported = sorted(config.privacy.kinds - algorithm.dp_kinds)
         if unsupported:
@@ -60,9 +61,21 @@ def build_algorithm(config: RunConfig) -> Algorithm:
             raise ConfigError(f"{algorithm.name} does not support privacy.{unsupported[0]} (its DP mechanisms: "
                               f"{supported}); remove that section or choose another algorithm")
         algorithm.private_representations = config.privacy.representations is not None
+        algorithm.representation_dp = config.privacy.representations
+        algorithm.count_noise = config.privacy.count_noise_multiplier
         algorithm.exact_weights = False  # a site's sample count may arrive noised
         algorithm.validate_privacy(config.privacy)
     return algorithm
+
+
+def upload_screen(config: RunConfig, algorithm: Algorithm):
+    """The aggregator's screen of every round's uploads (:class:`fedcontrast.robust.UploadScreen`), as
+    the plan's ``robustness`` section says; under DP a site's count may arrive noised, within the
+    count noise's allowance."""
+    from .robust import UploadScreen
+
+    noise = config.privacy.count_noise_multiplier if config.privacy is not None else 0.0
+    return UploadScreen(config.robustness, algorithm, count_noise=noise)
 
 
 def attach_public(algorithm: Algorithm, public) -> None:

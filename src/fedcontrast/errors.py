@@ -27,3 +27,7 @@ class DataError(FedContrastError):
 
 class CheckpointError(FedContrastError):
     """A checkpoint that cannot be read or does not match the run."""
+
+
+class OutputError(FedContrastError):
+    """A result file that could not be written (a full disk, a file size limit, no permission)."""

@@ -331,3 +331,49 @@ def test_array_dataset_subset_and_validation():
         ArrayDataset(torch.zeros(3, 4), torch.zeros(3, dtype=torch.int64), 2)
     with pytest.raises(DataError):
         ArrayDataset(torch.zeros(3, 1, 2, 2), torch.zeros(4, dtype=torch.int64), 2)
+
+
+def claim_size(png: Path, width: int, height: int) -> None:
+    """Rewrite ``png``'s header to claim ``width`` × ``height`` pixels (a decompression bomb's trick:
+    a few hundred bytes whose header announces gigabytes), with a valid header checksum."""
+    import struct
+    import zlib
+
+    data = bytearray(png.read_bytes())
+    assert data[12:16] == b"IHDR"
+    data[16:24] = struct.pack(">II", width, height)
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    png.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("side", [30000, 9000])
+def test_an_image_claiming_huge_dimensions_is_a_data_error_naming_it(tmp_path, side):
+    make_folder(tmp_path)
+    bomb = tmp_path / "banana" / "img_1.png"
+    claim_size(bomb, side, side)
+    with pytest.raises(DataError) as info:
+        load_dataset("imagefolder", root=str(tmp_path))
+    assert str(bomb) in str(info.value) and "8192×8192" in str(info.value)
+
+
+def test_a_folder_of_one_class_warns_that_accuracy_is_meaningless(tmp_path, caplog):
+    make_folder(tmp_path / "only", classes=("apple",))
+    with caplog.at_level("WARNING", logger="fedcontrast.data.imagefolder"):
+        splits = load_dataset("imagefolder", root=str(tmp_path / "only"), public_fraction=0)
+    assert splits.num_classes == 1
+    assert any(str(tmp_path / "only") in r.getMessage() and "single class is meaningless" in r.getMessage()
+               for r in caplog.records)
+    caplog.clear()
+    # A site's folder under a plan's schema of two classes, holding images of one.
+    from fedcontrast.config import DataSchema
+    from fedcontrast.data.schema import load_site_splits
+
+    with caplog.at_level("WARNING", logger="fedcontrast.data.imagefolder"):
+        load_site_splits(tmp_path / "only", DataSchema((3, 16, 16), ("apple", "banana")), test_fraction=0.25,
+                         split_seed=0)
+    assert any("is of class 'apple'" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    make_folder(tmp_path / "two")
+    with caplog.at_level("WARNING", logger="fedcontrast.data.imagefolder"):
+        load_dataset("imagefolder", root=str(tmp_path / "two"), test_fraction=0.25)
+    assert not caplog.records

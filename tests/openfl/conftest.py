@@ -91,6 +91,51 @@ class NanUpload(FedAvg):
         return result
 
 
+class PoisonScale(FedAvg):
+    """Hostile (test only): site_1 uploads its weights × 1e30 (finite) in the second round."""
+    name = "poison_scale"
+
+    def task_train(self, site, received):
+        result = super().task_train(site, received)
+        if site.name == "site_1" and site.round_num == 1:
+            result.uploads = {k: v * 1e30 for k, v in result.uploads.items()}
+        return result
+
+
+class ClaimsHuge(FedAvg):
+    """Hostile (test only): site_1 claims 1e9 samples in the second round (≈ 100 % of the average; the
+    largest count OpenFL's int32 data-size field carries)."""
+    name = "claims_huge"
+
+    def task_train(self, site, received):
+        result = super().task_train(site, received)
+        if site.name == "site_1" and site.round_num == 1:
+            result.weight = 1e9
+        return result
+
+
+class DiskFullOnce(FedAvg):
+    """Test only: the aggregator's disk is full when it writes round 2's results, once per workspace."""
+    name = "disk_full_once"
+
+    def aggregate(self, uploads, weights, server):
+        import errno
+        import os
+
+        from fedcontrast.openfl import components
+
+        if server.round_num == 1 and os.path.isdir("save") and not os.path.exists("save/disk_was_full"):
+            open("save/disk_was_full", "w").close()
+            stock = components.atomic_torch_save
+
+            def full(obj, path):
+                components.atomic_torch_save = stock
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+            components.atomic_torch_save = full
+        return super().aggregate(uploads, weights, server)
+
+
 class FailingTask(FedAvg):
     """site_1's training raises in the second round."""
     name = "failing_task"
@@ -147,6 +192,9 @@ def test_plugins(tmp_path, monkeypatch):
                                            "nan_upload = test_only_plugins:NanUpload\n"
                                            "broken_aggregator = test_only_plugins:BrokenAggregator\n"
                                            "failing_task = test_only_plugins:FailingTask\n"
+                                           "poison_scale = test_only_plugins:PoisonScale\n"
+                                           "claims_huge = test_only_plugins:ClaimsHuge\n"
+                                           "disk_full_once = test_only_plugins:DiskFullOnce\n"
                                            "personal_echo = test_only_plugins:PersonalEcho\n")
     monkeypatch.setenv("PYTHONPATH", str(pkg))
     monkeypatch.syspath_prepend(str(pkg))

@@ -29,3 +29,27 @@ def test_federation_command_runs_and_exports(tmp_path, capsys):
     assert "--resume" in capsys.readouterr().err
     assert main(argv + ["--resume"]) == 0
     assert "already finished" in capsys.readouterr().out
+
+
+def test_a_federation_whose_aggregator_lost_a_round_end_is_not_reported_as_finished(tmp_path, monkeypatch):
+    """The aggregator's database moved past round 2, but its round end (model export, record) failed
+    on a full disk: every party then exits 0 at once on --resume. Say so, do not export round 1's model."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    from fedcontrast.openfl import launch
+    from fedcontrast.openfl.plan import create_workspace
+
+    from .conftest import small_config
+
+    ws = create_workspace(tmp_path / "ws", small_config(rounds=2), log=lambda m: None)
+    (ws / "save" / "rounds.jsonl").write_text(
+        json.dumps({"round": 1, "rounds": 2, "trained_at": 1.0, "sites": {}}) + "\n"
+        + json.dumps({"round": 2, "rounds": 2, "sites": {}}) + "\n")  # round 2's training half never written
+    monkeypatch.setattr(launch, "start", lambda *args, **kwargs: subprocess.Popen([sys.executable, "-c", ""]))
+    with pytest.raises(launch.FederationFailed) as info:
+        launch.run_federation(ws, timeout=60)
+    assert "the aggregator never wrote the results of round(s) 2" in str(info.value)
+    assert "full disk" in str(info.value) and "--overwrite" in str(info.value)

@@ -16,7 +16,7 @@ import torch
 from fedcontrast.algorithms.base import WEIGHT_PREFIX
 from fedcontrast.evaluation import evaluate_classifier
 from fedcontrast.models import build_model
-from fedcontrast.openfl.launch import (export_results, read_rounds, run_federation, start, stop_all,
+from fedcontrast.openfl.launch import (FederationFailed, export_results, read_rounds, run_federation, start, stop_all,
                                       threads_per_collaborator)
 from fedcontrast.openfl.plan import read_workspace_config
 from fedcontrast.sim import Federation
@@ -103,6 +103,23 @@ def test_killed_aggregator_and_collaborator_resume_without_loss(make_workspace):
         stop_all(procs)
     rounds = [r["round"] for r in read_rounds(ws)]
     assert rounds[:finished] == list(range(1, finished + 1)) and max(rounds) == 3  # no finished round lost
+    exported = torch.load(ws / "save" / "final_model.pt", weights_only=True)
+    simulated, _ = simulator_final_weights(read_workspace_config(ws))
+    assert_same_weights(exported, simulated)
+
+
+def test_aggregator_whose_disk_filled_redoes_the_round_on_resume(make_workspace, test_plugins):
+    # The round's files are written before OpenFL commits the round: a full disk leaves it uncommitted,
+    # and the restarted aggregator redoes its end from the saved uploads (no round lost, no stale model).
+    ws = make_workspace(small_config(algorithm="disk_full_once", rounds=2))
+    with pytest.raises(FederationFailed) as info:
+        run_federation(ws, timeout=FEDERATION_TIMEOUT)
+    assert "No space left on device" in str(info.value) and "round 1 could not be aggregated" in str(info.value)
+    assert [r["round"] for r in read_rounds(ws)] == [1]
+    run_federation(ws, timeout=FEDERATION_TIMEOUT)  # what `fedcontrast federation --resume` runs
+    records = read_rounds(ws)
+    assert [r["round"] for r in records] == [1, 2] and all(r["sites"] for r in records)
+    assert all("training" in v for v in records[1]["sites"].values())
     exported = torch.load(ws / "save" / "final_model.pt", weights_only=True)
     simulated, _ = simulator_final_weights(read_workspace_config(ws))
     assert_same_weights(exported, simulated)

@@ -95,7 +95,7 @@ def test_tls_client_without_certificate_is_refused_by_the_aggregator(aggregator)
 def test_plan_that_differs_from_the_aggregators_is_refused(aggregator, tmp_path):
     ws = copy_workspace(aggregator["ws"], tmp_path / "other_plan")
     plan = yaml.safe_load((ws / "plan" / "plan.yaml").read_text())
-    plan["aggregator"]["settings"]["rounds_to_train"] = 7  # any edit changes the plan's hash
+    plan["collaborator"]["settings"]["poll_interval"] = 0.06  # any edit changes the plan's hash
     (ws / "plan" / "plan.yaml").write_text(yaml.safe_dump(plan))
     code, reason = run_collaborator(ws, "site_0")
     assert code != 0
@@ -128,6 +128,31 @@ def test_bad_upload_is_rejected_with_the_sender_named(make_workspace, test_plugi
     assert [r["round"] for r in read_rounds(ws)] == [1, 2]
     final = torch.load(ws / "save" / "final_model.pt", weights_only=True)
     assert all(torch.isfinite(v).all() for v in final.values() if v.is_floating_point())
+
+
+def test_finite_poisoned_upload_is_rejected_and_the_honest_site_not_blamed(make_workspace, test_plugins):
+    # Weights × 1e30 are finite: before the plan's bounds they were averaged in, and the next round every
+    # site's upload was NaN, so the aggregator rejected the honest site_0 by name.
+    ws = make_workspace(small_config(algorithm="poison_scale", rounds=3))
+    with pytest.raises(FederationFailed) as info:
+        run_federation(ws, timeout=FEDERATION_TIMEOUT)
+    message = str(info.value)
+    assert "site 'site_1' uploaded a model update of norm" in message and "max_update_ratio 10 " in message
+    assert "site_0" not in message
+    records = read_rounds(ws)
+    assert [r["round"] for r in records] == [1, 2] and list(records[-1]["rejected"]) == ["site_1"]
+    final = torch.load(ws / "save" / "final_model.pt", weights_only=True)
+    assert max(float(v.abs().max()) for v in final.values() if v.is_floating_point()) < 1e3
+
+
+def test_inflated_sample_count_is_excluded_and_the_federation_goes_on(make_workspace, test_plugins):
+    robustness = {"max_samples": 2000, "on_rejected": "exclude"}
+    ws = make_workspace(small_config(algorithm="claims_huge", rounds=3, robustness=robustness))
+    run_federation(ws, timeout=FEDERATION_TIMEOUT)
+    records = read_rounds(ws)
+    assert [r["round"] for r in records] == [1, 2, 3]
+    assert [list(r.get("rejected", {})) for r in records] == [[], ["site_1"], []]
+    assert "site 'site_1' claimed 1e+09 samples, more than the plan's max_samples 2000" in records[1]["rejected"]["site_1"]
 
 
 def test_exception_in_aggregator_task_stops_the_federation(make_workspace, test_plugins):

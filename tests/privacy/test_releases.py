@@ -3,10 +3,8 @@
 evaluation's metrics (withheld under DP unless the site opts in), ε; a conditional guarantee does not
 pass a max-ε policy unless the policy accepts it; noise can be sampled securely."""
 
-import copy
 import json
 
-import numpy as np
 import pytest
 import torch
 

@@ -2,10 +2,13 @@
 
 import csv
 import json
+import subprocess
+import sys
 
 import pytest
 
 from fedcontrast.algorithms import available_algorithms
+from fedcontrast.cli import main
 from fedcontrast.errors import CheckpointError, ConfigError
 from fedcontrast.sim import run_simulation
 
@@ -82,6 +85,50 @@ def test_corrupt_checkpoint_is_reported_and_kept(tmp_path, tiny_config):
         run_simulation(tiny_config, run, resume=True)
     assert (run / "checkpoint.pt").read_bytes() == b"not a checkpoint"
     assert (run / "metrics.csv").read_bytes() == metrics
+
+
+def test_resume_without_checkpoint_is_refused_and_keeps_the_results(tmp_path, tiny_config):
+    run = tmp_path / "run"
+    run_simulation(tiny_config, run, stop_after=1)
+    (run / "checkpoint.pt").unlink()
+    before = {n: (run / n).read_bytes() for n in ("metrics.csv", "summary.json", "accuracy.png")}
+    with pytest.raises(CheckpointError, match=r"holds results \(metrics.csv, summary.json, accuracy.png\) but no "
+                                              r"checkpoint.pt.*another --name.*--overwrite"):
+        run_simulation(tiny_config, run, resume=True)
+    assert {n: (run / n).read_bytes() for n in before} == before
+    assert not (run / "checkpoint.pt").exists()
+
+
+# Runs the command line with a file size limit: a write past it fails with EFBIG, as on a full disk.
+LIMITED = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), int(sys.argv[1])))
+from fedcontrast.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+CLI_TINY = ["--dataset", "synthetic", "--image-size", "16", "--clients", "2", "--local-epochs", "1",
+            "--min-samples", "5", "--public-fraction", "0", "--quiet", "--name", "r"]
+
+
+def test_full_disk_ends_with_one_sentence_and_the_run_resumes(tmp_path):
+    args = [*CLI_TINY, "--runs-dir", str(tmp_path)]
+    run = tmp_path / "r"
+    assert main(["simulate", *args, "--rounds", "1"]) == 0
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert len(before["checkpoint.pt"]) > 200_000  # the limit below stops the checkpoint, not the small files
+    proc = subprocess.run([sys.executable, "-c", LIMITED, "100000", "simulate", *args, "--rounds", "2", "--resume"],
+                          capture_output=True, text=True, timeout=300)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"could not write {run / 'checkpoint.pt'}: no space left on device" in err and "--resume" in err
+    files = [p for p in run.rglob("*") if p.is_file()]
+    assert not [p for p in files if p.name.endswith(".tmp") or p.stat().st_size == 0]
+    for name in ("checkpoint.pt", "metrics.csv", "summary.json"):  # round 1's results, untouched
+        assert (run / name).read_bytes() == before[name], name
+    assert main(["simulate", *args, "--rounds", "2", "--resume"]) == 0  # space again: it goes on
+    assert json.loads((run / "summary.json").read_text())["rounds_completed"] == 2
 
 
 def test_resume_with_other_settings_is_refused(tmp_path, tiny_config):

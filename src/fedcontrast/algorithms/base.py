@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ..aggregation import weighted_average
 from ..config import TrainingConfig
 from ..errors import ConfigError, FedContrastError
 
@@ -262,6 +263,9 @@ class Algorithm(ABC):
         self.public_size = 0  # samples in the public data set; engines set it when the run has one
         self.private_representations = False  # engines set it: uploaded counts are noisy (check_upload adapts)
         self.exact_weights = True  # engines set it: False when sites may send noised sample counts (under DP)
+        self.representation_dp: Any = None  # engines set it: the plan's privacy.representations (noise, clip)
+        self.count_noise = 0.0  # engines set it: σ of the noise on a site's released sample count (under DP)
+        self.robustness: Any = None  # engines set it: the plan's robustness section (the weight rule)
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any] | None) -> Algorithm:
@@ -295,6 +299,38 @@ class Algorithm(ABC):
     def check_upload(self, site: str, uploads: Mapping[str, torch.Tensor], weight: float) -> None:
         """Checks of meaning beyond names, shapes, dtypes and finiteness (engines check those with
         :func:`validate_uploads` first); raise :class:`InvalidUploadError` naming ``site``."""
+
+    def average_weights(self, uploads: Mapping[str, Mapping[str, torch.Tensor]],
+                        weights: Mapping[str, float]) -> dict[str, torch.Tensor]:
+        """Combine the sites' model weights: FedAvg's ``Σ n_k/n w_k``, or the plan's robust rule
+        (``robustness.rule``: coordinate-wise median or trimmed mean). Weight-sharing plugins call this."""
+        from ..robust import robust_average
+
+        rule = self.robustness
+        if rule is None:
+            return weighted_average(uploads, weights)
+        return robust_average(uploads, weights, rule=rule.rule, trim_fraction=rule.trim_fraction)
+
+    def count_allowance(self, classes: int) -> float:
+        """How far an honest site's uploaded class counts may sum above its claimed sample count: 0
+        when both are exact; under DP, 6 standard deviations of the difference of their noises (σ on
+        each of ``classes`` counts, ``count_noise`` on the sample count)."""
+        sigma = self.representation_dp.noise_multiplier if self.representation_dp is not None else 0.0
+        return 6.0 * math.sqrt(classes * sigma ** 2 + self.count_noise ** 2)
+
+    def mean_norm_allowance(self, counts: torch.Tensor, dim: int, *, unit: bool) -> torch.Tensor:
+        """The largest L2 norm an honest per-class mean can have, per class ``(C,)``, given the uploaded
+        ``counts``: a mean of vectors of norm ≤ r (r = 1 for unit vectors, else the DP clip bound C; no
+        bound — inf — for unclipped representations without DP) is within r; under representation DP
+        the released mean is ``(S + N(0, σ²C²I)) / ñ`` with ``ñ`` the noised count, so the allowance adds
+        ``r·6σ/ñ`` (count noise) and ``σC(√d + 6)/ñ`` (sum noise), 6 standard deviations each."""
+        dp = self.representation_dp
+        n = counts.to(torch.float64).clamp_min(1.0)
+        if dp is None:
+            return torch.full_like(n, 1.0 + 1e-4 if unit else math.inf)
+        r = min(1.0, dp.clip) if unit else dp.clip
+        sigma, c = dp.noise_multiplier, dp.clip
+        return r * (1 + 6 * sigma / n) + sigma * c * (math.sqrt(dim) + 6) / n + 1e-4
 
     def initial_downlink(self, server: ServerContext) -> Downlink:
         """Round 0: the freshly initialised global weights."""

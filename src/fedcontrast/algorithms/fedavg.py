@@ -6,7 +6,6 @@ from collections.abc import Mapping
 
 import torch
 
-from ..aggregation import weighted_average
 from .base import Algorithm, Downlink, ServerContext, SiteContext, TaskResult, load_weights, weight_tensors
 from .registry import register_algorithm
 from .training import ExtraLoss, site_generator, train_supervised
@@ -43,4 +42,4 @@ class FedAvg(Algorithm):
 
     def aggregate(self, uploads: Mapping[str, Mapping[str, torch.Tensor]], weights: Mapping[str, float],
                   server: ServerContext) -> Downlink:
-        return Downlink(weighted_average(uploads, weights))
+        return Downlink(self.average_weights(uploads, weights))

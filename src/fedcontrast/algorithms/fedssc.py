@@ -11,7 +11,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..aggregation import weighted_average
 from ..errors import ConfigError
 from ..losses import check_temperature, global_class_contrastive_loss
 from .base import (WEIGHT_PREFIX, Downlink, InvalidUploadError, ServerContext, SiteContext, TensorSpec,
@@ -176,16 +175,25 @@ class FedSSC(Moon):
                                      f"{self.hp.min_class_samples} samples; rejected")
         if bool(((counts == 0) & (means.abs().sum(1) > 0)).any()):
             raise InvalidUploadError(f"site {site!r} uploaded a class mean with a count of 0; rejected")
-        if float(counts.sum()) > weight and not self.private_representations and self.exact_weights:  # noisy may
-            raise InvalidUploadError(f"site {site!r} uploaded class counts summing to {int(counts.sum())}, "
-                                     f"more than its {int(weight)} samples; rejected")
+        if float(counts.sum()) > weight + self.count_allowance(counts.numel()):
+            raise InvalidUploadError(f"site {site!r} uploaded class counts summing to {float(counts.sum()):.6g}, "
+                                     f"more than its {weight:.6g} samples; rejected")
+        # Under representation DP every representation is clipped to C: a class mean is within C (plus the
+        # noise's allowance). Without DP the representations are not normalised: no bound to check.
+        norms = means.to(torch.float64).norm(dim=1)
+        allowed = self.mean_norm_allowance(counts, means.shape[1], unit=False)
+        over = (counts > 0) & (norms > allowed)
+        if bool(over.any()):
+            c = int(over.nonzero()[0, 0])
+            raise InvalidUploadError(f"site {site!r} uploaded a class mean of norm {float(norms[c]):.4g} for class {c}, "
+                                     f"more than clipped representations allow ({float(allowed[c]):.4g}); rejected")
 
     def aggregate(self, uploads, weights, server: ServerContext) -> Downlink:
         weights_only = {s: {k: v for k, v in u.items() if k.startswith(WEIGHT_PREFIX)} for s, u in uploads.items()}
         reps, present = sample_class_representations(
             {s: u[CLASS_MEANS] for s, u in uploads.items()}, {s: u[CLASS_COUNTS] for s, u in uploads.items()},
             k=self.hp.k, rng=np.random.default_rng(server.seed))
-        return Downlink({**weighted_average(weights_only, weights), CLASS_REPS: reps, CLASS_PRESENT: present},
+        return Downlink({**self.average_weights(weights_only, weights), CLASS_REPS: reps, CLASS_PRESENT: present},
                         metrics={"classes_shared": float(present.sum())})
 
     def initial_downlink(self, server: ServerContext) -> Downlink:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +34,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..aggregation import weighted_average
 from ..config import TrainingConfig
 from ..data.views import ViewConfig
 from ..errors import ConfigError, FedContrastError
@@ -44,6 +44,8 @@ from .base import (WEIGHT_PREFIX, Algorithm, Downlink, InvalidUploadError, Serve
                    TaskResult, TensorSpec, load_weights, weight_specs, weight_tensors)
 from .moon import represent_all
 from .registry import register_algorithm
+
+logger = logging.getLogger(__name__)
 from .training import batch_indices, site_generator
 
 FINGERPRINT = "flesd.public_fingerprint"  # download (32,) uint8: SHA-256 of the aggregator's P
@@ -202,7 +204,7 @@ class FedAvgSimCLR(Algorithm):
         return TaskResult(weight_tensors(site.model), float(len(site.data)), metrics)
 
     def aggregate(self, uploads, weights, server: ServerContext) -> Downlink:
-        return Downlink(weighted_average(uploads, weights))
+        return Downlink(self.average_weights(uploads, weights))
 
     def evaluate_at_site(self, site: SiteContext, received: Mapping[str, torch.Tensor], test: Any) -> dict[str, float]:
         load_weights(site.model, received)
@@ -339,6 +341,7 @@ class Flesd(Algorithm):
             if float(m.abs().max()) > 1 + tol:
                 raise InvalidUploadError(f"site {site!r} uploaded similarities outside [−1, 1] "
                                          f"(largest |value| {float(m.abs().max()):.3g}); rejected")
+            check_gram_matrix(site, m, tol)
         if REPRESENTATIONS in uploads:
             norms = dequantise(uploads[REPRESENTATIONS]).norm(dim=1)
             slack = tol * math.sqrt(uploads[REPRESENTATIONS].shape[1]) + 1e-3
@@ -424,3 +427,25 @@ def distill(student: nn.Module, public_x: torch.Tensor, target: torch.Tensor, hp
 __all__ = ["FINGERPRINT", "REPRESENTATIONS", "SIMILARITY", "FedAvgSimCLR", "Flesd", "FlesdHyperparameters",
            "PublicDataMismatch", "SimCLRHyperparameters", "dequantise", "distill", "public_fingerprint", "quantise",
            "train_simclr", "WEIGHT_PREFIX"]
+
+
+def check_gram_matrix(site: str, m: torch.Tensor, tol: float) -> None:
+    """Refuse a similarity matrix that cannot be ``Z Zᵀ`` for unit rows ``Z`` (what every honest site
+    sends, quantised within ``tol`` per entry): its diagonal must be 1 and it must be positive
+    semi-definite — its smallest eigenvalue ≥ −N·tol (the largest spectral norm of the quantisation
+    error). An all-ones matrix *is* such a matrix (every representation the same: a collapsed
+    encoder): accepted, with a warning."""
+    m64 = m.detach().to("cpu", torch.float64)
+    n = m64.shape[0]
+    diagonal = float((m64.diagonal() - 1).abs().max()) if n else 0.0
+    if diagonal > tol + 1e-6:
+        raise InvalidUploadError(f"site {site!r} uploaded a similarity matrix whose diagonal is not 1 (off by up to "
+                                 f"{diagonal:.3g}): not the cosine similarities of unit vectors; rejected")
+    smallest = float(torch.linalg.eigvalsh((m64 + m64.T) / 2)[0]) if n else 0.0
+    if smallest < -(n * tol + 1e-3):
+        raise InvalidUploadError(f"site {site!r} uploaded a similarity matrix that is not positive semi-definite "
+                                 f"(smallest eigenvalue {smallest:.4g}): no set of representations has these "
+                                 "similarities; rejected")
+    if n > 1 and float(m64.min()) > 1 - tol - 1e-6:
+        logger.warning("site %r uploaded a similarity matrix of all ones: its representations of the public set "
+                       "have collapsed to one vector (nothing to distil from it)", site)

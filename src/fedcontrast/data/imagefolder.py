@@ -7,6 +7,10 @@ side; their positions are the labels.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +24,35 @@ _LAYOUT_HINT = "a folder holding one sub-folder of images per class"
 
 # PIL modes that hold a single grey channel; anything else is read as RGB.
 _GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "F"})
+
+# The most pixels an image may claim in its header (8192 × 8192): a larger one is refused before its
+# pixels are decoded (a "decompression bomb" of a few kB can claim 30000 × 30000 and exhaust memory).
+MAX_IMAGE_PIXELS = 8192 * 8192
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _open_image(path: Path) -> Iterator:
+    """``PIL.Image.open(path)`` (header only), refusing with one :class:`DataError` naming the file an
+    image that cannot be read or whose header claims more than :data:`MAX_IMAGE_PIXELS`."""
+    from PIL import Image, UnidentifiedImageError  # lazy: only this source needs PIL
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(path)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise DataError(f"image {path} claims more than {MAX_IMAGE_PIXELS:,} pixels (at most 8192×8192 is read); "
+                        "replace it with a smaller image or remove it.") from None
+    except (UnidentifiedImageError, OSError, ValueError) as err:
+        raise DataError(f"image {path} cannot be read ({type(err).__name__}); replace or remove it.") from err
+    with img:
+        width, height = img.size
+        if width * height > MAX_IMAGE_PIXELS:
+            raise DataError(f"image {path} claims {width}×{height} pixels, more than 8192×8192; replace it with a "
+                            "smaller image or remove it.")
+        yield img
 
 
 def _visible_dirs(folder: Path) -> list[Path]:
@@ -74,16 +107,16 @@ def _scan(folder: Path, class_names: tuple[str, ...] | None,
 
 def _read_images(paths: list[Path], mode: str, image_size: int) -> np.ndarray:
     """Read, convert and resize every image once; returns ``(N, C, S, S)`` uint8."""
-    from PIL import Image, UnidentifiedImageError  # lazy: only this source needs PIL
+    from PIL import Image  # lazy: only this source needs PIL
 
     channels = 1 if mode == "L" else 3
     out = np.empty((len(paths), channels, image_size, image_size), dtype=np.uint8)
     for i, path in enumerate(paths):
         try:
-            with Image.open(path) as img:
+            with _open_image(path) as img:
                 img = img.convert(mode).resize((image_size, image_size), Image.Resampling.BILINEAR)
                 pixels = np.asarray(img, dtype=np.uint8)
-        except (UnidentifiedImageError, OSError, ValueError) as err:
+        except (OSError, ValueError) as err:  # a truncated file fails while decoding
             raise DataError(f"image {path} cannot be read ({type(err).__name__}); replace or remove it.") from err
         out[i] = pixels[None] if channels == 1 else pixels.transpose(2, 0, 1)
     return out
@@ -91,15 +124,10 @@ def _read_images(paths: list[Path], mode: str, image_size: int) -> np.ndarray:
 
 def _all_grey(paths: list[Path]) -> bool:
     """True when every image has a single grey channel (opening reads the header only)."""
-    from PIL import Image, UnidentifiedImageError
-
     for path in paths:
-        try:
-            with Image.open(path) as img:
-                if img.mode not in _GREY_MODES:
-                    return False
-        except (UnidentifiedImageError, OSError) as err:
-            raise DataError(f"image {path} cannot be read ({type(err).__name__}); replace or remove it.") from err
+        with _open_image(path) as img:
+            if img.mode not in _GREY_MODES:
+                return False
     return True
 
 
@@ -115,15 +143,10 @@ def check_channels(paths: list[Path], channels: int, folder: Path) -> None:
     """Refuse images whose colour does not fit ``channels``: a colour image where the plan says 1
     channel, or a folder of grey images only where it says 3 (a few grey images among colour ones
     are converted)."""
-    from PIL import Image, UnidentifiedImageError
-
     if channels == 1:
         for path in paths:
-            try:
-                with Image.open(path) as img:
-                    mode = img.mode
-            except (UnidentifiedImageError, OSError) as err:
-                raise DataError(f"image {path} cannot be read ({type(err).__name__}); replace or remove it.") from err
+            with _open_image(path) as img:
+                mode = img.mode
             if mode not in _GREY_MODES:
                 raise DataError(f"image {path} is in colour (mode {mode}) but the plan's data schema says 1 (grey) "
                                 "channel; convert the images to grey or ask the operator for a 3-channel plan.")
@@ -164,4 +187,9 @@ def load_imagefolder_raw(root: str | None, image_size: int, *, class_names: tupl
         mode = "L" if _all_grey(train_paths + test_paths) else "RGB"
     train_x = _read_images(train_paths, mode, image_size)
     test_x = _read_images(test_paths, mode, image_size) if has_split else None
+    present = sorted(set(train_y.tolist()) | (set(test_y.tolist()) if test_y is not None else set()))
+    if len(present) == 1:
+        logger.warning("every image in %s is of class %r: accuracy measured on a single class is meaningless "
+                       "(predicting that class scores 1.0); add images of other classes to compare models",
+                       base, class_names[present[0]])
     return RawData(train_x, train_y, test_x, test_y, tuple(class_names))

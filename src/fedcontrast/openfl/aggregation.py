@@ -11,6 +11,7 @@ model.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import sys
 from pathlib import Path
@@ -24,8 +25,11 @@ from ..algorithms import InvalidUploadError, ServerContext, validate_uploads
 from ..algorithms.base import WEIGHT_PREFIX
 from ..atomic import atomic_torch_save
 from ..config import RunConfig, site_names
-from ..construction import attach_public, build_algorithm, initial_model, load_public, resolve_device, server_seed
+from ..construction import (attach_public, build_algorithm, initial_model, load_public, resolve_device, server_seed,
+                            upload_screen)
 from ..errors import FedContrastError
+from ..robust import all_rejected_hint
+from ..sim.outputs import write_json
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, unpack
 from .runner import PERSONAL_TAG, WEIGHT_METRIC
 
@@ -34,6 +38,9 @@ logger = logging.getLogger(__name__)
 # Sites whose upload was rejected in the current round; the aggregator reads and clears this after
 # the round (see components.SafeAggregator) and stops the federation, naming them.
 REJECTED: list[str] = []
+# Every upload rejected in the current round, site → reason (whatever robustness.on_rejected says);
+# components.RoundReport writes them into the round's record and clears them.
+EXCLUDED: dict[str, str] = {}
 # Where per-site downlinks are saved for a restarted aggregator (set by components.SafeAggregator).
 PERSONAL_DIR: str | None = None
 # The round's uploaded local models (site → model.* tensors) of a plugin that asks for local-model
@@ -72,6 +79,8 @@ class PluginAggregation(AggregationFunction):
             attach_public(self.algorithm, public)
             self.server.public = _to_device(public, device)
         self.specs = self.algorithm.upload_specs(model, shape["num_classes"])
+        self.screen = upload_screen(self.config, self.algorithm)
+        self.digests_loaded = False
         downloads = self.algorithm.download_specs(model, shape["num_classes"])
         self.global_specs = [s for s in downloads if not s.per_site]
         self.personal_specs = [s for s in downloads if s.per_site]
@@ -81,6 +90,10 @@ class PluginAggregation(AggregationFunction):
         if tensor_name != GLOBAL_PACKED:
             raise AggregationFailure(f"unexpected tensor {tensor_name!r}: fedcontrast sends one packed tensor")
         return self._aggregate_round(tensor_db, fl_round, {lt.col_name: lt.tensor for lt in local_tensors})
+
+    def _save_digests(self) -> None:
+        if PERSONAL_DIR is not None:
+            write_json(digests_path(PERSONAL_DIR), self.screen.digests)
 
     def received_downlink(self, db, fl_round: int) -> dict[str, torch.Tensor] | None:
         """The global downlink the sites received for ``fl_round`` (OpenFL's stored model of that
@@ -94,25 +107,38 @@ class PluginAggregation(AggregationFunction):
     def _aggregate_round(self, db, fl_round: int, packed: dict[str, np.ndarray]) -> np.ndarray:
         sites = tuple(sorted(packed))
         weights = read_weights(db, fl_round, sites)
-        valid = {}
+        unpacked, rejected = {}, {}
         for site in sites:
             try:
                 if site not in weights:
                     raise InvalidUploadError(f"site {site!r} sent no aggregation weight; rejected")
                 uploads = unpack(packed[site], self.specs, sender=f"site {site!r}")
                 validate_uploads(site, uploads, self.specs)
-                self.algorithm.check_upload(site, uploads, weights[site])
-                valid[site] = uploads
+                unpacked[site] = {k: v.to(self.server.device) for k, v in uploads.items()}
             except InvalidUploadError as exc:
                 logger.error("round %d: %s", fl_round, exc)
-                REJECTED.append(str(exc))
+                rejected[site] = f"round {fl_round + 1}: {exc}"
+        # The plan's bounds, the plugin's checks, replays, clipping (fedcontrast.robust): each upload alone.
+        if not self.digests_loaded and PERSONAL_DIR is not None and digests_path(PERSONAL_DIR).exists():
+            self.screen.digests = json.loads(digests_path(PERSONAL_DIR).read_text())  # a restarted aggregator
+        self.digests_loaded = True
+        previous = self.received_downlink(db, fl_round)
+        valid, kept, refused = self.screen.screen(fl_round + 1, unpacked, weights, previous)  # as rounds.jsonl counts
+        rejected.update(refused)
         if not valid:
-            raise AggregationFailure(f"round {fl_round}: every upload was rejected; nothing to aggregate")
+            _report_rejected(rejected, self.config)
+            raise AggregationFailure(f"round {fl_round + 1}: every upload was rejected; nothing to aggregate"
+                                     + all_rejected_hint(rejected))
         self.server.round_num = fl_round
         self.server.seed = server_seed(self.config, fl_round)
         self.server.sites = site_names(self.config)  # every site, in the plan's order (not only this round's)
-        self.server.previous = self.received_downlink(db, fl_round)
-        downlink = self.algorithm.aggregate(valid, {s: weights[s] for s in valid}, self.server)
+        self.server.previous = previous
+        downlink, blamed = self.screen.aggregate(lambda u, w: self.algorithm.aggregate(u, w, self.server),
+                                                 valid, kept, self.server.state, fl_round + 1)
+        rejected.update(blamed)
+        valid = {s: u for s, u in valid.items() if s not in blamed}
+        _report_rejected(rejected, self.config)
+        self._save_digests()
         if self.algorithm.evaluates_local_models:
             LOCAL_MODELS.clear()
             LOCAL_MODELS.update({site: {k: v for k, v in up.items() if k.startswith(WEIGHT_PREFIX)}
@@ -127,6 +153,16 @@ class PluginAggregation(AggregationFunction):
         return pack(downlink.global_tensors, self.global_specs)
 
 
+def _report_rejected(rejected: dict[str, str], config: RunConfig) -> None:
+    """Rejected uploads go into the round's record; with ``robustness.on_rejected: stop`` the
+    aggregator also stops the federation after this round, naming the senders."""
+    EXCLUDED.update(rejected)
+    if config.robustness.on_rejected == "stop":
+        REJECTED.extend(rejected[s] for s in sorted(rejected))
+    elif rejected:
+        logger.warning("aggregated without rejected upload(s): %s", "; ".join(rejected[s] for s in sorted(rejected)))
+
+
 def _to_device(data, device):
     return data if data is None or device.type == "cpu" else dataclasses.replace(data, x=data.x.to(device),
                                                                                   y=data.y.to(device))
@@ -138,6 +174,12 @@ def aggregator_origin(db) -> str:
     if len(rows) == 0:
         raise AggregationFailure("the tensor database holds no global model rows; cannot address per-site tensors")
     return rows["origin"].iloc[0]
+
+
+def digests_path(directory: str) -> Path:
+    """What each site has sent (SHA-256 per upload, and its round), so that a restarted aggregator
+    still recognises a replay."""
+    return Path(directory) / "upload_digests.json"
 
 
 def personal_path(directory: str, round_number: int) -> Path:

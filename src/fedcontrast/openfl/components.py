@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import sys
 import threading
 import time
 import traceback
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +31,23 @@ from openfl.callbacks import Callback
 from openfl.component.aggregator.aggregator import Aggregator
 from openfl.component.assigner import Assigner
 from openfl.component.collaborator.collaborator import Collaborator
+from openfl.transport.grpc import aggregator_server as grpc_server
+from openfl.transport.grpc import common as grpc_common
 from openfl.utilities import TensorKey
 
 from ..algorithms import Downlink, ServerContext, load_weights
 from ..algorithms.base import WEIGHT_PREFIX
 from ..atomic import atomic_torch_save
 from ..config import RunConfig, site_names
-from ..construction import build_algorithm, initial_model, load_public, load_splits, resolve_device, server_seed
+from ..construction import (attach_public, build_algorithm, initial_model, load_public, load_splits, resolve_device,
+                            server_seed)
 from ..errors import ConfigError, FedContrastError
 from ..evaluation import local_model_accuracy
 from ..sim.outputs import write_json
 from . import aggregation
-from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, unpack
-from .plan import DEFAULT_ROUND_TIMEOUT, EVALUATE_TASK
+from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, packed_size, unpack
+from .pki import check_certificate_dates
+from .plan import DEFAULT_ROUND_TIMEOUT, EVALUATE_TASK, fx_plan_path, load_plan_file
 from .runner import EVAL_SAMPLES, PERSONAL_TAG, WEIGHT_METRIC
 
 logger = logging.getLogger(__name__)
@@ -54,6 +60,7 @@ PENDING_FILE = "round_pending.json"  # the next record's training half, kept acr
 FINAL_MODEL = "final_model.pt"
 FINAL_DOWNLINK = "final_downlink.pt"
 
+UPLOAD_MARGIN = 1 << 20  # bytes allowed around the declared packed upload: header, names, metrics
 # OpenFL calls Aggregator._get_sleep_time() through the class name, so a subclass override would be
 # ignored; it tells an idle collaborator to sleep 10 s. One second keeps rounds moving (an int is
 # required: it travels in an int32 protobuf field).
@@ -87,7 +94,10 @@ class RoundAssigner(Assigner):
 
 def site_metrics(db, round_number: int, sites: list[str], tasks: list[str]) -> dict[str, dict[str, dict[str, float]]]:
     """Every site's reported metrics of ``round_number`` from the aggregator's tensor database, per
-    site and task: ``{site: {task: {metric: value}}}`` (OpenFL itself keeps only their average)."""
+    site and task: ``{site: {task: {metric: value}}}`` (OpenFL itself keeps only their average).
+
+    A NaN or infinite value is left out, with a warning naming the site and the metric: JSON has no
+    such numbers (``rounds.jsonl`` would no longer parse) and the weighted mean over sites would be NaN."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     rows = db[(db["round"] == round_number) & db["report"]]
     wanted = set(sites)
@@ -96,13 +106,31 @@ def site_metrics(db, round_number: int, sites: list[str], tasks: list[str]) -> d
         if len(owners) != 1 or "metric" not in tags:
             continue  # the aggregated (averaged) rows carry no site
         site = owners.pop()
+        value = float(np.asarray(array))
+        if not np.isfinite(value):
+            logger.warning("round %d: site %s reported %s = %s; left out of the round's record", round_number, site,
+                           name, value)
+            continue
         if name == WEIGHT_METRIC:
-            out.setdefault(site, {}).setdefault("", {})["samples"] = float(np.asarray(array))
+            out.setdefault(site, {}).setdefault("", {})["samples"] = value
             continue
         task = next((t for t in tasks if name.startswith(t + "_")), None)
         if task is not None:
-            out.setdefault(site, {}).setdefault(task, {})[name[len(task) + 1:]] = float(np.asarray(array))
+            out.setdefault(site, {}).setdefault(task, {})[name[len(task) + 1:]] = value
     return out
+
+
+def json_safe(value: Any, where: str = "") -> Any:
+    """``value`` with every NaN or infinite float replaced by None (``null``), each with a warning:
+    strict JSON has no such numbers."""
+    if isinstance(value, dict):
+        return {k: json_safe(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, float) and not np.isfinite(value):
+        logger.warning("%s is %s; written as null", where or "a value", value)
+        return None
+    return value
 
 
 def weighted_site_mean(sites: dict[str, dict[str, Any]], key: str = "accuracy") -> float | None:
@@ -150,10 +178,24 @@ class RoundReport(Callback):
         pending_path = self.out_dir / PENDING_FILE
         self.pending: dict[str, Any] = json.loads(pending_path.read_text()) if pending_path.exists() else {}
         self.absent: list[str] = []  # set by the aggregator: sites left out of the round just ended
+        self.exported: int | None = None  # the last round whose results export_round wrote
 
     def on_round_end(self, round_num: int, logs: dict | None = None) -> None:
+        self.export_round(round_num)  # normally done already, before OpenFL committed the round
+
+    def export_round(self, round_num: int) -> None:
+        """Write what round ``round_num`` made (the record of the model that went into it, the new
+        model, the pending record). The aggregator calls it *before* OpenFL commits the round to its
+        checkpoint database: a write that fails (a full disk) leaves the round uncommitted, and a
+        restarted aggregator redoes its end from the saved uploads instead of skipping these files."""
+        if round_num == self.exported:
+            return
         if round_num >= 1:
             self.write_record(round_num)  # the sites' evaluations of model `round_num`, if not written yet
+        self._export_model(round_num)
+        self.exported = round_num
+
+    def _export_model(self, round_num: int) -> None:
         tensors = self.tensor_db.get_tensors_by_round_and_tags(round_num + 1, ("model",))
         packed = next((v for k, v in tensors.items() if k.tensor_name == GLOBAL_PACKED), None)
         if packed is None:  # the final, evaluation-only round makes no model
@@ -166,6 +208,9 @@ class RoundReport(Callback):
         record: dict[str, Any] = {"round": round_num + 1, "rounds": self.rounds, "trained_at": time.time()}
         if self.absent:
             record["absent"] = list(self.absent)
+        if aggregation.EXCLUDED:  # uploads the aggregator did not take, with the reason
+            record["rejected"] = dict(sorted(aggregation.EXCLUDED.items()))
+            aggregation.EXCLUDED.clear()
         if self.test is not None:
             record.update(self.algorithm.evaluate(Downlink(weights), self.server, self.test))
             if aggregation.LOCAL_MODELS:  # the sites' local models (the aggregator does not know their label
@@ -177,10 +222,10 @@ class RoundReport(Callback):
         record["sites"] = {site: {"samples": m.get("", {}).get("samples"),
                                   "training": {f"{t}_{k}": v for t in self.algorithm.tasks for k, v in m.get(t, {}).items()}}
                            for site, m in sorted(training.items())}
-        self.pending = record
+        self.pending = record = json_safe(record, f"round {round_num + 1}")
         write_json(self.out_dir / PENDING_FILE, record)  # atomic: a kill leaves the previous one
         logger.info("round %d/%d aggregated%s", round_num + 1, self.rounds,
-                    f"; global test accuracy {record['accuracy']:.4f}" if "accuracy" in record else "")
+                    f"; global test accuracy {record['accuracy']:.4f}" if record.get("accuracy") is not None else "")
 
     def evaluations_complete(self, round_num: int, sites: list[str]) -> bool:
         metrics = site_metrics(self.tensor_db.tensor_db, round_num, sites, [EVALUATE_TASK])
@@ -203,8 +248,9 @@ class RoundReport(Callback):
         if mean is not None:
             record["site_accuracy"] = mean
         record["time"] = time.time()
+        record = json_safe(record, f"round {round_num}")
         with open(self.out_dir / ROUNDS_FILE, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(record, allow_nan=False) + "\n")
         self.written = round_num
         shown = ", ".join(f"{s} {v['evaluation']['accuracy']:.4f}" for s, v in record["sites"].items()
                           if "accuracy" in v.get("evaluation", {}))
@@ -233,27 +279,44 @@ class SafeAggregator(Aggregator):
         self.absent: set[str] = set()  # sites that did not answer in the last round that ended
         try:
             config = RunConfig.from_dict(run_config or {})
+            check_aggregator_plan(config, {"run_config": run_config, "model_shape": model_shape,
+                                           "rounds_to_train": rounds_to_train})
             _check_collaborators(config, kwargs.get("authorized_cols") or [], min_sites)
             if config.public_data is not None:  # every party holds exactly the plan's public files
                 from ..data.schema import verify_public_folder
 
                 verify_public_folder(config.public_data)
             self.report = RoundReport(config, model_shape or {}, report_dir, rounds_to_train)
+            if kwargs.get("initial_tensor_dict") is None:
+                check_initial_model(kwargs.get("init_state_path") or "save/init.pbuf", self.report.global_specs)
+            if kwargs.get("persist_checkpoint", True):
+                check_tensor_db(kwargs.get("persistent_db_path") or "tensor.db")
+            # Every upload is bounded by the plugin's declaration before it is taken in (see _bounded_stream).
+            self.max_upload_bytes = upload_limit(config, model_shape or {})
         except FedContrastError as exc:
             print(f"fedcontrast aggregator: error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
+        global MAX_MESSAGE_BYTES
+        MAX_MESSAGE_BYTES = min(self.max_upload_bytes, grpc_common.MAX_MESSAGE_LENGTH_BYTES)
         self.round_timeout = float(round_timeout) if round_timeout else None
         self.min_sites = min_sites
         callbacks = list(kwargs.pop("callbacks", None) or [])  # the stock default is a shared list
         callbacks.append(self.report)
-        super().__init__(callbacks=callbacks, rounds_to_train=rounds_to_train + 1, **kwargs)  # + the evaluation round
+        # Set before super(): recovery may replay a whole round (its uploads were saved, its end was not).
         self.lock = threading.RLock()  # the straggler timer, the watchdog and task results share it
         aggregation.PERSONAL_DIR = report_dir
+        self.round_started, self.round_open, self.quit_since = time.monotonic(), False, None
+        try:
+            super().__init__(callbacks=callbacks, rounds_to_train=rounds_to_train + 1, **kwargs)  # + the evaluation round
+        except sqlite3.Error as exc:
+            path = kwargs.get("persistent_db_path") or "tensor.db"
+            print(f"fedcontrast aggregator: error: the checkpoint database {path} cannot be used ({exc}); move it "
+                  "away to start the federation afresh", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
         self._serve_personal_downlinks(config, model_shape or {}, report_dir)
         # A round's clock starts when its first task is handed out (or, if no site ever asks, at start-up):
         # the sites' own start-up time does not count against round 0.
         self.round_started, self.round_open = time.monotonic(), False
-        self.quit_since: float | None = None
         if self.round_timeout is not None:
             threading.Thread(target=self._watchdog, name="fedcontrast-round-timeout", daemon=True).start()
 
@@ -285,6 +348,8 @@ class SafeAggregator(Aggregator):
         # float(None): the round end would fail. Nothing here tracks a best model.
         if self.best_model_score is None:
             self.best_model_score = float("-inf")
+        if file_path == self.last_state_path:  # the round's own files first: see RoundReport.export_round
+            self.report.export_round(round_number)
         super()._save_model(round_number, file_path)
 
     # --- the round ------------------------------------------------------------------------------
@@ -323,8 +388,8 @@ class SafeAggregator(Aggregator):
         if aggregation.REJECTED:
             reasons = "; ".join(aggregation.REJECTED)
             aggregation.REJECTED.clear()
-            self._fail(f"round {round_number} was aggregated without rejected upload(s) ({reasons}); "
-                       "the federation stops so that the operator can look at the sender")
+            self._fail(f"rejected upload(s): {reasons}; the round was aggregated without them and the federation "
+                       "stops so that the operator can look at the sender (robustness.on_rejected: stop)")
 
     def _watchdog(self) -> None:
         """End (or, with ``min_sites``, close without the silent sites) a round past ``round_timeout``."""
@@ -348,6 +413,15 @@ class SafeAggregator(Aggregator):
                     self.absent = set(missing)
                     self._fail(f"{label} did not complete within {self.round_timeout:.0f} s (the plan's "
                                f"round_timeout): no answer from {', '.join(missing)}")
+
+    def refuse_upload(self, sender: str, received: int) -> str:
+        """An upload over :attr:`max_upload_bytes`, refused while it streams in (nothing of it is
+        stored): stop the federation naming the sender, as for any rejected upload. The reason."""
+        reason = (f"{sender}'s upload of more than {received} bytes exceeds the {self.max_upload_bytes} bytes "
+                  "that the plan's declared upload allows; refused before it was stored")
+        with self.lock:
+            self._fail(reason)
+        return reason
 
     def _fail(self, reason: str) -> None:
         if self.failure is not None:
@@ -396,6 +470,162 @@ def _check_collaborators(config: RunConfig, authorized: list[str], min_sites: in
                           f"got {min_sites!r}")
 
 
+def check_aggregator_plan(config: RunConfig, settings: dict[str, Any], argv: list[str] | None = None,
+                          cwd: str | Path = ".") -> None:
+    """The aggregator runs the rounds its plan's sites agreed to: ``rounds_to_train`` is the run
+    configuration's ``rounds``; under ``fx aggregator start`` the plan file gives every component the
+    same settings (:func:`~.plan.check_plan_consistency`), these are its ``aggregator.settings``, and
+    the aggregator's own certificate and the CA chain are within their validity dates."""
+    if settings["rounds_to_train"] != config.rounds:
+        raise ConfigError(f"the plan's aggregator.settings.rounds_to_train ({settings['rounds_to_train']}) differs "
+                          f"from the run configuration's rounds ({config.rounds}), for which the sites' privacy "
+                          "budget is planned; regenerate the plan with `fedcontrast workspace create`")
+    path = fx_plan_path("aggregator", argv, cwd)
+    if path is None:
+        return
+    plan = load_plan_file(path)
+    ours = plan["aggregator"].get("settings") or {}
+    differ = [key for key, value in settings.items() if ours.get(key) != value]
+    if differ:
+        raise ConfigError(f"the aggregator was not given the aggregator settings of {path} (differ: "
+                          f"{', '.join(differ)}); start it with that plan: fx aggregator start -p {path}")
+    network = plan.get("network", {}).get("settings") or {}
+    if network.get("use_tls", True):  # the files `fx aggregator start` serves with (OpenFL's default paths)
+        address = network.get("agg_addr")
+        if address == "auto":
+            from openfl.utilities.utils import getfqdn_env
+
+            address = getfqdn_env()
+        cert = Path(cwd) / "cert"
+        check_certificate_dates([cert / "cert_chain.crt", cert / "server" / f"agg_{str(address).lower()}.crt"])
+
+
+def check_initial_model(path: str | Path, global_specs: list) -> None:
+    """``save/init.pbuf`` (written by ``fx plan initialize``) holds this plan's initial downlink: a
+    plan edited afterwards (another model, another plugin) needs it made again."""
+    path = Path(path)
+    if not path.is_file():
+        return  # OpenFL names the missing file
+    from openfl.pipelines import NoCompressionPipeline
+    from openfl.protocols import utils
+
+    advice = "re-run `fx plan initialize` after any change to plan/plan.yaml"
+    try:
+        tensors, _ = utils.deconstruct_model_proto(utils.load_proto(str(path)), NoCompressionPipeline())
+    except Exception as exc:  # protobuf's DecodeError, a truncated file
+        raise ConfigError(f"{path} cannot be read ({type(exc).__name__}); {advice}") from None
+    expected = packed_size(global_specs)
+    found = np.asarray(tensors[GLOBAL_PACKED]).size if GLOBAL_PACKED in tensors else None
+    if found != expected:
+        what = f"{found} values" if found is not None else f"no {GLOBAL_PACKED!r} tensor"
+        raise ConfigError(f"{path} is not this plan's initial model ({what} where the plan's model has {expected}): "
+                          f"it was made before the plan was edited; {advice}")
+
+
+def check_tensor_db(path: str | Path) -> None:
+    """OpenFL's checkpoint database opens cleanly, or one sentence naming it (a corrupt file would
+    otherwise end the aggregator in a traceback on every start)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    try:
+        with closing(sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)) as db:
+            status = db.execute("PRAGMA quick_check").fetchone()[0]
+    except sqlite3.Error as exc:
+        status = str(exc)
+    if status != "ok":
+        raise ConfigError(f"the aggregator's checkpoint database {path} is corrupt ({status}); move it away to start "
+                          "the federation afresh (its rounds are lost), or put back a good copy to resume")
+
+
+def upload_limit(config: RunConfig, model_shape: dict[str, int]) -> int:
+    """The most bytes one upload call may carry: the plugin's declared upload, packed, plus
+    :data:`UPLOAD_MARGIN` for the message around it."""
+    algorithm = build_algorithm(config)
+    if algorithm.requires_public:  # e.g. FLESD: the upload's shape depends on the public set
+        attach_public(algorithm, load_public(config))
+    model = initial_model(config, **model_shape)
+    return packed_size(algorithm.upload_specs(model, model_shape["num_classes"])) * 4 + UPLOAD_MARGIN
+
+
+def check_settings_in_effect(task_runner: Any, client: Any) -> None:
+    """Behind the plan check, on the objects themselves: the connection and the training run with
+    the settings this site's policy was checked against (the data loader's)."""
+    from .loader import SiteDataLoader
+    from .runner import PluginTaskRunner
+
+    loader = getattr(task_runner, "data_loader", None)
+    if not isinstance(task_runner, PluginTaskRunner) or not isinstance(loader, SiteDataLoader):
+        raise ConfigError("the plan's task_runner or data_loader is not fedcontrast's (PluginTaskRunner, "
+                          "SiteDataLoader), so this site's policy was not checked; use a plan made by "
+                          "`fedcontrast workspace create`")
+    checked = loader.network or {}
+    problems = [f"{key} is {getattr(client, key, None)} on the connection but {checked.get(key, True)} in the "
+                "settings this site's policy was checked against"
+                for key in ("use_tls", "require_client_auth")
+                if bool(getattr(client, key, None)) != bool(checked.get(key, True))]
+    if task_runner.config != loader.config:
+        a, b = task_runner.config.to_dict(), loader.config.to_dict()
+        problems.append("the task runner's run configuration differs from the data loader's in: "
+                        + ", ".join(k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)))
+    if problems:
+        raise ConfigError(f"the plan splits what runs from what was checked: {'; '.join(problems)}")
+
+
+# --- uploads bounded while they stream in -------------------------------------------------------
+# OpenFL reads a whole upload (2 MiB chunks) into memory and the tensor database before anything
+# checks its size; the aggregator's gRPC server here stops reading at the declared size instead,
+# and takes no single message larger than that.
+MAX_MESSAGE_BYTES: int | None = None  # set by SafeAggregator, read when the server is created
+
+
+def peer_name(context: Any) -> str:
+    """The sender as its client certificate names it (mutual TLS), else its network address."""
+    try:
+        names = context.auth_context().get("x509_common_name") or []
+    except Exception:  # a context without authentication
+        names = []
+    return f"collaborator {names[0].decode()}" if names else f"the client at {context.peer()}"
+
+
+def _bounded_stream(stream, limit: int, context: Any, aggregator: Any):
+    received = 0
+    for chunk in stream:
+        received += len(chunk.npbytes)
+        if received > limit:
+            reason = aggregator.refuse_upload(peer_name(context), received)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
+        yield chunk
+
+
+_stock_send_local_task_results = grpc_server.AggregatorGRPCServer.SendLocalTaskResults
+_stock_create_grpc_server = grpc_server.create_grpc_server
+
+
+def _bounded_send_local_task_results(self, request, context):
+    limit = getattr(self.aggregator, "max_upload_bytes", None)
+    if limit is not None:
+        request = _bounded_stream(request, limit, context, self.aggregator)
+    return _stock_send_local_task_results(self, request, context)
+
+
+def _bounded_grpc_server(*args: Any, **kwargs: Any):
+    """OpenFL's server, with its largest accepted message bounded by :data:`MAX_MESSAGE_BYTES`."""
+    if MAX_MESSAGE_BYTES is None:
+        return _stock_create_grpc_server(*args, **kwargs)
+    stock = grpc_common.DEFAULT_CHANNEL_OPTIONS
+    grpc_common.DEFAULT_CHANNEL_OPTIONS = [o for o in stock if o[0] != "grpc.max_receive_message_length"] + [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+    try:
+        return _stock_create_grpc_server(*args, **kwargs)
+    finally:
+        grpc_common.DEFAULT_CHANNEL_OPTIONS = stock
+
+
+grpc_server.AggregatorGRPCServer.SendLocalTaskResults = _bounded_send_local_task_results
+grpc_server.create_grpc_server = _bounded_grpc_server
+
+
 def explain_rpc_error(error: grpc.RpcError, uri: str) -> tuple[str, bool]:
     """One sentence for a failed call to the aggregator, and whether retrying can help."""
     code = error.code() if hasattr(error, "code") else None
@@ -406,6 +636,8 @@ def explain_rpc_error(error: grpc.RpcError, uri: str) -> tuple[str, bool]:
     if "does not match aggregator UUID" in details or "federation" in details.lower():
         return (f"this collaborator's plan differs from the aggregator's at {uri} (another federation id): "
                 "use the exact plan/plan.yaml that the aggregator initialised", False)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return f"the aggregator at {uri} refused this collaborator's upload: {details.strip()}", False
     if code == grpc.StatusCode.UNAVAILABLE:
         return (f"cannot reach the aggregator at {uri}: it is not running, the address is wrong, or the TLS "
                 "handshake failed (for example a certificate signed by another CA, or no client certificate)", True)
@@ -440,6 +672,14 @@ class SafeCollaborator(Collaborator):
     """The stock collaborator with bounded retries and an explained exit when the federation fails."""
 
     def __init__(self, max_retries: int = 30, poll_interval: float = 0.05, **kwargs: Any) -> None:
+        client = kwargs.get("client")
+        try:
+            if getattr(client, "use_tls", False):  # an expired certificate: say so now, not after every retry
+                check_certificate_dates([client.root_certificate] + ([client.certificate]
+                                                                     if client.require_client_auth else []))
+            check_settings_in_effect(kwargs.get("task_runner"), client)
+        except FedContrastError as exc:
+            raise CollaboratorStopped(f"fedcontrast collaborator: error: {exc}") from None
         super().__init__(**kwargs)
         # The aggregator can only say "sleep N whole seconds" when it has no task yet; a site that
         # finished early would then start the next round up to a second late. Asking again sooner

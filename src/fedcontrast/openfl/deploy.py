@@ -51,7 +51,9 @@ def _plan(workspace: Path) -> dict:
     path = workspace / "plan" / "plan.yaml"
     if not path.is_file():
         raise ConfigError(f"{workspace} is not a workspace: {path} does not exist")
-    return yaml.safe_load(path.read_text())
+    from ..yamlio import load_yaml_file
+
+    return load_yaml_file(path, "plan")
 
 
 def aggregator_name(workspace: Path) -> str:
@@ -274,9 +276,11 @@ def package_config(archive: Path):
 
     if not archive.is_file():
         raise DeploymentError(f"workspace package {archive} does not exist")
+    from ..yamlio import loads_yaml
+
     try:
         with zipfile.ZipFile(archive) as z:
-            plan = yaml.safe_load(z.read("plan/plan.yaml"))
+            plan = loads_yaml(z.read("plan/plan.yaml").decode(), f"the plan in {archive}")
         return RunConfig.from_dict(plan["task_runner"]["settings"]["run_config"])
     except (zipfile.BadZipFile, KeyError, TypeError, yaml.YAMLError):
         raise DeploymentError(f"{archive} is not a fedcontrast workspace package (no readable plan/plan.yaml; "

@@ -72,6 +72,10 @@ def failure_reason(log_path: Path) -> str:
     for line in reversed(lines):
         if "fedcontrast" in line and "error:" in line:
             return line.split("error:", 1)[1].strip()
+    if lines and lines[-1].startswith("KeyError:") and any("cols_data_paths[collaborator_name]" in l for l in lines):
+        name = lines[-1].split(":", 1)[1].strip().strip("'\"")  # OpenFL found no data line for this name
+        return (f"plan/data.yaml has no line for collaborator {name}: add one ({name},PATH to its data), e.g. "
+                "with `fedcontrast site join`")
     for line in reversed(lines):
         if "No such file" in line and "cert/" in line:
             return (f"a certificate or key file is missing ({line.rsplit(':', 1)[-1].strip()}): make this "
@@ -162,7 +166,20 @@ def run_federation(workspace: str | Path, *, timeout: float = 3600, poll: float 
     if len(records) < config.rounds:
         raise FederationFailed(f"the federation ended after {len(records)} of {config.rounds} rounds; "
                                f"logs in {ws / 'logs'}")
+    check_records(ws, records, config.rounds)
     return records
+
+
+def check_records(ws: Path, records: list[dict[str, Any]], rounds: int) -> None:
+    """Refuse to report a federation whose aggregator lost a round's end (its model export and
+    record, e.g. to a full disk) after its database had already moved past that round: a resume
+    cannot redo it, and exporting would hand out an earlier round's model as the final one."""
+    lost = [r["round"] for r in records if "trained_at" not in r]
+    if [r["round"] for r in records] != list(range(1, rounds + 1)) or lost:
+        which = f"round(s) {', '.join(map(str, lost))}" if lost else "some rounds"
+        raise FederationFailed(f"the federation ran to its end, but the aggregator never wrote the results of {which} "
+                               f"(the model export and record failed, e.g. on a full disk; see {ws / 'logs' / 'aggregator.log'}), "
+                               f"so {ws / 'save'} does not hold the final model: run the federation afresh with --overwrite")
 
 
 def site_curves(records: list[dict[str, Any]], key: str = "accuracy") -> dict[str, list[float | None]]:

@@ -23,6 +23,7 @@ from ..config import RunConfig
 from ..construction import data_shape, load_public, load_splits, partition, site_test_split
 from ..data import ArrayDataset
 from ..errors import ConfigError, DataError, FedContrastError
+from .plan import OPENFL_NETWORK_KEYS, fx_plan_path, load_plan_file
 
 SHARD_PREFIX = "shard:"
 
@@ -49,9 +50,12 @@ class SiteDataLoader(DataLoader):
         self.test: ArrayDataset | None = None
         self.site_policy = None  # this site's policy, if it has one (it also says what may leave the site)
         self.reported_train_size: float | None = None  # the count as released (set by the runner; noised under DP)
+        # What the site's policy is checked against, kept as given (OpenFL later writes into its own copy).
+        self.network = dict(network) if isinstance(network, dict) else None
         try:
             self.config = RunConfig.from_dict(run_config or {})
             if data_path is not None:  # a collaborator (not `fx plan initialize`)
+                check_running_plan(run_config, network, model_shape)
                 self.site_policy = enforce_site_policy(self.config, network, model_shape, data_path)
             self._load(data_path)
         except FedContrastError as exc:
@@ -97,6 +101,36 @@ class SiteDataLoader(DataLoader):
 
     def get_valid_data_size(self) -> int:
         return len(self.test) if self.test is not None else 0
+
+
+def check_running_plan(run_config: Any, network: Any, model_shape: Any, argv: list[str] | None = None,
+                       cwd: str | Path = ".") -> None:
+    """The site's policy is checked against this loader's settings, but training, the connection and
+    the aggregator read their own copies: check that the plan ``fx collaborator start`` parsed gives
+    every component the same (:func:`~.plan.check_plan_consistency`), and that this loader was given
+    that plan's settings. Outside ``fx collaborator start`` (a program building its own loader)
+    there is no plan file to compare with."""
+    path = fx_plan_path("collaborator", argv, cwd)
+    if path is None:
+        return
+    plan = load_plan_file(path)
+    settings = plan.get("data_loader", {}).get("settings") or {}
+    given = {"run_config": run_config, "network": network, "model_shape": model_shape}
+    differ = [key for key, value in given.items() if _resolved(value) != _resolved(settings.get(key), value)]
+    if differ:
+        raise ConfigError(f"this collaborator's data loader was not given the data_loader settings of {path} "
+                          f"(differ: {', '.join(differ)}); start it with that plan: fx collaborator start -p {path}")
+
+
+def _resolved(value: Any, running: Any = None) -> Any:
+    """``value`` without what OpenFL fills in at start-up (certificate paths; ``auto`` address or port)."""
+    if not isinstance(value, dict):
+        return value
+    out = {k: v for k, v in value.items() if k not in OPENFL_NETWORK_KEYS}
+    for key in ("agg_addr", "agg_port"):
+        if out.get(key) == "auto" and isinstance(running, dict) and key in running:
+            out[key] = running[key]
+    return out
 
 
 def enforce_site_policy(config: RunConfig, network: dict[str, Any] | None, model_shape: dict[str, int] | None,

@@ -6,12 +6,13 @@ multi-site deployment the same commands run at different sites; see ``certs/READ
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import FedContrastError
+from ..errors import ConfigError, FedContrastError
 
 
 def fx_executable() -> str:
@@ -49,3 +50,28 @@ def make_dev_pki(workspace: str | Path, collaborators: list[str], *, fqdn: str =
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
             raise FedContrastError(f"'{' '.join(command)}' failed in {ws} (exit {proc.returncode}): "
                                    + " | ".join(tail))
+
+
+def check_certificate_dates(paths: list[str | Path], *, now: dt.datetime | None = None) -> None:
+    """Refuse at once, in one sentence naming the file and the date, a certificate that has expired
+    or is not valid yet (the TLS handshake would fail on every retry without ever saying why).
+    Files that do not exist are left to OpenFL, which names them."""
+    from cryptography import x509
+
+    now = now or dt.datetime.now(dt.timezone.utc)
+    for path in map(Path, paths):
+        if not path.is_file():
+            continue
+        try:
+            certificates = x509.load_pem_x509_certificates(path.read_bytes())
+        except ValueError:
+            raise ConfigError(f"{path} is not a PEM certificate; make this party's certificates again") from None
+        for cert in certificates:
+            subject = cert.subject.rfc4514_string()
+            if cert.not_valid_after_utc < now:
+                raise ConfigError(f"the certificate {path} ({subject}) expired on "
+                                  f"{cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; have the federation's CA issue "
+                                  "a new one before starting")
+            if cert.not_valid_before_utc > now:
+                raise ConfigError(f"the certificate {path} ({subject}) is not valid before "
+                                  f"{cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC; check this machine's clock")

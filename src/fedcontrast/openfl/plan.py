@@ -8,6 +8,7 @@ the aggregator; any change to it changes the plan's hash, i.e. the federation id
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -197,13 +198,139 @@ def read_workspace_config(workspace: str | Path) -> RunConfig:
     path = Path(workspace) / "plan" / "plan.yaml"
     if not path.is_file():
         raise ConfigError(f"{workspace} is not a workspace: {path} does not exist")
-    plan = yaml.safe_load(path.read_text())
+    from ..yamlio import load_yaml_file
+
+    plan = load_yaml_file(path, "plan")
+    check_plan_consistency(plan, str(path))  # one copy of every setting: what each party will run
     try:
         return RunConfig.from_dict(plan["task_runner"]["settings"]["run_config"])
     except (KeyError, TypeError):
         raise ConfigError(f"{path} is not a fedcontrast plan (no task_runner.settings.run_config)") from None
 
 
+# Settings OpenFL writes into ``network.settings`` itself at start-up (certificate paths, identities),
+# whatever the file says: they are no part of what the sites' copies must agree on.
+OPENFL_NETWORK_KEYS = frozenset({"root_certificate", "certificate", "private_key", "aggregator_uuid",
+                                 "federation_uuid", "collaborator_name"})
+_MISSING = object()
+
+
+def _get(plan: Any, path: str) -> Any:
+    node = plan
+    for key in path.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return _MISSING
+        node = node[key]
+    return node
+
+
+def _differences(reference: Any, copy: Any, ignore: frozenset[str] = frozenset()) -> list[str]:
+    """The top-level keys in which two copies of a section differ ("its value" for non-mappings)."""
+    if not (isinstance(reference, dict) and isinstance(copy, dict)):
+        return [] if reference == copy else ["its value"]
+    keys = sorted((set(reference) | set(copy)) - ignore, key=str)
+    return [str(k) for k in keys if reference.get(k, _MISSING) != copy.get(k, _MISSING)]
+
+
+def check_plan_consistency(plan: Any, source: str = "plan.yaml") -> None:
+    """Refuse a plan whose components would not run the same settings.
+
+    Every OpenFL component reads its own copy: the run configuration (data loader, task runner,
+    aggregator, each task's aggregation function), the network settings (the data loader's, which
+    a site's policy is checked against, and ``network.settings``, which the connection uses), the
+    model shape, and the number of rounds (``aggregator.settings.rounds_to_train``). The generated
+    plan makes each one YAML anchor; a hand-edited plan can split them, and then a site's policy
+    would be checked against settings that do not take effect. Any difference raises
+    :class:`ConfigError` naming the copies and the keys that differ."""
+    if not isinstance(plan, dict):
+        raise ConfigError(f"{source} is not a plan: its top level is a {type(plan).__name__}, not a mapping of "
+                          "sections; regenerate it with `fedcontrast workspace create`")
+    with_defaults = [section for section, body in plan.items() if isinstance(body, dict) and "defaults" in body]
+    if with_defaults:
+        raise ConfigError(f"{source} takes {', '.join(map(str, with_defaults))} from OpenFL `defaults` files, which "
+                          "fedcontrast plans do not use (their settings would not be checked); remove them")
+    reference_path = "task_runner.settings.run_config"
+    reference = _get(plan, reference_path)
+    if not isinstance(reference, dict):
+        raise ConfigError(f"{source} is not a fedcontrast plan (no {reference_path}); regenerate it with "
+                          "`fedcontrast workspace create`")
+    problems: list[str] = []
+
+    def compare(what: str, copies: list[tuple[str, Any]], ignore: frozenset[str] = frozenset()) -> None:
+        (first_path, first), *others = copies
+        for path, value in others:
+            if value is _MISSING:
+                problems.append(f"{path} is missing (every component must be given the same {what})")
+            elif first is not _MISSING and (diff := _differences(first, value, ignore)):
+                problems.append(f"{path} differs from {first_path} in: {', '.join(diff)}")
+
+    tasks = plan.get("tasks") if isinstance(plan.get("tasks"), dict) else {}
+    aggregations = [f"tasks.{name}.aggregation_type.settings" for name, task in tasks.items()
+                    if isinstance(task, dict) and isinstance(task.get("aggregation_type"), dict)]
+    compare("run configuration", [(reference_path, reference)] + [
+        (p, _get(plan, p)) for p in ("data_loader.settings.run_config", "aggregator.settings.run_config",
+                                     *(f"{a}.run_config" for a in aggregations))])
+    compare("network settings", [("network.settings", _get(plan, "network.settings")),
+                                 ("data_loader.settings.network", _get(plan, "data_loader.settings.network"))],
+            ignore=OPENFL_NETWORK_KEYS)
+    compare("model shape", [("aggregator.settings.model_shape", _get(plan, "aggregator.settings.model_shape"))] + [
+        (p, _get(plan, p)) for p in ("data_loader.settings.model_shape", *(f"{a}.model_shape" for a in aggregations))])
+    rounds = RunConfig.from_dict(reference).rounds
+    rounds_to_train = _get(plan, "aggregator.settings.rounds_to_train")
+    if rounds_to_train != rounds:
+        shown = "missing" if rounds_to_train is _MISSING else repr(rounds_to_train)
+        problems.append(f"aggregator.settings.rounds_to_train ({shown}) differs from the run configuration's "
+                        f"rounds ({rounds}), for which the sites' privacy budget is planned")
+    train_tasks = _get(plan, "assigner.settings.train_tasks")
+    for name in [EVALUATE_TASK, *(train_tasks if isinstance(train_tasks, list) else [])]:
+        if not isinstance(tasks.get(name), dict) or "function" not in tasks[name]:
+            problems.append(f"tasks.{name} is missing (the assigner hands out that task)")
+    if problems:
+        raise ConfigError(f"{source} does not give every component the same settings: {'; '.join(problems)}; "
+                          "each must be one copy (the generated plan makes them one YAML anchor): regenerate the "
+                          "plan with `fedcontrast workspace create`")
+
+
+def load_plan_file(path: str | Path) -> dict[str, Any]:
+    """A plan file as OpenFL reads it (YAML; a key given twice, which OpenFL would silently resolve,
+    is refused), checked with :func:`check_plan_consistency`; a missing, unreadable or invalid file
+    raises :class:`ConfigError`."""
+    from ..yamlio import load_yaml_file
+
+    plan = load_yaml_file(path, "plan")
+    check_plan_consistency(plan, str(path))
+    return plan
+
+
+def fx_plan_path(command: str, argv: list[str] | None = None, cwd: str | Path = ".") -> Path | None:
+    """The plan file that this process, ``fx <command> start``, parsed: its ``-p/--plan`` or the
+    default ``plan/plan.yaml`` of the workspace it runs in. None when this process is not that."""
+    argv = list(sys.argv if argv is None else argv)
+    program, args = (argv[0] if argv else ""), argv[1:]
+    if Path(program).name != "fx" and "openfl" not in program:
+        return None
+    if command not in args or args.index(command) + 1 >= len(args) or args[args.index(command) + 1] != "start":
+        return None
+    plan = "plan/plan.yaml"
+    for i, arg in enumerate(args):
+        if arg in ("-p", "--plan") and i + 1 < len(args):
+            plan = args[i + 1]
+        elif arg.startswith("--plan="):
+            plan = arg.split("=", 1)[1]
+        elif arg.startswith("-p") and len(arg) > 2 and not arg.startswith("--"):
+            plan = arg[2:]
+    return Path(cwd) / plan
+
+
 def collaborator_names(workspace: str | Path) -> list[str]:
-    data = yaml.safe_load((Path(workspace) / "plan" / "cols.yaml").read_text()) or {}
-    return list(data.get("collaborators") or [])
+    from ..yamlio import load_yaml_file
+
+    path = Path(workspace) / "plan" / "cols.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{workspace} is not a workspace: {path} does not exist (make one with "
+                          "`fedcontrast workspace create`)")
+    data = load_yaml_file(path, "collaborator list") or {}
+    names = (data.get("collaborators") or []) if isinstance(data, dict) else None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"{path} must list the collaborators' names under collaborators:")
+    return names

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import logging
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ WEIGHT_METRIC = "fedcontrast_aggregation_weight"  # n_k, sent as a metric so the
 PERSONAL_TAG = "personal"  # tags (site, "personal"): a downlink tensor meant for that site only
 EVAL_SAMPLES = "samples"  # metric of the evaluate task: the size of the site's held-out split
 EVALUATION_STREAM = 1 << 16  # task index of the evaluate task's seed (apart from every plugin task's)
+_HELD_LOCKS: dict[Path, Any] = {}  # state-folder locks this process holds (open files, kept for its life)
 
 
 class PluginTaskRunner(TaskRunner):
@@ -34,7 +38,9 @@ class PluginTaskRunner(TaskRunner):
 
     Inputs are the plugin's declared downloads (GLOBAL ``model`` tensors of this round); outputs are
     its uploads, tagged ``trained``, plus its metrics. Per-site state (MOON's previous model) is kept
-    in ``state_dir/<collaborator>.pt`` on the site's disk, so a restarted collaborator keeps it.
+    in ``state_dir/<collaborator>.pt`` on the site's disk, so a restarted collaborator keeps it; the
+    state each task started from is kept too (``<collaborator>.round<r>.<task>.pt``) until the next
+    task starts, so that a task redone after a crash starts from the same state as the lost attempt.
     """
 
     def __init__(self, data_loader=None, run_config: dict[str, Any] | None = None,
@@ -110,7 +116,8 @@ class PluginTaskRunner(TaskRunner):
         index = self.site_index(col_name)
         site = SiteContext(name=col_name, data=loader.train, model=self.model, training=self.config.training,
                            round_num=round_num, seed=task_seed(self.config, round_num, index, EVALUATION_STREAM),
-                           device=self.device, state=self._load_state(col_name), public=loader.public, index=index)
+                           device=self.device, state=self._round_state(col_name, round_num), public=loader.public,
+                           index=index)
         metrics = self.algorithm.evaluate_at_site(site, self._received(input_tensor_dict), loader.test)
         metrics[EVAL_SAMPLES] = float(len(loader.test))
         if "accuracy" in metrics:
@@ -125,7 +132,7 @@ class PluginTaskRunner(TaskRunner):
                         input_tensor_dict: dict[str, np.ndarray], **kwargs: Any):
         loader = self.data_loader
         index = self.site_index(col_name)
-        state = self._load_state(col_name)
+        state = self._task_state(col_name, round_num, task)
         received = self._received(input_tensor_dict)
         site = SiteContext(name=col_name, data=loader.train, model=self.model, training=self.config.training,
                            round_num=round_num, seed=task_seed(self.config, round_num, index,
@@ -167,15 +174,71 @@ class PluginTaskRunner(TaskRunner):
     def _state_path(self, col_name: str) -> Path:
         return self.state_dir / f"{col_name}.pt"
 
-    def _load_state(self, col_name: str) -> dict[str, Any]:
-        path = self._state_path(col_name)
+    def _start_path(self, col_name: str, round_num: int, task: str) -> Path:
+        """The state as it was when ``task`` of ``round_num`` first started."""
+        return self.state_dir / f"{col_name}.round{round_num}.{task}.pt"
+
+    def _claim(self, col_name: str) -> None:
+        """One process per collaborator name: a second one would train on the same state file."""
+        path = (self.state_dir / f"{col_name}.lock").resolve()
+        if path in _HELD_LOCKS:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path, "a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.seek(0)
+            pid = lock.read().strip() or "unknown"
+            lock.close()
+            from .components import CollaboratorStopped
+
+            raise CollaboratorStopped(f"fedcontrast collaborator: error: another collaborator process named {col_name} "
+                                      f"is running in this workspace (pid {pid}); stop it before starting this one") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        _HELD_LOCKS[path] = lock
+
+    def _load_state(self, col_name: str, path: Path | None = None) -> dict[str, Any]:
+        path = path or self._state_path(col_name)
         if not path.exists():
             return {}
         try:
-            return torch.load(path, map_location=self.device, weights_only=True)
+            state = torch.load(path, map_location=self.device, weights_only=True)
         except Exception as exc:
-            raise CheckpointError(f"this site's state file {path} is corrupt ({type(exc).__name__}); "
-                                  "move it away to start the site afresh") from None
+            state, problem = None, type(exc).__name__
+        else:
+            problem = f"it holds a {type(state).__name__}, not a site's state"
+        if not isinstance(state, dict):  # a plugin would fail on it with a message that names no file
+            raise CheckpointError(f"this site's state file {path} is corrupt ({problem}); "
+                                  "move it away to start the site afresh")
+        return state
+
+    def _round_state(self, col_name: str, round_num: int) -> dict[str, Any]:
+        """The state at the start of ``round_num`` (what the evaluate task sees), even after a lost
+        attempt at the round's first task saved a newer one."""
+        self._claim(col_name)
+        start = self._start_path(col_name, round_num, self.algorithm.tasks[0])
+        return self._load_state(col_name, start if start.exists() else None)
+
+    def _task_state(self, col_name: str, round_num: int, task: str) -> dict[str, Any]:
+        """The state ``task`` of ``round_num`` starts from. The first attempt keeps a copy of it; an
+        attempt whose upload never reached the aggregator (a crash after the state was saved) is
+        redone from that copy, not from what the lost attempt saved. A new task starting means the
+        tasks before it were accepted: their copies are deleted."""
+        self._claim(col_name)
+        start = self._start_path(col_name, round_num, task)
+        if start.exists():
+            return self._load_state(col_name, start)
+        state = self._load_state(col_name)
+        atomic_torch_save(state, start)
+        pattern = re.compile(rf"{re.escape(col_name)}\.round\d+\.\w+\.pt")
+        for old in self.state_dir.iterdir():
+            if old != start and pattern.fullmatch(old.name):
+                old.unlink(missing_ok=True)
+        return state
 
     def _save_state(self, col_name: str, state: dict[str, Any]) -> None:
         path = self._state_path(col_name)

@@ -12,10 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..config import RunConfig
 from ..errors import ConfigError
+from ..yamlio import load_yaml_file
 from .accounting import planned_epsilon
 from .releases import ReleaseLine, describe_releases, release_choices
 
@@ -193,11 +192,14 @@ def load_plan(path: str | Path) -> tuple[dict[str, Any], Path | None]:
         workspace = p.parent.parent if p.parent.name == "plan" and p.name == "plan.yaml" else None
     else:
         raise ConfigError(f"{p} does not exist")
+    plan = load_yaml_file(plan_path, "plan")  # a duplicate key is refused, not silently overridden
     try:
-        plan = yaml.safe_load(plan_path.read_text())
         plan["task_runner"]["settings"]["run_config"]
-    except (yaml.YAMLError, KeyError, TypeError):
+    except (KeyError, TypeError):
         raise ConfigError(f"{plan_path} is not a fedcontrast plan (no task_runner.settings.run_config)") from None
+    from ..openfl.plan import check_plan_consistency
+
+    check_plan_consistency(plan, str(plan_path))  # what is audited is what every component runs
     return plan, workspace
 
 

@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import _finite, load_yaml
+from ..config import MAX_DELTA, _finite, load_yaml
 from ..errors import ConfigError
 from .audit import AuditReport
 
@@ -48,10 +48,11 @@ class SitePolicy:
     share_evaluation_metrics: bool | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_epsilon", "max_delta"):
-            value = getattr(self, name)
-            if value is not None and not (_finite(value) and value > 0):
-                raise ConfigError(f"policy {name} must be a number > 0, got {value!r}")
+        if self.max_epsilon is not None and not (_finite(self.max_epsilon) and self.max_epsilon > 0):
+            raise ConfigError(f"policy max_epsilon must be a number > 0, got {self.max_epsilon!r}")
+        if self.max_delta is not None and not (_finite(self.max_delta) and 0 < self.max_delta < 1):
+            raise ConfigError(f"policy max_delta must be in (0, 1) (a plan's δ is at most {MAX_DELTA:g}), "
+                              f"got {self.max_delta!r}")
         for name in ("require_tls", "require_client_auth", "allow_weights", "accept_conditional_guarantees",
                      "public_sample_count"):
             if not isinstance(getattr(self, name), bool):
@@ -66,7 +67,7 @@ class SitePolicy:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> SitePolicy:
-        data = load_yaml(path)
+        data = load_yaml(path, "site policy")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

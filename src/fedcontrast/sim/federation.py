@@ -8,22 +8,27 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..algorithms import Downlink, ServerContext, SiteContext, load_weights, nbytes, validate_uploads
+from ..algorithms import (Downlink, InvalidUploadError, ServerContext, SiteContext, load_weights, nbytes,
+                          validate_uploads)
 from ..algorithms.base import WEIGHT_PREFIX
 from ..errors import ConfigError
 from ..evaluation import linear_probe, local_model_accuracy
 from ..config import RunConfig, site_names
 from ..construction import (attach_public, build_algorithm, derive_seed, initial_model, load_splits, partition,
-                            resolve_device, server_seed, site_privacy, task_seed)
+                            resolve_device, server_seed, site_privacy, task_seed, upload_screen)
+from ..robust import RejectedUpload, all_rejected_hint
 from .outputs import GLOBAL_SITE, metric_row
 
 __all__ = ["Federation", "build_algorithm", "derive_seed"]
+
+logger = logging.getLogger(__name__)
 
 NOISE_STREAM = 0xD9  # derive_seed(task seed, NOISE_STREAM): the simulated DP noise, apart from batch order
 
@@ -61,6 +66,7 @@ class Federation:
                                     sites=[site.name for site in self.sites], labelled=on_device(splits.train))
         self.site_model = copy.deepcopy(model)  # scratch network the site tasks load weights into
         self.upload_specs = self.algorithm.upload_specs(model, splits.num_classes)
+        self.screen = upload_screen(config, self.algorithm)
         self.downlink: Downlink = self.algorithm.initial_downlink(self.server)
         self.local_evaluation = (self.algorithm.evaluates_local_models if local_evaluation is None
                                  else local_evaluation)
@@ -76,7 +82,8 @@ class Federation:
         return {"downlink": {"global": self.downlink.global_tensors, "personal": self.downlink.personal,
                              "metrics": self.downlink.metrics},
                 "server_state": self.server.state,
-                "site_states": {s.name: s.state for s in self.sites}}
+                "site_states": {s.name: s.state for s in self.sites},
+                "upload_digests": self.screen.digests}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         d = state["downlink"]
@@ -84,6 +91,7 @@ class Federation:
         self.server.state = state["server_state"]
         for site in self.sites:
             site.state = state["site_states"][site.name]
+        self.screen.digests = dict(state.get("upload_digests", {}))  # older checkpoints have none
 
     # --- one round ----------------------------------------------------------------------------
     def select_sites(self, round_num: int) -> list[Site]:
@@ -117,12 +125,24 @@ class Federation:
         counts = {s.name: torch.bincount(s.data.y, minlength=self.server.num_classes) for s in self.sites}
         return local_model_accuracy(self.site_model, uploads, self.test, self.device, class_counts=counts)
 
+    def _rejected(self, round_num: int, rejected: dict[str, str], accepted: dict) -> None:
+        """Rejected uploads: the run stops naming them (``robustness.on_rejected: stop``), or the round
+        goes on without them (``exclude``; a ``rejected`` row per site in metrics.csv)."""
+        if not rejected:
+            return
+        reasons = "; ".join(rejected[s] for s in sorted(rejected))
+        if self.config.robustness.on_rejected == "stop" or not accepted:
+            raise RejectedUpload(reasons + ("" if accepted else "; no upload left to aggregate" +
+                                            all_rejected_hint(rejected)))
+        logger.warning("round %d aggregated without rejected upload(s): %s", round_num + 1, reasons)
+
     def run_round(self, round_num: int) -> list[dict[str, Any]]:
         """Run round ``round_num`` (0-based); returns its metrics rows (``round`` is 1-based)."""
         cfg = self.config
         uploads: dict[str, dict[str, torch.Tensor]] = {}
         weights: dict[str, float] = {}
         rows = []
+        rejected: dict[str, str] = {}
         for site in self.select_sites(round_num):
             received = self.downlink.for_site(site.name)
             down = nbytes(received)
@@ -138,13 +158,25 @@ class Federation:
                 weights[site.name] = weight
                 rows.append(metric_row(round_num + 1, site.name, task, len(site.data), result.metrics,
                                        nbytes(result.uploads), down if t == 0 else 0))
-            validate_uploads(site.name, merged, self.upload_specs)
-            self.algorithm.check_upload(site.name, merged, weights[site.name])
+            try:
+                validate_uploads(site.name, merged, self.upload_specs)
+            except InvalidUploadError as exc:
+                rejected[site.name] = f"round {round_num + 1}: {exc}"
+                continue
             uploads[site.name] = merged
+        # The aggregator's screen (fedcontrast.robust): bounds, the plugin's checks, replays, clipping.
+        received = self.downlink.global_tensors
+        accepted, kept, refused = self.screen.screen(round_num + 1, uploads, weights, received)
+        rejected.update(refused)
+        self._rejected(round_num, rejected, accepted)
         self.server.round_num = round_num
         self.server.seed = server_seed(cfg, round_num)
-        self.server.previous = self.downlink.global_tensors
-        self.downlink = self.algorithm.aggregate(uploads, weights, self.server)
+        self.server.previous = received
+        self.downlink, blamed = self.screen.aggregate(lambda u, w: self.algorithm.aggregate(u, w, self.server),
+                                                      accepted, kept, self.server.state, round_num + 1)
+        self._rejected(round_num, blamed, accepted)
+        rows.extend(metric_row(round_num + 1, site, "rejected", 0, {}) for site in sorted({**rejected, **blamed}))
+        uploads = {s: u for s, u in accepted.items() if s not in blamed}
         evaluation = self.algorithm.evaluate(self.downlink, self.server, self.test)
         if self.algorithm.personalized:
             evaluation.update(self.personalized_evaluation(round_num))

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from ..atomic import atomic_write_bytes, atomic_write_text, write_failure
 
 METRIC_COLUMNS = ("round", "site", "task", "samples", "loss", "accuracy", "bytes_uploaded",
                   "bytes_downloaded", "extra")
@@ -25,12 +28,11 @@ def metric_row(round_num: int, site: str, task: str, samples: int, metrics: dict
 
 
 def write_metrics_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=METRIC_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=METRIC_COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, text.getvalue())
 
 
 def test_accuracy_curve(rows: Sequence[dict[str, Any]]) -> list[float]:
@@ -74,9 +76,7 @@ def build_summary(rows: Sequence[dict[str, Any]], *, config: dict[str, Any], wal
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
 
 
 def plot_curves(path: Path, curves: dict[str, Sequence[float]], *, title: str,
@@ -104,27 +104,41 @@ def plot_curves(path: Path, curves: dict[str, Sequence[float]], *, title: str,
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(path)
+    image = io.BytesIO()  # rendered in memory: a full disk must not leave a truncated image
+    fig.savefig(image, format=Path(path).suffix.lstrip(".") or "png")
     plt.close(fig)
+    atomic_write_bytes(path, image.getbuffer())
 
 
 class TensorBoardLog:
-    """TensorBoard scalars; a missing tensorboard package only disables this output."""
+    """TensorBoard scalars; a missing tensorboard package only disables this output. A write that
+    fails (a full disk) is an :class:`~fedcontrast.errors.OutputError` naming the folder."""
 
     def __init__(self, log_dir: Path, purge_step: int | None = None) -> None:
+        self.log_dir = log_dir
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # pragma: no cover - tensorboard is a declared dependency
             self.writer = None
             return
-        self.writer = SummaryWriter(str(log_dir), purge_step=purge_step)
+        try:
+            self.writer = SummaryWriter(str(log_dir), purge_step=purge_step)
+        except OSError as exc:
+            raise write_failure(log_dir, exc) from None
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         if self.writer is not None:
-            for key, value in values.items():
-                self.writer.add_scalar(key, value, step)
-            self.writer.flush()
+            try:
+                for key, value in values.items():
+                    self.writer.add_scalar(key, value, step)
+                self.writer.flush()
+            except OSError as exc:
+                raise write_failure(self.log_dir, exc) from None
 
     def close(self) -> None:
         if self.writer is not None:
-            self.writer.close()
+            writer, self.writer = self.writer, None
+            try:
+                writer.close()
+            except OSError as exc:
+                raise write_failure(self.log_dir, exc) from None

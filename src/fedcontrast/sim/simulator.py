@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 import time
@@ -11,14 +12,16 @@ from typing import Any
 
 import yaml
 
+from ..atomic import atomic_write_text
 from ..config import RunConfig
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, OutputError
 from .checkpoint import load_checkpoint, save_checkpoint
 from .federation import Federation
 from .outputs import (GLOBAL_SITE, TensorBoardLog, build_summary, plot_curves, test_accuracy_curve,
                       write_json, write_metrics_csv)
 
 OUTPUT_FILES = ("metrics.csv", "summary.json", "accuracy.png", "config.yaml", "checkpoint.pt", "tensorboard")
+RESULT_FILES = ("metrics.csv", "summary.json", "accuracy.png")  # what a finished round leaves
 # Settings that may change when a run is resumed: more rounds, another device.
 RESUMABLE_CHANGES = {"rounds", "device", "target_accuracy"}
 
@@ -64,12 +67,28 @@ def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = Fal
     run_dir = Path(run_dir)
     prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)
     ckpt_path = run_dir / "checkpoint.pt"
+    if resume and not ckpt_path.exists():
+        results = [n for n in RESULT_FILES if (run_dir / n).exists()]
+        if results:  # starting again from round 0 would overwrite them
+            raise CheckpointError(f"cannot resume {run_dir}: it holds results ({', '.join(results)}) but no "
+                                  "checkpoint.pt to continue from; they were left untouched: start afresh with "
+                                  "another --name, or replace them with --overwrite instead of --resume")
     checkpoint = load_checkpoint(ckpt_path) if resume and ckpt_path.exists() else None
     if checkpoint is not None:
         _check_resumable(checkpoint["config"], config, ckpt_path)
 
     federation = Federation(config, local_evaluation=local_evaluation, linear_probe=linear_probe)  # data, partition, model: fails early on bad input
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    try:
+        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
+        summary = _run_rounds(config, run_dir, federation, checkpoint, progress, stop_after)
+    except OutputError as exc:
+        raise OutputError(f"{exc}: free some space and continue the run with --resume") from None
+    return summary
+
+
+def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkpoint: dict[str, Any] | None,
+                progress: Progress | None, stop_after: int | None) -> dict[str, Any]:
+    ckpt_path = run_dir / "checkpoint.pt"
     rows: list[dict[str, Any]] = []
     start, elapsed = 0, 0.0
     if checkpoint is not None:
@@ -99,15 +118,24 @@ def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = Fal
                                "bytes/uploaded": sum(s["bytes_uploaded"] for s in sites)})
             if progress is not None:
                 progress(r + 1, config.rounds, glob)
-    finally:
-        tb.close()
-        curve = test_accuracy_curve(rows)
-        if curve:
-            plot_curves(run_dir / "accuracy.png", {config.algorithm: curve},
-                        title=f"{config.algorithm} on {config.dataset} ({config.clients} sites)")
+    except BaseException:  # a kill or a full disk: report that, not a second failure of the outputs below
+        with contextlib.suppress(Exception):
+            tb.close()
+        with contextlib.suppress(Exception):
+            _plot(config, run_dir, rows)
+        raise
+    tb.close()
+    _plot(config, run_dir, rows)
     summary = build_summary(rows, config=config.to_dict(), wall_time_s=elapsed, rounds_total=config.rounds)
     write_json(run_dir / "summary.json", summary)
     return summary
+
+
+def _plot(config: RunConfig, run_dir: Path, rows: list[dict[str, Any]]) -> None:
+    curve = test_accuracy_curve(rows)
+    if curve:
+        plot_curves(run_dir / "accuracy.png", {config.algorithm: curve},
+                    title=f"{config.algorithm} on {config.dataset} ({config.clients} sites)")
 
 
 def print_progress(header: str = "", stream=sys.stderr) -> Progress:
