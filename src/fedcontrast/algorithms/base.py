@@ -318,6 +318,23 @@ class Algorithm(ABC):
         sigma = self.representation_dp.noise_multiplier if self.representation_dp is not None else 0.0
         return 6.0 * math.sqrt(classes * sigma ** 2 + self.count_noise ** 2)
 
+    def check_class_counts(self, site: str, counts: torch.Tensor, weight: float) -> None:
+        """Uploaded class counts may not sum above the site's claimed samples (+ :meth:`count_allowance`)."""
+        if float(counts.sum()) > weight + self.count_allowance(counts.numel()):
+            raise InvalidUploadError(f"site {site!r} uploaded class counts summing to {float(counts.sum()):.6g}, "
+                                     f"more than its {weight:.6g} samples; rejected")
+
+    def check_mean_norms(self, site: str, means: torch.Tensor, counts: torch.Tensor, *, unit: bool, what: str,
+                         bound: str) -> None:
+        """Refuse a per-class mean ``(C, d)`` longer than :meth:`mean_norm_allowance` permits."""
+        norms = means.to(torch.float64).norm(dim=1)
+        allowed = self.mean_norm_allowance(counts, means.shape[1], unit=unit)
+        over = (counts > 0) & (norms > allowed)
+        if bool(over.any()):
+            c = int(over.nonzero()[0, 0])
+            raise InvalidUploadError(f"site {site!r} uploaded {what} of norm {float(norms[c]):.4g} for class {c}, "
+                                     f"more than {bound} ({float(allowed[c]):.4g}); rejected")
+
     def mean_norm_allowance(self, counts: torch.Tensor, dim: int, *, unit: bool) -> torch.Tensor:
         """The largest L2 norm an honest per-class mean can have, per class ``(C,)``, given the uploaded
         ``counts``: a mean of vectors of norm ≤ r (r = 1 for unit vectors, else the DP clip bound C; no

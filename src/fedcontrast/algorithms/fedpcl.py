@@ -240,17 +240,11 @@ class FedPCL(Algorithm):
         if exact and int(counts.sum()) != int(weight):
             raise InvalidUploadError(f"site {site!r} uploaded class counts summing to {int(counts.sum())}, "
                                      f"not its {int(weight)} samples; rejected")
-        if not exact and float(counts.sum()) > weight + self.count_allowance(counts.numel()):
-            raise InvalidUploadError(f"site {site!r} uploaded class counts summing to {float(counts.sum()):.6g}, "
-                                     f"more than its {weight:.6g} samples; rejected")
+        if not exact:
+            self.check_class_counts(site, counts, weight)
         # A prototype is a mean of unit vectors: its norm is at most 1 (plus the DP noise's allowance).
-        norms = protos.to(torch.float64).norm(dim=1)
-        allowed = self.mean_norm_allowance(counts, protos.shape[1], unit=True)
-        over = (counts > 0) & (norms > allowed)
-        if bool(over.any()):
-            c = int(over.nonzero()[0, 0])
-            raise InvalidUploadError(f"site {site!r} uploaded a prototype of norm {float(norms[c]):.4g} for class {c}, "
-                                     f"more than a mean of unit vectors can have ({float(allowed[c]):.4g}); rejected")
+        self.check_mean_norms(site, protos, counts, unit=True, what="a prototype",
+                              bound="a mean of unit vectors can have")
 
     def aggregate(self, uploads, weights, server: ServerContext) -> Downlink:
         protos = {s: u[LOCAL_PROTOTYPES] for s, u in uploads.items()}

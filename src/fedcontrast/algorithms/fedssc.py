@@ -175,18 +175,11 @@ class FedSSC(Moon):
                                      f"{self.hp.min_class_samples} samples; rejected")
         if bool(((counts == 0) & (means.abs().sum(1) > 0)).any()):
             raise InvalidUploadError(f"site {site!r} uploaded a class mean with a count of 0; rejected")
-        if float(counts.sum()) > weight + self.count_allowance(counts.numel()):
-            raise InvalidUploadError(f"site {site!r} uploaded class counts summing to {float(counts.sum()):.6g}, "
-                                     f"more than its {weight:.6g} samples; rejected")
+        self.check_class_counts(site, counts, weight)
         # Under representation DP every representation is clipped to C: a class mean is within C (plus the
         # noise's allowance). Without DP the representations are not normalised: no bound to check.
-        norms = means.to(torch.float64).norm(dim=1)
-        allowed = self.mean_norm_allowance(counts, means.shape[1], unit=False)
-        over = (counts > 0) & (norms > allowed)
-        if bool(over.any()):
-            c = int(over.nonzero()[0, 0])
-            raise InvalidUploadError(f"site {site!r} uploaded a class mean of norm {float(norms[c]):.4g} for class {c}, "
-                                     f"more than clipped representations allow ({float(allowed[c]):.4g}); rejected")
+        self.check_mean_norms(site, means, counts, unit=False, what="a class mean",
+                              bound="clipped representations allow")
 
     def aggregate(self, uploads, weights, server: ServerContext) -> Downlink:
         weights_only = {s: {k: v for k, v in u.items() if k.startswith(WEIGHT_PREFIX)} for s, u in uploads.items()}
