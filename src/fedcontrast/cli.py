@@ -390,12 +390,21 @@ def cmd_site_import_cert(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from .openfl.launch import export_results, format_round, read_rounds
+    from .openfl.site_report import format_row, read_rows, site_report_folders
 
     ws = Path(args.workspace)
     records = read_rounds(ws)
+    if not records and site_report_folders(ws):  # a site's workspace: its own report
+        for folder in site_report_folders(ws):
+            for row in read_rows(folder):
+                print(format_row(row, folder.name))
+            files = ", ".join(p.name for p in sorted(folder.iterdir()) if p.is_file())
+            print(f"{folder.name}: {files} in {folder}")
+        return 0
     if not records:
-        raise ConfigError(f"{ws / 'save' / 'rounds.jsonl'} holds no finished round yet (is this the aggregator's "
-                          "workspace, and has a round finished?)")
+        raise ConfigError(f"{ws / 'save' / 'rounds.jsonl'} holds no finished round yet, nor does a site report "
+                          f"under {ws / 'local_state' / 'site_report'} (is this a federation's workspace, and has a "
+                          "round finished?)")
     for record in records:
         print(format_round(record))
     out = Path(args.out) if args.out else ws / "report"
@@ -519,6 +528,20 @@ def cmd_federation(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .openfl.doctor import FAIL, run_checks
+
+    checks = run_checks(args.workspace, name=args.name)
+    for check in checks:
+        print(check.line())
+    failed = [c.name for c in checks if c.status == FAIL]
+    if failed:
+        print(f"fedcontrast doctor: {len(failed)} check{'s' if len(failed) > 1 else ''} failed ({', '.join(failed)}); "
+              "fix what the FAIL lines say before starting this site", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     import json
 
@@ -527,8 +550,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     plan, workspace = load_plan(args.target)
     policy = SitePolicy.from_yaml(args.policy) if args.policy else None
-    report = audit_plan(plan, source=str(args.target), workspace=workspace, policy=policy)
-    violations = check_policy(report, policy) if policy else []
+    report = audit_plan(plan, source=str(args.target), workspace=workspace, policy=policy, site=args.site)
+    # At a site, its policy bounds its own ε: the others' data (and ε) are not known there.
+    violations = check_policy(report, policy, sites=report.here or None) if policy else []
     compared = compared_guarantee(report, policy) if policy else None
     if args.json:
         print(json.dumps({**report.to_dict(), "policy": args.policy, "compared": compared, "violations": violations},
@@ -659,8 +683,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--workspace", default=".", help="this site's workspace (default: here)")
     c.set_defaults(func=cmd_site_import_cert)
 
-    p = sub.add_parser("report", help="a federation's rounds so far (the aggregator's workspace): every site's "
-                                      "held-out accuracy, plot, CSV, summary")
+    p = sub.add_parser("report", help="a federation's rounds so far: in the aggregator's workspace every site's "
+                                      "held-out accuracy, plot, CSV, summary; in a site's workspace its own report")
     p.add_argument("workspace")
     p.add_argument("--out", help="folder for accuracy.png, rounds.csv, summary.json (default: WORKSPACE/report)")
     p.set_defaults(func=cmd_report)
@@ -698,7 +722,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target", metavar="WORKSPACE_OR_PLAN")
     p.add_argument("--policy", help="a site policy YAML file (see policies/example-site.yaml)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--site", help="the site whose data is on this machine (default: the data.yaml line whose folder "
+                                  "exists here)")
     p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser("doctor", help="a site's checks before it joins: its certificate and key, the aggregator's "
+                                      "certificate, its data, its policy (exit 1 when one fails)")
+    p.add_argument("workspace", nargs="?", default=".", help="the site's workspace (default: here)")
+    p.add_argument("--name", help="this site's name (default: the one site plan/data.yaml names)")
+    p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("algorithms", help="list the registered algorithms and their settings")
     p.set_defaults(func=cmd_algorithms)

@@ -17,7 +17,9 @@ import pytest
 import yaml
 
 from fedcontrast.openfl.lab import OPERATOR, CrossSiloLab, executable
+from fedcontrast.openfl.loader import SiteDataLoader
 from fedcontrast.openfl.netns import netns_unavailable
+from fedcontrast.openfl.site_report import read_rows, score_final_model
 
 pytestmark = pytest.mark.skipif(netns_unavailable() is not None, reason=str(netns_unavailable()))
 
@@ -56,6 +58,27 @@ def deployed(lab):
     return get
 
 
+def check_what_the_site_takes_home(lab, exp, site, records, monkeypatch):
+    """The site's own report (the figures the aggregator recorded for it, plus its bytes), its plot
+    and the final model, in its own workspace; the final model scores what the report states."""
+    ws = exp.workspace(lab, site)
+    folder = ws / "local_state" / "site_report" / site
+    rows = read_rows(folder)
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    for record in records:
+        assert rows[record["round"]]["accuracy"] == pytest.approx(record["sites"][site]["evaluation"]["accuracy"])
+    assert all(r["training"] and r["bytes_sent"] > 0 and r["bytes_received"] > 0 for r in rows[:2])
+    assert (folder / "accuracy.png").stat().st_size > 0 and (folder / "final_model.json").is_file()
+    assert f"{site}, round 2/2 (final model): held-out accuracy {rows[-1]['accuracy']:.4f}" in lab.log(exp, site)
+    run_config = yaml.safe_load((ws / "plan" / "plan.yaml").read_text())["task_runner"]["settings"]["run_config"]
+    lines = [line.split(",", 1) for line in (ws / "plan" / "data.yaml").read_text().splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]
+    monkeypatch.chdir(ws)  # the plan's relative paths (public folder, backbone files) are the workspace's
+    loader = SiteDataLoader(data_path=dict(lines)[site].strip(), run_config=run_config)
+    scored = score_final_model(folder, loader.train, loader.test, public=loader.public)
+    assert scored["accuracy"] == rows[-1]["accuracy"]
+
+
 def run_to_end(lab, exp):
     lab.start(exp)
     codes = lab.wait(exp, RUN_TIMEOUT)
@@ -64,7 +87,7 @@ def run_to_end(lab, exp):
 
 
 @pytest.mark.parametrize("algorithm", list(OPTIONS))
-def test_federation_across_hosts_every_site_measures_every_round(lab, deployed, algorithm):
+def test_federation_across_hosts_every_site_measures_every_round(lab, deployed, algorithm, monkeypatch):
     exp = deployed(algorithm)
     records = run_to_end(lab, exp)
     assert [r["round"] for r in records] == [1, 2]
@@ -87,6 +110,7 @@ def test_federation_across_hosts_every_site_measures_every_round(lab, deployed, 
     for site in SITES:
         held_out = sum(1 for _ in (lab.disk(site) / "images" / "test").rglob("*.png"))
         assert records[-1]["sites"][site]["evaluation"]["samples"] == held_out
+        check_what_the_site_takes_home(lab, exp, site, records, monkeypatch)
     assert not (lab.disk(OPERATOR) / "images").exists()
 
 

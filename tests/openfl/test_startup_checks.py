@@ -60,7 +60,8 @@ def test_a_corrupt_tensor_db_is_named_and_left_untouched(tmp_path):
     assert path.read_bytes() == garbage
 
 
-def make_certificate(path, *, valid_from_days: float, valid_to_days: float, name: str = "site_0") -> None:
+def make_certificate(path, *, valid_from_days: float, valid_to_days: float, name: str = "site_0",
+                     key_path=None) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     now = dt.datetime.now(dt.timezone.utc)
@@ -69,6 +70,9 @@ def make_certificate(path, *, valid_from_days: float, valid_to_days: float, name
             .not_valid_after(now + dt.timedelta(days=valid_to_days)).sign(key, hashes.SHA256()))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    if key_path is not None:
+        key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
 
 
 def test_expired_and_not_yet_valid_certificates_are_named_with_their_dates(tmp_path):
@@ -102,12 +106,12 @@ def test_the_aggregator_checks_its_own_certificate_at_start(tmp_path):
     settings = {k: plan["aggregator"]["settings"][k] for k in ("run_config", "model_shape", "rounds_to_train")}
     make_certificate(ws / "cert" / "cert_chain.crt", valid_from_days=-10, valid_to_days=300, name="ca")
     make_certificate(ws / "cert" / "server" / "agg_localhost.crt", valid_from_days=-30, valid_to_days=-1,
-                     name="localhost")
+                     name="localhost", key_path=ws / "cert" / "server" / "agg_localhost.key")
     argv = ["fx", "aggregator", "start"]
     with pytest.raises(ConfigError, match=r"server/agg_localhost.crt \(CN=localhost\) expired on"):
         check_aggregator_plan(config, settings, argv=argv, cwd=ws)
     make_certificate(ws / "cert" / "server" / "agg_localhost.crt", valid_from_days=-1, valid_to_days=30,
-                     name="localhost")
+                     name="localhost", key_path=ws / "cert" / "server" / "agg_localhost.key")
     check_aggregator_plan(config, settings, argv=argv, cwd=ws)
 
 

@@ -22,7 +22,7 @@ import time
 import traceback
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import grpc
 import numpy as np
@@ -46,7 +46,7 @@ from ..evaluation import local_model_accuracy
 from ..sim.outputs import write_json
 from . import aggregation
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, packed_size, unpack
-from .pki import check_certificate_dates
+from .pki import check_aggregator_certificate, check_certificate_dates, check_own_certificate, check_server_files
 from .plan import DEFAULT_ROUND_TIMEOUT, EVALUATE_TASK, fx_plan_path, load_plan_file
 from .runner import EVAL_SAMPLES, PERSONAL_TAG, WEIGHT_METRIC
 
@@ -458,13 +458,24 @@ class SafeAggregator(Aggregator):
 
 
 def _check_collaborators(config: RunConfig, authorized: list[str], min_sites: int | None) -> None:
-    """The aggregator admits only the plan's sites (a site's index, e.g. FedPCL's prototype set, is
-    its position in the plan)."""
+    """The aggregator admits exactly the plan's sites, each once (a site's index, e.g. FedPCL's
+    prototype set, is its position in the plan): a name added to cols.yaml (``fx collaborator
+    certify`` appends every name it signs) or listed twice would count a site's data twice, a name
+    missing would run the federation without that site."""
     names = site_names(config)
+    remake = "or make a plan with the sites taking part (`fedcontrast workspace create ... --sites`)"
     strangers = [c for c in authorized if c not in names]
     if strangers:
         raise ConfigError(f"plan/cols.yaml admits {', '.join(strangers)}, which the plan does not name as a site "
-                          f"({', '.join(names)}); fix cols.yaml or make a plan with those sites")
+                          f"({', '.join(names)}); remove them from cols.yaml {remake}")
+    repeated = sorted({c for c in authorized if authorized.count(c) > 1})
+    if repeated:
+        raise ConfigError(f"plan/cols.yaml lists {', '.join(repeated)} more than once (its data would count twice); "
+                          f"list each of the plan's sites once in cols.yaml {remake}")
+    missing = [n for n in names if n not in authorized]
+    if missing:
+        raise ConfigError(f"plan/cols.yaml lacks {', '.join(missing)}, a site of the plan ({', '.join(names)}); add "
+                          f"it back to cols.yaml {remake}")
     if min_sites is not None and not (isinstance(min_sites, int) and 1 <= min_sites <= len(names)):
         raise ConfigError(f"min_sites must be an integer between 1 and the {len(names)} sites of the plan, "
                           f"got {min_sites!r}")
@@ -496,8 +507,8 @@ def check_aggregator_plan(config: RunConfig, settings: dict[str, Any], argv: lis
             from openfl.utilities.utils import getfqdn_env
 
             address = getfqdn_env()
-        cert = Path(cwd) / "cert"
-        check_certificate_dates([cert / "cert_chain.crt", cert / "server" / f"agg_{str(address).lower()}.crt"])
+        # the certificate and key `fx aggregator start` will look up for agg_addr: present, in date, fitting
+        check_server_files(Path(cwd) / "cert", str(address))
 
 
 def check_initial_model(path: str | Path, global_specs: list) -> None:
@@ -648,18 +659,42 @@ class CollaboratorStopped(SystemExit):
     """Ends ``fx collaborator start`` with a message and a non-zero code."""
 
 
+def diagnose_handshake(client: Any) -> str | None:
+    """Why the TLS connection to the aggregator cannot succeed, when a certificate is the reason (its
+    CA, its name, its dates, or the aggregator refusing this site's certificate); None otherwise."""
+    host, _, port = client.uri.rpartition(":")
+    own = bool(client.require_client_auth)
+    try:
+        check_aggregator_certificate(host.strip("[]"), int(port), client.root_certificate,
+                                     certificate=client.certificate if own else None,
+                                     private_key=client.private_key if own else None)
+    except FedContrastError as exc:
+        return str(exc)
+    except Exception:  # a diagnosis must never hide the original failure
+        logger.debug("could not diagnose the failed connection", exc_info=True)
+    return None
+
+
 class BoundedRetry:
     """Replaces the client's endless retry sleep: gives up after ``max_attempts`` failures in a row,
-    and at once when retrying cannot help (refused identity, another federation)."""
+    and at once when retrying cannot help (refused identity, another federation, or a certificate
+    that ``diagnose`` finds wrong after a failed connection)."""
 
-    def __init__(self, interval: float, uri: str, max_attempts: int) -> None:
+    def __init__(self, interval: float, uri: str, max_attempts: int,
+                 diagnose: Callable[[], str | None] | None = None) -> None:
         self.reconnect_interval, self.uri, self.max_attempts = interval, uri, max_attempts
+        self.diagnose = diagnose  # a sentence when the TLS handshake cannot succeed, else None
         self.failures = 0
 
     def sleep(self) -> None:
         error = sys.exc_info()[1]  # called inside the client's `except grpc.RpcError` block
         message, retryable = (explain_rpc_error(error, self.uri) if isinstance(error, grpc.RpcError)
                               else (f"lost the aggregator at {self.uri}: {error}", True))
+        if (retryable and self.diagnose is not None and hasattr(error, "code")
+                and error.code() == grpc.StatusCode.UNAVAILABLE):
+            reason = self.diagnose()
+            if reason is not None:
+                message, retryable = reason, False
         self.failures += 1
         if not retryable or self.failures > self.max_attempts:
             suffix = "" if not retryable else f" (gave up after {self.max_attempts} retries)"
@@ -674,9 +709,12 @@ class SafeCollaborator(Collaborator):
     def __init__(self, max_retries: int = 30, poll_interval: float = 0.05, **kwargs: Any) -> None:
         client = kwargs.get("client")
         try:
-            if getattr(client, "use_tls", False):  # an expired certificate: say so now, not after every retry
-                check_certificate_dates([client.root_certificate] + ([client.certificate]
-                                                                     if client.require_client_auth else []))
+            if getattr(client, "use_tls", False):  # a certificate that cannot work: say so now, not after every retry
+                if client.require_client_auth:  # in date, fits its key, signed by the CA in cert_chain.crt
+                    check_own_certificate(client.certificate, getattr(client, "private_key", None),
+                                          client.root_certificate)
+                else:
+                    check_certificate_dates([client.root_certificate])
             check_settings_in_effect(kwargs.get("task_runner"), client)
         except FedContrastError as exc:
             raise CollaboratorStopped(f"fedcontrast collaborator: error: {exc}") from None
@@ -686,7 +724,8 @@ class SafeCollaborator(Collaborator):
         # costs one small gRPC call.
         self.poll_interval = poll_interval
         policy = self.client.sleeping_policy
-        self.client.sleeping_policy = BoundedRetry(policy.reconnect_interval, policy.uri, max_retries)
+        diagnose = (lambda: diagnose_handshake(self.client)) if getattr(self.client, "use_tls", False) else None
+        self.client.sleeping_policy = BoundedRetry(policy.reconnect_interval, policy.uri, max_retries, diagnose)
 
     def run(self) -> None:  # Collaborator.run of OpenFL 1.9, plus the lines marked below
         self.callbacks.on_experiment_begin()

@@ -23,6 +23,7 @@ from ..construction import (attach_public, build_algorithm, initial_model, resol
 from ..errors import CheckpointError, FedContrastError
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, UPLOAD_PACKED, pack, unpack
 from .plan import EVALUATE_TASK
+from .site_report import REPORT_DIR, SiteReport, snapshot, write_final_model
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +42,13 @@ class PluginTaskRunner(TaskRunner):
     in ``state_dir/<collaborator>.pt`` on the site's disk, so a restarted collaborator keeps it; the
     state each task started from is kept too (``<collaborator>.round<r>.<task>.pt``) until the next
     task starts, so that a task redone after a crash starts from the same state as the lost attempt.
+    What the site takes home (its per-round report, the final model) goes to
+    ``report_dir/<collaborator>/`` (default: ``site_report/`` beside the state folder; see
+    :mod:`.site_report`).
     """
 
     def __init__(self, data_loader=None, run_config: dict[str, Any] | None = None,
-                 state_dir: str = "local_state/sites", **kwargs: Any) -> None:
+                 state_dir: str = "local_state/sites", report_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(data_loader, **kwargs)
         try:
             self._build(data_loader, run_config)
@@ -54,6 +58,8 @@ class PluginTaskRunner(TaskRunner):
             raise CollaboratorStopped(f"fedcontrast collaborator: error: {exc}") from None
         self._pending: dict[str, dict[str, torch.Tensor]] = {}  # uploads of earlier tasks of the round
         self.state_dir = Path(state_dir)
+        self.report_dir = Path(report_dir) if report_dir else self.state_dir.parent / REPORT_DIR
+        self._reports: dict[str, SiteReport] = {}
         self.required_tensorkeys_for_function: dict[str, list[TensorKey]] = {}
         self.initialize_tensorkeys_for_functions()
         for task in self.algorithm.tasks:
@@ -118,15 +124,24 @@ class PluginTaskRunner(TaskRunner):
                            round_num=round_num, seed=task_seed(self.config, round_num, index, EVALUATION_STREAM),
                            device=self.device, state=self._round_state(col_name, round_num), public=loader.public,
                            index=index)
-        metrics = self.algorithm.evaluate_at_site(site, self._received(input_tensor_dict), loader.test)
-        metrics[EVAL_SAMPLES] = float(len(loader.test))
+        received = self._received(input_tensor_dict)
+        final = snapshot(self.model, received) if round_num >= self.config.rounds else None  # the final model
+        measured = self.algorithm.evaluate_at_site(site, received, loader.test)
+        metrics = {**measured, EVAL_SAMPLES: float(len(loader.test))}
         if "accuracy" in metrics:
             logger.info("%s, round %d: what it received scores %.4f on its %d held-out images", col_name, round_num,
                         metrics["accuracy"], len(loader.test))
-        if not self.releases.evaluation_metrics:  # kept on the site (the log above); nothing leaves
-            return {}, {}
-        return {TensorKey(f"{EVALUATE_TASK}_{key}", col_name, round_num, True, ("metric",)): np.array(value)
-                for key, value in metrics.items()}, {}
+        out = {}
+        if self.releases.evaluation_metrics:  # else kept on the site (the log above, its report); nothing leaves
+            out = {TensorKey(f"{EVALUATE_TASK}_{key}", col_name, round_num, True, ("metric",)): np.array(value)
+                   for key, value in metrics.items()}
+        report = self._report(col_name)
+        report.evaluated(round_num, measured, len(loader.test), _nbytes(input_tensor_dict), _nbytes(out))
+        if final is not None:  # the evaluation-only round after the last training round
+            write_final_model(report.folder, site=site, config=self.config, shape=loader.shape, model=final,
+                              received=received, metrics=measured)
+            report.finish(round_num)
+        return out, {}
 
     def run_plugin_task(self, task: str, col_name: str, round_num: int,
                         input_tensor_dict: dict[str, np.ndarray], **kwargs: Any):
@@ -168,7 +183,19 @@ class PluginTaskRunner(TaskRunner):
             del self._pending[col_name]
         for key, value in metrics.items():
             uploads[TensorKey(f"{task}_{key}", col_name, round_num, True, ("metric",))] = np.array(value)
+        report = self._report(col_name)  # everything the site measured, whatever left it
+        report.trained(round_num, task, result.metrics, _nbytes(input_tensor_dict), _nbytes(uploads),
+                       epsilon if site.privacy is not None else {})
+        if task == self.algorithm.tasks[-1]:
+            report.finish(round_num)
         return uploads, {}
+
+    def _report(self, col_name: str) -> SiteReport:
+        if col_name not in self._reports:
+            policy = getattr(self.data_loader, "site_policy", None)
+            self._reports[col_name] = SiteReport(self.report_dir / col_name, col_name, self.config.rounds,
+                                                 getattr(policy, "max_epsilon", None))
+        return self._reports[col_name]
 
     # --- per-site state on the site's disk ------------------------------------------------------
     def _state_path(self, col_name: str) -> Path:
@@ -244,3 +271,8 @@ class PluginTaskRunner(TaskRunner):
         path = self._state_path(col_name)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_torch_save(state, path)
+
+
+def _nbytes(tensors: dict[Any, Any]) -> int:
+    """Bytes of the arrays of a task's input or output (the packed downlink, the upload, metrics)."""
+    return sum(np.asarray(v).nbytes for v in tensors.values())

@@ -35,10 +35,13 @@ class TensorLine:
 class SiteLine:
     name: str
     data: str
-    samples: int | None  # None: not known from the plan (the site's own folder)
+    samples: int | None  # training samples; None: not known here (another site's data, or the operator's)
     samples_note: str
     epsilon_round: float  # inf: something leaves without DP
     epsilon_total: float
+    classes: dict[str, int] | None = None  # training samples per class: only for data on this machine
+    held_out: int | None = None  # its held-out samples (evaluated every round, never trained on)
+    classes_under_minimum: list[str] | None = None  # present, but fewer than the plugin's min_class_samples
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class AuditReport:
     releases: list[ReleaseLine] = field(default_factory=list)  # everything that leaves (tensors and the rest)
     secure_noise: str = ""  # how DP noise is sampled under OpenFL
     notes: list[str] = field(default_factory=list)
+    here: list[str] = field(default_factory=list)  # the sites whose data is on this machine (counted from it)
 
     @property
     def weights_leave(self) -> list[str]:
@@ -161,9 +165,14 @@ def read_certificates(cert_dir: Path) -> list[Certificate] | None:
     return out or None
 
 
+SHARD = "shard:"
+NOT_HERE = "its own folder (not here)"
+
+
 def _site_data(workspace: Path | None, config: RunConfig) -> list[tuple[str, str]]:
-    """(site, data) per line of the workspace's ``plan/data.yaml``; without lines (no workspace, or
-    an operator's, who holds no data) the plan's sites with their shards, or "its own folder"."""
+    """(site, data) per line of the workspace's ``plan/data.yaml``, then the plan's sites it has no
+    line for (a site's workspace holds its own line only); without lines (no workspace, or an
+    operator's, who holds no data) the plan's sites with their shards, or "its own folder"."""
     from ..config import site_names
 
     path = workspace / "plan" / "data.yaml" if workspace is not None else None
@@ -174,9 +183,67 @@ def _site_data(workspace: Path | None, config: RunConfig) -> list[tuple[str, str
                 name, data = line.split(",", 1)
                 rows.append((name.strip(), data.strip()))
     if rows:
-        return rows
+        listed = {name for name, _ in rows}
+        return rows + [(name, NOT_HERE) for name in site_names(config) if name not in listed]
     own = config.data_schema is not None
-    return [(name, "its own folder" if own else f"shard:{i}") for i, name in enumerate(site_names(config))]
+    return [(name, NOT_HERE if own else f"{SHARD}{i}") for i, name in enumerate(site_names(config))]
+
+
+def _folder(data: str, workspace: Path) -> Path:
+    """A data line's folder: relative paths are from the workspace (where the collaborator runs)."""
+    path = Path(data).expanduser()
+    return path if path.is_absolute() else workspace / path
+
+
+def _sites_here(rows: list[tuple[str, str]], workspace: Path, config: RunConfig, site: str | None) -> list[str]:
+    """The sites whose data is on this machine: ``site`` (checked), else every line whose folder exists.
+    Shard lines of the embedded demo count only when named: anyone can compute them from the plan."""
+    from ..config import site_names
+
+    if site is None:
+        return [name for name, data in rows if not data.startswith(SHARD) and data != NOT_HERE
+                and _folder(data, workspace).is_dir()]
+    if site not in site_names(config):
+        raise ConfigError(f"--site {site}: not a site of this plan ({', '.join(site_names(config))})")
+    data = dict(rows).get(site, NOT_HERE)
+    if data == NOT_HERE:
+        raise ConfigError(f"{workspace / 'plan' / 'data.yaml'} has no line for {site}: add one ({site},PATH to its "
+                          "data), e.g. with `fedcontrast site join`")
+    if not data.startswith(SHARD) and not _folder(data, workspace).is_dir():
+        raise ConfigError(f"{site}'s data folder {_folder(data, workspace)} (from plan/data.yaml) does not exist on "
+                          "this machine; audit on the site's own machine or fix its line")
+    return [site]
+
+
+def _own_data(config: RunConfig, data: str, workspace: Path) -> tuple[dict[str, int], int | None]:
+    """A site's data on this machine as its collaborator splits it: training samples per class (what
+    its accountant and its per-class uploads count) and held-out samples — no image is decoded."""
+    import numpy as np
+
+    if data.startswith(SHARD):  # the embedded demo's shard N
+        from ..construction import load_splits, partition
+
+        splits = load_splits(config)
+        parts = partition(config, splits)
+        index = int(data[len(SHARD):]) if data[len(SHARD):].isdigit() else -1
+        if not 0 <= index < len(parts):
+            raise ConfigError(f"data line {data!r} in plan/data.yaml must be shard:N with 0 <= N < {len(parts)}")
+        labels = splits.train.y.numpy()[parts[index]]
+        names = splits.class_names or tuple(str(c) for c in range(splits.num_classes))
+        return {name: int((labels == c).sum()) for c, name in enumerate(names)}, None
+    from ..data.schema import summarise_folder
+    from ..data.splits import stratified_holdout
+
+    schema = config.data_schema
+    if schema is None:
+        raise ConfigError(f"plan/data.yaml names the folder {data}, but the plan has no data_schema to read it under")
+    summary = summarise_folder(_folder(data, workspace), schema)
+    if summary.split_folders:
+        return dict(summary.counts), sum(summary.test_counts.values())
+    labels = np.repeat(np.arange(len(schema.classes)), [summary.counts[c] for c in schema.classes])
+    kept, held = stratified_holdout(labels, config.test_fraction, np.random.default_rng(config.split_seed))
+    kept_labels = labels[kept]
+    return {c: int((kept_labels == i).sum()) for i, c in enumerate(schema.classes)}, int(held.size)
 
 
 def load_plan(path: str | Path) -> tuple[dict[str, Any], Path | None]:
@@ -212,11 +279,14 @@ def shard_sizes(config: RunConfig) -> list[int]:
 
 def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = None,
                sites: list[tuple[str, str]] | None = None, site_samples: dict[str, int] | None = None,
-               policy: Any = None) -> AuditReport:
+               policy: Any = None, site: str | None = None) -> AuditReport:
     """The facts of ``plan``. ``sites`` (name, data) defaults to the workspace's ``plan/data.yaml``;
     ``site_samples`` gives a site's sample count (e.g. from its own policy) instead of the partition's;
     ``policy`` (a site's :class:`~.policy.SitePolicy`) decides what that site lets leave besides its
-    uploads (its count public or noised, metrics shared or withheld; default: the plan's defaults)."""
+    uploads (its count public or noised, metrics shared or withheld; default: the plan's defaults).
+
+    At a site (its data line's folder exists here, or ``site`` names it) that site is counted from
+    its own data, and nothing is computed for the others: their data is not on this machine."""
     from ..construction import build_algorithm, initial_model
 
     config = RunConfig.from_dict(plan["task_runner"]["settings"]["run_config"])
@@ -246,24 +316,33 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
     unbounded = any(t.mechanism == "none" for t in tensors)
     lines = []
     sizes: list[int] | None = None
-    for name, data in sites if sites is not None else _site_data(workspace, config):
-        samples, note = (site_samples or {}).get(name), "given"
-        if samples is None and data.startswith("shard:") and data[6:].isdigit():
+    rows = sites if sites is not None else _site_data(workspace, config)
+    here = _sites_here(rows, workspace, config, site) if sites is None and workspace is not None else []
+    minimum = algorithm.shared_class_minimum()
+    for name, data in rows:
+        samples, note, classes, held_out, under = (site_samples or {}).get(name), "given", None, None, None
+        if samples is None and name in here:
+            classes, held_out = _own_data(config, data, workspace)
+            samples, note = sum(classes.values()), "counted from its data on this machine"
+            if minimum is not None:
+                under = [c for c, n in classes.items() if 0 < n < minimum]
+        elif samples is None and not here and data.startswith(SHARD) and data[len(SHARD):].isdigit():
             if sizes is None:
                 sizes = shard_sizes(config)
-            index = int(data[6:])
+            index = int(data[len(SHARD):])
             samples, note = (sizes[index], "shard of the plan's partition") if index < len(sizes) else (None, "")
         if samples is None:
-            samples, note = config.min_samples, "unknown: the smallest site the plan allows (min_samples)"
+            note = (f"not known here{': another site' if here else ''}; ε for the smallest site the plan allows "
+                    f"(min_samples {config.min_samples})")
         if unbounded or config.privacy is None:
             eps_round = eps_total = math.inf
         else:
-            planned = planned_epsilon(config.privacy, config.training, n=samples, rounds=rounds,
+            planned = planned_epsilon(config.privacy, config.training, n=samples or config.min_samples, rounds=rounds,
                                       representations=any(t.kind != "weights" for t in tensors),
                                       representation_releases=algorithm.representation_releases,
                                       count=not choices.exact_count)
             eps_round, eps_total = planned.per_round, planned.total
-        lines.append(SiteLine(name, data, samples, note, eps_round, eps_total))
+        lines.append(SiteLine(name, data, samples, note, eps_round, eps_total, classes, held_out, under))
     certs = read_certificates(workspace / "cert") if workspace is not None else None
     return AuditReport(source=source, algorithm=config.algorithm, tasks=tuple(algorithm.tasks), rounds=rounds,
                        delta=config.privacy.delta if config.privacy else None,
@@ -271,7 +350,7 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
                        mechanisms=mechanism_lines or ["none"], guarantee=guarantee, tensors=tensors, sites=lines,
                        tls=bool(network.get("use_tls", True)), client_auth=bool(network.get("require_client_auth", True)),
                        certificates=certs, class_minimum=algorithm.shared_class_minimum(), guarantee_kind=kind,
-                       releases=releases, secure_noise=_secure_noise(config))
+                       releases=releases, secure_noise=_secure_noise(config), here=here)
 
 
 def _eps(x: float) -> str:
@@ -306,7 +385,22 @@ def format_report(report: AuditReport) -> str:
     for s in report.sites:
         lines.append(f"  {s.name:12s} {s.data:28s} {s.samples if s.samples is not None else '?':>8} "
                      f"{_eps(s.epsilon_round):>9s} {_eps(s.epsilon_total):>9s}"
-                     + ("" if s.samples_note.startswith(("shard", "given")) else f"  ({s.samples_note})"))
+                     + ("" if s.samples_note.startswith(("shard", "given", "counted")) else f"  ({s.samples_note})"))
+    for s in report.sites:
+        if s.classes is None:
+            continue
+        present = [f"{c} {n}" for c, n in s.classes.items() if n]
+        absent = [c for c, n in s.classes.items() if not n]
+        lines.append(f"  {s.name}, counted from its data on this machine: {s.samples} training samples"
+                     + (f", {s.held_out} held out" if s.held_out is not None else "")
+                     + f"; {len(present)} of {len(s.classes)} classes present ({', '.join(present)})"
+                     + (f"; absent: {', '.join(absent)}" if absent else ""))
+        if s.classes_under_minimum is not None:
+            under = [f"{c} ({s.classes[c]})" for c in s.classes_under_minimum]
+            lines.append(f"    classes under min_class_samples ({report.class_minimum}), never shared: "
+                         + (", ".join(under) if under else "none"))
+    if not report.here and any(s.samples is None for s in report.sites):
+        lines.append("  sample counts not known here: each site's data is on its own machine (run the audit there)")
     lines += ["", f"transport: TLS {'on' if report.tls else 'OFF'}, client authentication "
                   f"{'on' if report.client_auth else 'OFF'}"]
     if report.certificates is None:

@@ -1,0 +1,173 @@
+"""``fedcontrast doctor``: what a site checks in its workspace before it joins a federation.
+
+Each check gives one line: OK, WARN (nothing wrong found, but it could not be checked now) or FAIL
+with the problem and what to do. The same checks run when ``fx collaborator start`` starts (and
+when its connection fails); running them first saves a round-trip with the operator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import RunConfig, site_names
+from ..errors import ConfigError, FedContrastError
+from .plan import load_plan_file, read_workspace_config
+
+OK, WARN, FAIL = "OK", "WARN", "FAIL"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # OK, WARN or FAIL
+    message: str
+
+    def line(self) -> str:
+        return f"{self.status:<5} {self.name}: {self.message}"
+
+
+def data_lines(workspace: Path) -> dict[str, str]:
+    """``plan/data.yaml``'s ``NAME,PATH`` lines (comments skipped)."""
+    path = workspace / "plan" / "data.yaml"
+    if not path.is_file():
+        return {}
+    lines = [l.split(",", 1) for l in path.read_text().splitlines()
+             if l.strip() and not l.lstrip().startswith("#") and "," in l]
+    return {name.strip(): data.strip() for name, data in lines}
+
+
+def site_name(workspace: Path, name: str | None) -> str:
+    """The site this workspace runs: ``name``, else the one site ``plan/data.yaml`` names."""
+    if name:
+        return name
+    names = list(data_lines(workspace))
+    if len(names) != 1:
+        raise ConfigError(f"{workspace / 'plan' / 'data.yaml'} names {len(names)} sites ({', '.join(names) or 'none'}); "
+                          "say which one this is with --name")
+    return names[0]
+
+
+def run_checks(workspace: str | Path, name: str | None = None) -> list[Check]:
+    """Every check, in order; a workspace without a readable plan raises :class:`ConfigError`."""
+    ws = Path(workspace)
+    config = read_workspace_config(ws)
+    plan = load_plan_file(ws / "plan" / "plan.yaml")
+    name = site_name(ws, name)
+    network = dict(plan.get("network", {}).get("settings") or {})
+    checks = [_check_name(config, name)]
+    if network.get("use_tls", True):
+        checks.append(_check_certificate(ws, name))
+    checks.append(_check_aggregator(ws, name, network))
+    data = data_lines(ws).get(name)
+    checks.append(_check_data(ws, config, name, data))
+    checks.append(_check_policy(ws, config, plan, data))
+    return checks
+
+
+def _check_name(config: RunConfig, name: str) -> Check:
+    sites = site_names(config)
+    if name not in sites:
+        return Check("site", FAIL, f"{name} is not one of the plan's sites ({', '.join(sites)}); use the name the "
+                                   "operator enrolled you under, or ask for a plan that names this site")
+    return Check("site", OK, f"{name} is site {sites.index(name) + 1} of {len(sites)} in the plan ({config.algorithm}, "
+                             f"{config.rounds} rounds)")
+
+
+def _check_certificate(ws: Path, name: str) -> Check:
+    from .pki import _certificates, check_own_certificate, subject
+
+    cert_dir = ws / "cert"
+    crt, key, chain = cert_dir / "client" / f"col_{name}.crt", cert_dir / "client" / f"col_{name}.key", \
+        cert_dir / "cert_chain.crt"
+    missing = [str(p.relative_to(ws)) for p in (crt, key, chain) if not p.is_file()]
+    if missing:
+        return Check("certificate", FAIL, f"{', '.join(missing)} missing in {ws}; make this site's key and request "
+                                          "with `fedcontrast site join`, then install the signed certificate with "
+                                          "`fedcontrast site import-cert`")
+    try:
+        check_own_certificate(crt, key, chain)
+        cert = _certificates(crt)[0]
+    except FedContrastError as exc:
+        return Check("certificate", FAIL, str(exc))
+    return Check("certificate", OK, f"{crt.relative_to(ws)} ({subject(cert)}) fits its key, is signed by the "
+                                    f"federation's CA in {chain.relative_to(ws)} and is valid until "
+                                    f"{cert.not_valid_after_utc:%Y-%m-%d}")
+
+
+def _check_aggregator(ws: Path, name: str, network: dict) -> Check:
+    import socket
+
+    from .pki import check_aggregator_certificate
+
+    host, port = str(network.get("agg_addr")), network.get("agg_port")
+    if host == "auto" or port in (None, "auto"):
+        return Check("aggregator", WARN, f"the plan gives no fixed aggregator address ({host}:{port}); ask the "
+                                         "operator for the plan with the aggregator's host name and port")
+    where = f"{host}:{port} (the plan's agg_addr:agg_port)"
+    if not network.get("use_tls", True):
+        try:
+            socket.create_connection((host, int(port)), timeout=3).close()
+        except OSError as exc:
+            return Check("aggregator", WARN, f"{where} cannot be reached now ({exc}); run the doctor again once the "
+                                             "operator has started the aggregator")
+        return Check("aggregator", OK, f"{where} answers (plain gRPC, no TLS)")
+    cert_dir = ws / "cert"
+    crt, key = cert_dir / "client" / f"col_{name}.crt", cert_dir / "client" / f"col_{name}.key"
+    client = network.get("require_client_auth", True) and crt.is_file() and key.is_file()
+    try:
+        unreachable = check_aggregator_certificate(host, int(port), cert_dir / "cert_chain.crt",
+                                                   certificate=crt if client else None,
+                                                   private_key=key if client else None)
+    except FedContrastError as exc:
+        return Check("aggregator", FAIL, str(exc))
+    if unreachable is not None and "does not resolve" in unreachable:
+        return Check("aggregator", FAIL, f"{where}: {unreachable}; check the host name with the operator "
+                                         "(and this machine's DNS or /etc/hosts)")
+    if unreachable is not None:
+        return Check("aggregator", WARN, f"{unreachable}; its certificate could not be checked: run the doctor "
+                                         "again once the operator has started the aggregator")
+    return Check("aggregator", OK, f"{where} presents a certificate for {host} signed by the federation's CA"
+                                   + (" and accepts this site's certificate" if client else ""))
+
+
+def _check_data(ws: Path, config: RunConfig, name: str, data: str | None) -> Check:
+    from .loader import SHARD_PREFIX, _shard_index
+
+    if data is None:
+        return Check("data", FAIL, f"plan/data.yaml has no line for {name}: add one ({name},PATH to its data), e.g. "
+                                   "with `fedcontrast site join`")
+    try:
+        if data.startswith(SHARD_PREFIX):
+            index = _shard_index(data, config.clients)
+            return Check("data", OK, f"{name} reads shard {index} of the plan's {config.dataset} partition")
+        if config.data_schema is None:
+            return Check("data", FAIL, f"this site reads its own folder {data}, but the plan has no data_schema to "
+                                       "check it against; ask the operator for a plan made with `fedcontrast "
+                                       "workspace create --input-shape C×H×W --classes ...`")
+        from ..data.schema import summarise_folder
+
+        folder = Path(data) if Path(data).is_absolute() else ws / data
+        s = summarise_folder(folder, config.data_schema)
+    except FedContrastError as exc:
+        return Check("data", FAIL, f"{exc} (plan/data.yaml: {name},{data})")
+    present = ", ".join(f"{c}={n}" for c, n in s.counts.items() if n)
+    absent = s.missing_classes()
+    return Check("data", OK, f"{s.folder} matches the plan's data schema ({s.total} images; training images per "
+                             f"class: {present}" + (f"; absent: {', '.join(absent)}" if absent else "") + ")")
+
+
+def _check_policy(ws: Path, config: RunConfig, plan: dict, data: str | None) -> Check:
+    from ..privacy.policy import site_policy_path
+    from .components import CollaboratorStopped
+    from .loader import enforce_site_policy
+
+    path = site_policy_path(ws)
+    if path is None:
+        return Check("policy", OK, "no site_policy.yaml in the workspace: this site sets no conditions on the plan")
+    loader = plan.get("data_loader", {}).get("settings") or {}
+    try:
+        enforce_site_policy(config, loader.get("network"), loader.get("model_shape"), data or "", cwd=ws)
+    except CollaboratorStopped as exc:
+        return Check("policy", FAIL, str(exc).removeprefix("fedcontrast collaborator: error: "))
+    return Check("policy", OK, f"{path} accepts the plan")

@@ -1,0 +1,241 @@
+"""What a site takes home from a federation, written in its own workspace; nothing here leaves it.
+
+Each collaborator keeps ``site_report/<name>/`` next to its state folder (``local_state/`` in a
+workspace made by ``fedcontrast workspace create``):
+
+* ``rounds.jsonl`` and ``rounds.csv``: one row per round ``r`` (0 … ``rounds``): what the site received
+  at the start of round ``r`` (the model after ``r`` training rounds) scored on its own held-out split
+  (``accuracy``; ``personal_accuracy`` where the plugin has a personal model), then what it did in
+  round ``r``: its training metrics, the bytes it received and sent, its ε for the round and spent so
+  far, against its policy's budget. The last row (the evaluation-only round) scores the final model.
+  Rows are keyed by round: a restarted collaborator updates its rows, it does not repeat them.
+* ``accuracy.png``: that accuracy per round;
+* the final round's model: ``final_model.pt`` (a torch ``state_dict`` of the run's model, where the
+  plugin sends weights: the distilled encoder for FLESD), ``final_received.pt`` (everything received
+  in the final round, e.g. FedPCL's prototypes), ``final_state.pt`` (the site's own state then, e.g.
+  FedPCL's personal head), ``config.yaml`` and ``final_model.json`` (what loads and scores them:
+  :func:`load_final_model`, :func:`score_final_model`).
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import io
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from ..algorithms import SiteContext, load_weights
+from ..algorithms.base import WEIGHT_PREFIX
+from ..atomic import atomic_torch_save, atomic_write_text
+from ..config import RunConfig
+from ..errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+REPORT_DIR = "site_report"  # beside the state folder: local_state/site_report/<name>/
+ROWS_FILE = "rounds.jsonl"
+CSV_FILE = "rounds.csv"
+PLOT_FILE = "accuracy.png"
+FINAL_MODEL = "final_model.pt"
+FINAL_RECEIVED = "final_received.pt"
+FINAL_STATE = "final_state.pt"
+FINAL_INFO = "final_model.json"
+CONFIG_FILE = "config.yaml"
+CSV_COLUMNS = ("round", "rounds", "held_out_samples", "accuracy", "personal_accuracy", "bytes_received", "bytes_sent",
+               "epsilon_round", "epsilon_spent", "epsilon_budget", "evaluation", "training")
+
+
+def read_rows(folder: str | Path) -> list[dict[str, Any]]:
+    """The rows of ``rounds.jsonl`` in ``folder``, in round order (empty when there are none)."""
+    path = Path(folder) / ROWS_FILE
+    if not path.exists():
+        return []
+    rows = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows[row["round"]] = row
+    return [rows[r] for r in sorted(rows)]
+
+
+def _number(value: Any) -> Any:
+    """A float JSON can hold (NaN and infinities become None)."""
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+class SiteReport:
+    """One collaborator's per-round table, updated by the task runner after each of its tasks."""
+
+    def __init__(self, folder: str | Path, site: str, rounds: int, budget: float | None) -> None:
+        self.folder = Path(folder)
+        self.site, self.rounds, self.budget = site, rounds, budget
+        self.rows = {row["round"]: row for row in read_rows(self.folder)}
+
+    def row(self, round_num: int) -> dict[str, Any]:
+        return self.rows.setdefault(round_num, {"round": round_num, "rounds": self.rounds})
+
+    def evaluated(self, round_num: int, metrics: dict[str, float], samples: int, received_bytes: int,
+                  sent_bytes: int) -> None:
+        """The ``evaluate`` task's result: what the site received at the start of ``round_num``."""
+        row = self.row(round_num)
+        row["evaluation"] = {k: _number(v) for k, v in sorted(metrics.items())}
+        row["accuracy"] = row["evaluation"].get("accuracy")
+        row["personal_accuracy"] = row["evaluation"].get("local_accuracy")
+        row["held_out_samples"] = samples
+        row["bytes_received"] = received_bytes  # one downlink per round, whichever task fetched it
+        row.setdefault("bytes_sent_by_task", {})["evaluate"] = sent_bytes
+        self._write()
+
+    def trained(self, round_num: int, task: str, metrics: dict[str, float], received_bytes: int, sent_bytes: int,
+                epsilon: dict[str, float]) -> None:
+        """A plugin task's result (a redone task replaces its first attempt's figures)."""
+        row = self.row(round_num)
+        row.setdefault("training", {}).update({f"{task}_{k}": _number(v) for k, v in sorted(metrics.items())})
+        row["bytes_received"] = received_bytes
+        row.setdefault("bytes_sent_by_task", {})[task] = sent_bytes
+        if epsilon:  # cumulative after this task: the round's last task has the round's figures
+            row["epsilon_round"] = _number(epsilon.get("dp_epsilon_round", 0.0))
+            row["epsilon_spent"] = _number(epsilon.get("dp_epsilon", 0.0))
+        self._write()
+
+    def finish(self, round_num: int) -> None:
+        """The round's row is complete: the plot, and one line in the collaborator's log."""
+        row = self.row(round_num)
+        curves = {"what it received": [self.rows.get(r, {}).get("accuracy") for r in range(1, self.rounds + 1)]}
+        if any(r.get("personal_accuracy") is not None for r in self.rows.values()):
+            curves["its personal model"] = [self.rows.get(r, {}).get("personal_accuracy")
+                                            for r in range(1, self.rounds + 1)]
+        if any(c is not None for curve in curves.values() for c in curve):
+            from ..sim.outputs import plot_curves
+
+            plot_curves(self.folder / PLOT_FILE, curves, title=f"{self.site}: accuracy on its own held-out data",
+                        ylabel="held-out accuracy at this site")
+        logger.info("%s", format_row(row, self.site))
+
+    def _write(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        rows = [self.rows[r] for r in sorted(self.rows)]
+        for row in rows:
+            row["bytes_sent"] = sum(row.get("bytes_sent_by_task", {}).values())
+            row["epsilon_budget"] = self.budget
+        atomic_write_text(self.folder / ROWS_FILE, "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, "evaluation": json.dumps(row.get("evaluation", {}), separators=(",", ":")),
+                             "training": json.dumps(row.get("training", {}), separators=(",", ":"))})
+        atomic_write_text(self.folder / CSV_FILE, text.getvalue())
+
+
+def format_row(row: dict[str, Any], site: str) -> str:
+    """One line: ``hosp1, round 2/2 (final model): held-out accuracy 0.8123 …``."""
+    label = "final model" if row["round"] >= row["rounds"] else f"model after {row['round']} training round(s)"
+    parts = []
+    if row.get("accuracy") is not None:
+        personal = row.get("personal_accuracy")
+        parts.append(f"held-out accuracy {row['accuracy']:.4f}" + (f" (personal model {personal:.4f})"
+                                                                      if personal is not None else ""))
+    parts.append(f"received {row.get('bytes_received', 0) / 1e6:.3g} MB, sent {row.get('bytes_sent', 0) / 1e6:.3g} MB")
+    if row.get("epsilon_spent") is not None:
+        budget = row.get("epsilon_budget")
+        parts.append(f"ε {row['epsilon_round']:.4g} this round, {row['epsilon_spent']:.4g} spent"
+                     + (f" of the policy's {budget:g}" if budget is not None else ""))
+    return f"{site}, round {row['round']}/{row['rounds']} ({label}): {'; '.join(parts)}"
+
+
+def write_final_model(folder: str | Path, *, site: SiteContext, config: RunConfig, shape: dict[str, int],
+                      model: torch.nn.Module, received: dict[str, torch.Tensor], metrics: dict[str, float]) -> None:
+    """The final round's model at the site, and what loads and scores it. ``model`` already holds
+    the received weights (when the plugin sends any)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"received": FINAL_RECEIVED, "state": FINAL_STATE, "config": CONFIG_FILE}
+    if any(name.startswith(WEIGHT_PREFIX) for name in received):
+        atomic_torch_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, folder / FINAL_MODEL)
+        files["model"] = FINAL_MODEL
+    atomic_torch_save({k: v.detach().cpu() for k, v in received.items()}, folder / FINAL_RECEIVED)
+    atomic_torch_save(_to_cpu(site.state), folder / FINAL_STATE)
+    atomic_write_text(folder / CONFIG_FILE, yaml.safe_dump(config.to_dict(), sort_keys=False))
+    info = {"site": site.name, "round": site.round_num, "algorithm": config.algorithm, "model": config.model,
+            "model_shape": dict(shape), "index": site.index, "seed": site.seed, "files": files,
+            "evaluation": {k: _number(v) for k, v in sorted(metrics.items())}}
+    atomic_write_text(folder / FINAL_INFO, json.dumps(info, indent=2) + "\n")
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def _load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist (a site writes it in the federation's final round)") from None
+    except Exception as exc:
+        raise CheckpointError(f"{path} cannot be read ({type(exc).__name__}); it is not a final model a site wrote") from None
+
+
+def load_final_model(folder: str | Path) -> tuple[torch.nn.Module, RunConfig, dict[str, Any]]:
+    """The run's model with the final weights loaded (the initial model where the plugin sends none,
+    e.g. FedPCL), its run configuration and ``final_model.json``."""
+    from ..construction import initial_model
+
+    folder = Path(folder)
+    info_path = folder / FINAL_INFO
+    if not info_path.is_file():
+        raise CheckpointError(f"{info_path} does not exist: no final round has reached this site yet")
+    info = json.loads(info_path.read_text())
+    config = RunConfig.from_dict(yaml.safe_load((folder / info["files"]["config"]).read_text()))
+    model = initial_model(config, **info["model_shape"])
+    if "model" in info["files"]:
+        model.load_state_dict(_load(folder / info["files"]["model"]))
+    return model, config, info
+
+
+def score_final_model(folder: str | Path, train: Any, test: Any, *, public: Any = None,
+                      device: str | torch.device = "cpu") -> dict[str, float]:
+    """Score the final model in ``folder`` as the site did in its final round (the plugin's
+    ``evaluate_at_site`` with the same state and seed): ``train`` and ``test`` are the site's own
+    splits (FLESD's probe trains on ``train``), ``public`` the plan's public set when it has one."""
+    from ..construction import attach_public, build_algorithm
+
+    folder = Path(folder)
+    model, config, info = load_final_model(folder)
+    algorithm = build_algorithm(config)
+    attach_public(algorithm, public)
+    device = torch.device(device)
+    site = SiteContext(name=info["site"], data=train, model=model.to(device), training=config.training,
+                       round_num=info["round"], seed=info["seed"], device=device,
+                       state=_load(folder / info["files"]["state"]), public=public, index=info["index"])
+    received = {k: v.to(device) for k, v in _load(folder / info["files"]["received"]).items()}
+    return algorithm.evaluate_at_site(site, received, test)
+
+
+def snapshot(model: torch.nn.Module, received: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A copy of ``model`` holding the received weights: what the final evaluation scores (a plugin's
+    evaluation may load other weights into the shared model afterwards, e.g. FedSiam's local model)."""
+    final = copy.deepcopy(model)
+    load_weights(final, received)
+    return final
+
+
+def site_report_folders(workspace: str | Path) -> list[Path]:
+    """The site reports in a workspace made by ``fedcontrast workspace create`` (one per collaborator
+    that ran there)."""
+    root = Path(workspace) / "local_state" / REPORT_DIR
+    return sorted(p.parent for p in root.glob(f"*/{ROWS_FILE}"))
