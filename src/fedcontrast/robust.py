@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import logging
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -34,12 +33,10 @@ from typing import Any
 import torch
 
 from .aggregation import UploadError, weighted_average
+from .algorithms.base import WEIGHT_PREFIX, InvalidUploadError
+from .config import ROBUST_RULES
 from .errors import FedContrastError
 
-logger = logging.getLogger(__name__)
-
-WEIGHT_PREFIX = "model."
-ROBUST_RULES = ("mean", "median", "trimmed_mean")
 COUNT_NOISE_ALLOWANCE = 6.0  # standard deviations of a noised count's noise allowed above the declared bound
 
 
@@ -227,8 +224,6 @@ class UploadScreen:
     def check(self, site: str, upload: Mapping[str, torch.Tensor], weight: Any, round_num: int,
               reference: Mapping[str, torch.Tensor] | None) -> str:
         """Every check of one site's (already shape-validated) upload; returns its digest."""
-        from .algorithms import InvalidUploadError
-
         self.check_weight(site, weight)
         try:
             self.algorithm.check_upload(site, upload, float(weight))

@@ -16,7 +16,7 @@ import yaml
 
 from fedcontrast.algorithms import registry
 from fedcontrast.config import RunConfig
-from fedcontrast.openfl.launch import initialize_plan
+from fedcontrast.openfl.launch import failure_reason, initialize_plan, start, stop_all
 from fedcontrast.openfl.pki import fx_executable, make_dev_pki
 from fedcontrast.openfl.plan import create_workspace
 
@@ -66,6 +66,16 @@ def workspace_factory(root: Path, pki: dict):
         return ws
 
     return make
+
+
+def run_collaborator(ws, name, timeout=150):
+    """``fx collaborator start -n NAME`` in ``ws`` until it exits: its exit code and the reason its log gives."""
+    proc = start(ws, ["collaborator", "start", "-n", name], f"{name}.log")
+    try:
+        code = proc.wait(timeout=timeout)
+    finally:
+        stop_all({name: proc})
+    return code, failure_reason(ws / "logs" / f"{name}.log")
 
 
 @pytest.fixture

@@ -11,14 +11,13 @@ from fedcontrast.cli import main
 from fedcontrast.config import RunConfig
 from fedcontrast.errors import ConfigError
 from fedcontrast.openfl.components import CollaboratorStopped, check_aggregator_plan, check_settings_in_effect
-from fedcontrast.openfl.launch import failure_reason, start, stop_all
 from fedcontrast.openfl.loader import SiteDataLoader
 from fedcontrast.openfl.plan import (build_plan, check_plan_consistency, create_workspace, dump_yaml, fx_plan_path,
                                      load_plan_file)
 from fedcontrast.openfl.runner import PluginTaskRunner
 from fedcontrast.privacy.policy import POLICY_ENV
 
-from .conftest import small_config
+from .conftest import run_collaborator, small_config
 
 FX_COLLABORATOR = ["/venv/bin/fx", "collaborator", "start", "-n", "site_0"]
 
@@ -183,12 +182,7 @@ def test_audit_refuses_a_split_plan_in_one_sentence(tmp_path, capsys):
 def test_fx_collaborator_start_refuses_a_split_plan_before_reading_data(tmp_path, monkeypatch):
     monkeypatch.delenv(POLICY_ENV, raising=False)
     ws, _ = write_workspace_plan(tmp_path, split_privacy)
-    proc = start(ws, ["collaborator", "start", "-n", "site_0"], "site_0.log")
-    try:
-        code = proc.wait(timeout=120)
-    finally:
-        stop_all({"site_0": proc})
-    reason = failure_reason(ws / "logs" / "site_0.log")
+    code, reason = run_collaborator(ws, "site_0", timeout=120)
     assert code != 0
     assert "data_loader.settings.run_config differs from task_runner.settings.run_config in: privacy" in reason
     assert not os.path.exists(ws / "local_state" / "sites")  # no task ran

@@ -10,18 +10,9 @@ import pytest
 import torch
 import yaml
 
-from fedcontrast.openfl.launch import FederationFailed, failure_reason, read_rounds, run_federation, start, stop_all
+from fedcontrast.openfl.launch import FederationFailed, read_rounds, run_federation, start, stop_all
 
-from .conftest import FEDERATION_TIMEOUT, small_config, workspace_factory
-
-
-def run_collaborator(ws, name, timeout=150):
-    proc = start(ws, ["collaborator", "start", "-n", name], f"{name}.log")
-    try:
-        code = proc.wait(timeout=timeout)
-    finally:
-        stop_all({name: proc})
-    return code, failure_reason(ws / "logs" / f"{name}.log")
+from .conftest import FEDERATION_TIMEOUT, run_collaborator, small_config, workspace_factory
 
 
 def wait_for_port(port, proc, deadline=90):

@@ -3,9 +3,10 @@
 import os
 
 from fedcontrast.config import RunConfig
-from fedcontrast.openfl.launch import failure_reason, start, stop_all
 from fedcontrast.openfl.plan import create_workspace
 from fedcontrast.privacy.policy import POLICY_ENV, POLICY_FILE
+
+from .conftest import run_collaborator
 
 
 def test_fx_collaborator_start_refuses_a_plan_over_the_sites_epsilon_budget(tmp_path, monkeypatch):
@@ -16,12 +17,7 @@ def test_fx_collaborator_start_refuses_a_plan_over_the_sites_epsilon_budget(tmp_
     # A folder that does not exist: had the collaborator read its data first, it would fail on that instead.
     (ws / "plan" / "data.yaml").write_text(f"site_0,{tmp_path / 'private-images'}\n")
     (ws / POLICY_FILE).write_text("max_epsilon: 5.0\nrequire_tls: true\nsite_samples: 400\n")
-    proc = start(ws, ["collaborator", "start", "-n", "site_0"], "site_0.log")
-    try:
-        code = proc.wait(timeout=120)
-    finally:
-        stop_all({"site_0": proc})
-    reason = failure_reason(ws / "logs" / "site_0.log")
+    code, reason = run_collaborator(ws, "site_0", timeout=120)
     assert code != 0
     assert f"this site's policy {POLICY_FILE} refuses the plan before any data is read" in reason
     assert "over the policy's max_epsilon 5" in reason

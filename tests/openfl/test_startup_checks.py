@@ -144,14 +144,10 @@ def test_the_aggregator_built_by_openfl_refuses_a_stale_init_pbuf_then_a_corrupt
 
 
 def test_a_collaborator_without_a_data_line_is_told_how_to_add_one(tmp_path):
-    from fedcontrast.openfl.launch import failure_reason, start, stop_all
+    from .conftest import run_collaborator
 
     ws = create_workspace(tmp_path / "ws", small_config(algorithm="fedavg"), max_retries=1)
-    proc = start(ws, ["collaborator", "start", "-n", "site_2"], "site_2.log")  # data.yaml: site_0 and site_1 only
-    try:
-        code = proc.wait(timeout=120)
-    finally:
-        stop_all({"site_2": proc})
+    code, reason = run_collaborator(ws, "site_2", timeout=120)  # data.yaml: site_0 and site_1 only
     assert code != 0
-    assert failure_reason(ws / "logs" / "site_2.log") == ("plan/data.yaml has no line for collaborator site_2: add one "
-                                                         "(site_2,PATH to its data), e.g. with `fedcontrast site join`")
+    assert reason == ("plan/data.yaml has no line for collaborator site_2: add one "
+                      "(site_2,PATH to its data), e.g. with `fedcontrast site join`")

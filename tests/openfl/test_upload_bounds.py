@@ -70,15 +70,21 @@ class FakeAggregator:
         self.failures.append(reason)
 
 
-@pytest.fixture
-def server():
-    """An aggregator gRPC server (no TLS) in this process, made by OpenFL's own functions."""
+def serve(fake):
+    """An aggregator gRPC server (no TLS) in this process for ``fake``, made by OpenFL's own functions
+    (as patched by fedcontrast); returns ``(server, port)``, started."""
     port = free_port()
-    fake = FakeAggregator(3 * MiB)
     servicer = AggregatorGRPCServer(aggregator=fake, agg_port=port, use_tls=False, require_client_auth=False)
     grpc_server = components.grpc_server.create_grpc_server(servicer.uri, False, None, None, None, False)
     aggregator_pb2_grpc.add_AggregatorServicer_to_server(servicer, grpc_server)
     grpc_server.start()
+    return grpc_server, port
+
+
+@pytest.fixture
+def server():
+    fake = FakeAggregator(3 * MiB)
+    grpc_server, port = serve(fake)
     channel = grpc.insecure_channel(f"localhost:{port}")
     yield fake, aggregator_pb2_grpc.AggregatorStub(channel)
     channel.close()
@@ -110,12 +116,8 @@ def test_an_oversized_upload_is_refused_while_it_streams_in(server):
 
 def test_a_single_message_over_the_bound_is_refused_by_grpc(monkeypatch):
     monkeypatch.setattr(components, "MAX_MESSAGE_BYTES", MiB)
-    port = free_port()
     fake = FakeAggregator(100 * MiB)
-    servicer = AggregatorGRPCServer(aggregator=fake, agg_port=port, use_tls=False, require_client_auth=False)
-    bounded = components.grpc_server.create_grpc_server(servicer.uri, False, None, None, None, False)
-    aggregator_pb2_grpc.add_AggregatorServicer_to_server(servicer, bounded)
-    bounded.start()
+    bounded, port = serve(fake)
     try:
         with grpc.insecure_channel(f"localhost:{port}") as channel:
             with pytest.raises(grpc.RpcError) as info:

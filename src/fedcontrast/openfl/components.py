@@ -292,7 +292,7 @@ class SafeAggregator(Aggregator):
             if kwargs.get("persist_checkpoint", True):
                 check_tensor_db(kwargs.get("persistent_db_path") or "tensor.db")
             # Every upload is bounded by the plugin's declaration before it is taken in (see _bounded_stream).
-            self.max_upload_bytes = upload_limit(config, model_shape or {})
+            self.max_upload_bytes = upload_limit(config, model_shape or {}, kwargs.get("assigner"))
         except FedContrastError as exc:
             print(f"fedcontrast aggregator: error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
@@ -549,9 +549,15 @@ def check_tensor_db(path: str | Path) -> None:
                           "the federation afresh (its rounds are lost), or put back a good copy to resume")
 
 
-def upload_limit(config: RunConfig, model_shape: dict[str, int]) -> int:
+def upload_limit(config: RunConfig, model_shape: dict[str, int], assigner: Any = None) -> int:
     """The most bytes one upload call may carry: the plugin's declared upload, packed, plus
-    :data:`UPLOAD_MARGIN` for the message around it."""
+    :data:`UPLOAD_MARGIN` for the message around it. The declaration is read from the plan's
+    aggregation functions when OpenFL has built them (``assigner.tasks``: no second build of the
+    plugin, no second read of the public set), else built here."""
+    for task in (getattr(assigner, "tasks", None) or {}).values():
+        function = task.get("aggregation_type") if isinstance(task, dict) else None
+        if isinstance(function, aggregation.PluginAggregation):
+            return packed_size(function.specs) * 4 + UPLOAD_MARGIN
     algorithm = build_algorithm(config)
     if algorithm.requires_public:  # e.g. FLESD: the upload's shape depends on the public set
         attach_public(algorithm, load_public(config))
