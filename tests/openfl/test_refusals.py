@@ -1,6 +1,7 @@
 """Bad parties and bad input in a real federation: each is refused with one clear sentence and a
 non-zero exit, and nothing already written is damaged."""
 
+import re
 import shutil
 import socket
 import time
@@ -73,15 +74,62 @@ def test_missing_client_certificate_is_named(aggregator, tmp_path):
     assert "certificate or key file is missing" in reason and "col_site_1" in reason
 
 
-def test_tls_client_without_certificate_is_refused_by_the_aggregator(aggregator):
+def aggregator_says(aggregator, words, timeout=20.0):
+    """The aggregator's log once it contains ``words`` (its sentences are logged asynchronously)."""
+    log = aggregator["ws"] / "logs" / "aggregator.log"
+    end = time.monotonic() + timeout
+    while True:  # rich wraps its lines and puts the source file:line at the end of the first
+        text = " ".join(re.sub(r"\s\S+\.py:\d+\s", " ", log.read_text(errors="replace")).split())
+        if " ".join(words.split()) in text or time.monotonic() > end:
+            return text
+
+
+def get_tasks(channel):
     from openfl.protocols import aggregator_pb2, aggregator_pb2_grpc
 
-    root = (aggregator["ws"] / "cert" / "cert_chain.crt").read_bytes()
-    channel = grpc.secure_channel(f"localhost:{aggregator['port']}", grpc.ssl_channel_credentials(root_certificates=root))
     with pytest.raises(grpc.RpcError) as info:
         aggregator_pb2_grpc.AggregatorStub(channel).GetTasks(aggregator_pb2.GetTasksRequest(), timeout=15)
-    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     channel.close()
+    return info.value.code()
+
+
+def test_tls_client_without_certificate_is_refused_by_the_aggregator(aggregator):
+    root = (aggregator["ws"] / "cert" / "cert_chain.crt").read_bytes()
+    channel = grpc.secure_channel(f"127.0.0.1:{aggregator['port']}", grpc.ssl_channel_credentials(root_certificates=root),
+                                  options=[("grpc.ssl_target_name_override", "localhost")])
+    assert get_tasks(channel) == grpc.StatusCode.UNAVAILABLE
+    # and the aggregator says so, in one sentence naming where it came from
+    words = "refused a TLS connection from 127.0.0.1 (port"
+    log = aggregator_says(aggregator, "it presented no certificate (its plan or client does not use mutual TLS")
+    assert words in log and "it presented no certificate" in log.split(words, 1)[1]
+
+
+def test_a_certificate_from_another_ca_is_named_by_the_aggregator_too(aggregator):
+    """A client that does not check its own certificate first (not fedcontrast's collaborator, which
+    stops before connecting) reaches the handshake: the aggregator names the cause, not gRPC's code."""
+    other = aggregator["pki"]["other_ca_client"]
+    credentials = grpc.ssl_channel_credentials((aggregator["ws"] / "cert" / "cert_chain.crt").read_bytes(),
+                                               (other / "col_site_1.key").read_bytes(),
+                                               (other / "col_site_1.crt").read_bytes())
+    assert get_tasks(grpc.secure_channel(f"localhost:{aggregator['port']}", credentials)) == grpc.StatusCode.UNAVAILABLE
+    # Both CAs were made by `fx workspace certify`, which gives every CA the same name: gRPC's TLS library
+    # reports a bad signature (BLOCK_TYPE_IS_NOT_01 for RSA), not an unknown issuer.
+    words = "but that CA's signature does not verify: another CA of the same name signed it"
+    log = aggregator_says(aggregator, words)
+    assert "the certificate it presented names the federation's CA (cert/cert_chain.crt) as its issuer, " + words in log
+
+
+def test_a_plain_text_client_is_named_by_the_aggregator(aggregator):
+    assert get_tasks(grpc.insecure_channel(f"localhost:{aggregator['port']}")) == grpc.StatusCode.UNAVAILABLE
+    assert "it does not speak TLS (its plan has network.settings.use_tls: false" in aggregator_says(
+        aggregator, "it does not speak TLS")
+
+
+def test_the_aggregator_log_holds_no_raw_handshake_errors(aggregator):
+    # after the refusals above (file order): gRPC's own lines were replaced by the sentences
+    log = aggregator_says(aggregator, "it does not speak TLS")
+    assert "Handshake failed with fatal error" not in log and "handshake_manager" not in log
+    assert "refused a TLS connection" in log
 
 
 def test_plan_that_differs_from_the_aggregators_is_refused(aggregator, tmp_path):

@@ -22,9 +22,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from fedcontrast.errors import ConfigError
-from fedcontrast.openfl.components import (BoundedRetry, CollaboratorStopped, SafeCollaborator, check_aggregator_plan,
-                                           diagnose_handshake)
-from fedcontrast.openfl.pki import check_aggregator_certificate, check_own_certificate, fx_executable
+from fedcontrast.openfl.components import (BoundedRetry, CollaboratorStopped, SafeAggregator, SafeCollaborator,
+                                           check_aggregator_plan, diagnose_handshake)
+from fedcontrast.openfl.pki import (check_aggregator_certificate, check_enrolled_certificates, check_own_certificate,
+                                    fx_executable)
 from fedcontrast.openfl.plan import build_plan, create_workspace
 
 from .conftest import small_config
@@ -281,3 +282,53 @@ def test_fx_collaborator_facing_an_aggregator_certificate_from_another_ca_stops_
     assert reason.startswith(f"the aggregator at localhost:{port} presents a certificate (CN=localhost) issued by "
                              "CN=other ca, not by the federation's CA in ")
     assert "retry" not in (ws / "logs" / "site_0.log").read_text()  # ended at the first failed handshake
+
+
+def test_an_aggregator_certificate_from_another_ca_is_refused_at_start(tmp_path, cas):
+    ws, config, settings = aggregator_workspace(tmp_path, cas)
+    write(ws / "cert" / "server", "agg_localhost", *issue(cas["other"], "localhost"))
+    with pytest.raises(ConfigError, match=r"agg_localhost.crt \(CN=localhost\) is issued by CN=other ca, not by the "
+                                          r"federation's CA in .*cert_chain.crt \(CN=federation ca\)"):
+        check_aggregator_plan(config, settings, argv=["fx", "aggregator", "start"], cwd=ws)
+
+
+def test_certificates_signed_here_for_the_sites_are_checked_at_start(tmp_path, cas):
+    cert = tmp_path / "cert"
+    write(cert, "cert_chain", None, cas["federation"][1])
+    client = cert / "client"
+    write(client, "col_site_0", *issue(cas["federation"], "site_0"))  # good
+    expired = issue(cas["federation"], "site_1", days=(-30, -2))[1]
+    write(client, "col_site_1", None, expired)
+    write(client, "col_site_2", *issue(cas["other"], "site_2"))
+    soon = issue(cas["federation"], "site_3", days=(-1, 2))[1]
+    write(client, "col_site_3", None, soon)
+    write(client, "col_site_4", *issue(cas["federation"], "somebody"))
+    (client / "col_site_5.crt").write_text("not a certificate")
+    problems = check_enrolled_certificates(cert, [f"site_{i}" for i in range(7)])  # site_6: signed elsewhere
+    assert problems == [
+        f"site_1's certificate {client / 'col_site_1.crt'} (CN=site_1) expired on "
+        f"{expired.not_valid_after_utc:%Y-%m-%d %H:%M} UTC",
+        f"site_2's certificate {client / 'col_site_2.crt'} (CN=site_2) is issued by CN=other ca, not by the "
+        f"federation's CA in {cert / 'cert_chain.crt'}",
+        f"site_3's certificate {client / 'col_site_3.crt'} (CN=site_3) expires on "
+        f"{soon.not_valid_after_utc:%Y-%m-%d %H:%M} UTC",
+        f"site_4's certificate {client / 'col_site_4.crt'} (CN=somebody) is issued for somebody, not for site_4",
+        f"site_5's certificate {client / 'col_site_5.crt'} is not a PEM certificate",
+    ]
+
+
+def test_the_aggregator_names_the_sites_it_is_still_waiting_for(monkeypatch, caplog):
+    import fedcontrast.openfl.components as components
+
+    aggregator = SafeAggregator.__new__(SafeAggregator)
+    aggregator.authorized_cols, aggregator.seen = ["hosp1", "hosp2", "hosp3"], {"hosp2"}
+    aggregator.tls_log = SimpleNamespace(refused=4)
+    aggregator.started, aggregator.waiting_noted = time.monotonic() - 125, time.monotonic()
+    with caplog.at_level("INFO", logger=components.logger.name):
+        aggregator._note_waiting()
+        assert caplog.messages == []  # not yet: once a minute
+        monkeypatch.setattr(components, "WAITING_NOTICE_S", 0.0)
+        aggregator._note_waiting()
+    [message] = caplog.messages
+    assert message.startswith("waiting for hosp1, hosp3: not connected in the 12")
+    assert message.endswith("s since the aggregator started (4 TLS connection(s) refused meanwhile: see above)")

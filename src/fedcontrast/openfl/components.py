@@ -46,7 +46,9 @@ from ..evaluation import local_model_accuracy
 from ..sim.outputs import write_json
 from . import aggregation
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, packed_size, unpack
-from .pki import check_aggregator_certificate, check_certificate_dates, check_own_certificate, check_server_files
+from .pki import (check_aggregator_certificate, check_certificate_dates, check_enrolled_certificates, check_own_certificate,
+                  check_server_files)
+from .tls_log import HandshakeLog, StderrTap, enable_handshake_trace
 from .plan import DEFAULT_ROUND_TIMEOUT, EVALUATE_TASK, fx_plan_path, load_plan_file
 from .runner import EVAL_SAMPLES, PERSONAL_TAG, WEIGHT_METRIC
 
@@ -54,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 FAILURE_SLEEP_CODE = 97  # sent in GetTasksResponse.sleep_time with quit: "the federation failed"
 FAILURE_EXIT_CODE = 3
+WAITING_NOTICE_S = 60.0  # how often the aggregator names the sites that have not connected yet
 FAILURE_METRIC = "fedcontrast_task_failed"  # a collaborator's last word: its task failed (reason: its own log)
 ROUNDS_FILE = "rounds.jsonl"
 PENDING_FILE = "round_pending.json"  # the next record's training half, kept across an aggregator restart
@@ -279,8 +282,8 @@ class SafeAggregator(Aggregator):
         self.absent: set[str] = set()  # sites that did not answer in the last round that ended
         try:
             config = RunConfig.from_dict(run_config or {})
-            check_aggregator_plan(config, {"run_config": run_config, "model_shape": model_shape,
-                                           "rounds_to_train": rounds_to_train})
+            cert_dir = check_aggregator_plan(config, {"run_config": run_config, "model_shape": model_shape,
+                                                      "rounds_to_train": rounds_to_train})
             _check_collaborators(config, kwargs.get("authorized_cols") or [], min_sites)
             if config.public_data is not None:  # every party holds exactly the plan's public files
                 from ..data.schema import verify_public_folder
@@ -314,11 +317,26 @@ class SafeAggregator(Aggregator):
                   "away to start the federation afresh", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
         self._serve_personal_downlinks(config, model_shape or {}, report_dir)
+        self.tls_log = None if cert_dir is None else self._explain_refused_connections(cert_dir)
+        self.started, self.seen, self.waiting_noted = time.monotonic(), set(), time.monotonic()
         # A round's clock starts when its first task is handed out (or, if no site ever asks, at start-up):
         # the sites' own start-up time does not count against round 0.
         self.round_started, self.round_open = time.monotonic(), False
         if self.round_timeout is not None:
             threading.Thread(target=self._watchdog, name="fedcontrast-round-timeout", daemon=True).start()
+
+    def _explain_refused_connections(self, cert_dir: Path) -> HandshakeLog:
+        """Under ``fx aggregator start`` with TLS: name the certificates signed here that sites cannot
+        use, and turn gRPC's handshake failures into one sentence each (:mod:`.tls_log`)."""
+        problems = check_enrolled_certificates(cert_dir, list(self.authorized_cols))
+        for problem in problems:
+            logger.warning("%s: sign that site a new certificate (`fedcontrast ca sign`); until then its connections "
+                           "are (or will be) refused", problem)
+        unusable = [p for p in problems if " expires on " not in p]
+        quiet = enable_handshake_trace()
+        log = HandshakeLog(chain=str(cert_dir / "cert_chain.crt"), quiet_info=quiet, enrolled_problems=unusable)
+        StderrTap(log).start()
+        return log
 
     def _serve_personal_downlinks(self, config: RunConfig, shape: dict[str, int], report_dir: str) -> None:
         """Put this round's per-site tensors into the tensor DB: round 0's from the plugin's initial
@@ -398,6 +416,7 @@ class SafeAggregator(Aggregator):
             with self.lock:
                 if self.failure is not None or self._time_to_quit():
                     return
+                self._note_waiting()
                 if time.monotonic() - self.round_started <= self.round_timeout:
                     continue
                 done = [c for c in self.authorized_cols if c in self.collaborators_done]
@@ -413,6 +432,20 @@ class SafeAggregator(Aggregator):
                     self.absent = set(missing)
                     self._fail(f"{label} did not complete within {self.round_timeout:.0f} s (the plan's "
                                f"round_timeout): no answer from {', '.join(missing)}")
+
+    def _note_waiting(self) -> None:
+        """Every :data:`WAITING_NOTICE_S` seconds, name the sites that have not connected yet (and how
+        many TLS connections were refused meanwhile)."""
+        now = time.monotonic()
+        if now - self.waiting_noted < WAITING_NOTICE_S:
+            return
+        self.waiting_noted = now
+        absent = [c for c in self.authorized_cols if c not in self.seen]
+        if absent:
+            refused = getattr(self.tls_log, "refused", 0)
+            logger.info("waiting for %s: not connected in the %.0f s since the aggregator started%s", ", ".join(absent),
+                        now - self.started, f" ({refused} TLS connection(s) refused meanwhile: see above)"
+                        if refused else "")
 
     def refuse_upload(self, sender: str, received: int) -> str:
         """An upload over :attr:`max_upload_bytes`, refused while it streams in (nothing of it is
@@ -434,6 +467,7 @@ class SafeAggregator(Aggregator):
             self.report.write_record(pending)  # with whatever evaluations of it arrived
 
     def get_tasks(self, collaborator_name):
+        self.seen.add(collaborator_name)
         tasks, round_number, sleep_time, time_to_quit = super().get_tasks(collaborator_name)
         if time_to_quit and self.failure is not None:
             sleep_time = FAILURE_SLEEP_CODE
@@ -482,18 +516,19 @@ def _check_collaborators(config: RunConfig, authorized: list[str], min_sites: in
 
 
 def check_aggregator_plan(config: RunConfig, settings: dict[str, Any], argv: list[str] | None = None,
-                          cwd: str | Path = ".") -> None:
+                          cwd: str | Path = ".") -> Path | None:
     """The aggregator runs the rounds its plan's sites agreed to: ``rounds_to_train`` is the run
     configuration's ``rounds``; under ``fx aggregator start`` the plan file gives every component the
     same settings (:func:`~.plan.check_plan_consistency`), these are its ``aggregator.settings``, and
-    the aggregator's own certificate and the CA chain are within their validity dates."""
+    the aggregator's own certificate and the CA chain are within their validity dates. The
+    certificate folder when the plan serves with TLS under ``fx``, else None."""
     if settings["rounds_to_train"] != config.rounds:
         raise ConfigError(f"the plan's aggregator.settings.rounds_to_train ({settings['rounds_to_train']}) differs "
                           f"from the run configuration's rounds ({config.rounds}), for which the sites' privacy "
                           "budget is planned; regenerate the plan with `fedcontrast workspace create`")
     path = fx_plan_path("aggregator", argv, cwd)
     if path is None:
-        return
+        return None
     plan = load_plan_file(path)
     ours = plan["aggregator"].get("settings") or {}
     differ = [key for key, value in settings.items() if ours.get(key) != value]
@@ -509,6 +544,8 @@ def check_aggregator_plan(config: RunConfig, settings: dict[str, Any], argv: lis
             address = getfqdn_env()
         # the certificate and key `fx aggregator start` will look up for agg_addr: present, in date, fitting
         check_server_files(Path(cwd) / "cert", str(address))
+        return Path(cwd) / "cert"
+    return None
 
 
 def check_initial_model(path: str | Path, global_specs: list) -> None:

@@ -181,12 +181,48 @@ def check_server_files(cert_dir: str | Path, address: str, *, now: dt.datetime |
                           + (f" or set network.settings.agg_addr to {found[0].removeprefix('agg_')} in the plan"
                              if found else ""))
     check_certificate_dates([cert_dir / "cert_chain.crt"], now=now)
-    check_own_certificate(crt, key, None, now=now)
+    # signed by the CA the sites trust (the same cert_chain.crt the aggregator checks the sites' certificates with)
+    check_own_certificate(crt, key, cert_dir / "cert_chain.crt", now=now)
     names = certificate_names(_certificates(crt)[0])
     if not _names_host(names, address):
         raise ConfigError(f"the aggregator's certificate {crt} is issued for {', '.join(names) or 'no name'}, not for "
                           f"{address}, the plan's agg_addr: the sites would refuse it; make it again for {address} "
                           f"(`fedcontrast ca init --fqdn {address}`)")
+
+
+def check_enrolled_certificates(cert_dir: str | Path, sites: list[str], *, now: dt.datetime | None = None,
+                               soon: dt.timedelta = dt.timedelta(days=7)) -> list[str]:
+    """The certificates this aggregator's CA signed for the plan's sites (``cert/client/col_NAME.crt``,
+    written by ``fedcontrast ca sign``), as the aggregator will judge them: one sentence for each
+    that is expired, not yet valid, expiring within ``soon``, issued by another CA than
+    ``cert_chain.crt`` or for another name. Sites signed elsewhere have no file here: nothing to say."""
+    cert_dir = Path(cert_dir)
+    now = now or dt.datetime.now(dt.timezone.utc)
+    chain = cert_dir / "cert_chain.crt"
+    authorities = _certificates(chain) if chain.is_file() else []
+    problems = []
+    for site in sites:
+        path = cert_dir / "client" / f"col_{site}.crt"
+        if not path.is_file():
+            continue
+        try:
+            cert = _certificates(path)[0]
+        except (ConfigError, IndexError):
+            problems.append(f"{site}'s certificate {path} is not a PEM certificate")
+            continue
+        said = f"{site}'s certificate {path} ({subject(cert)})"
+        if cert.not_valid_after_utc < now:
+            problems.append(f"{said} expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+        elif cert.not_valid_before_utc > now:
+            problems.append(f"{said} is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC")
+        elif cert.not_valid_after_utc < now + soon:
+            problems.append(f"{said} expires on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+        if authorities and not signed_by(cert, authorities):
+            problems.append(f"{said} is issued by {cert.issuer.rfc4514_string()}, not by the federation's CA in {chain}")
+        names = certificate_names(cert)
+        if site.lower() not in names:
+            problems.append(f"{said} is issued for {', '.join(names) or 'no name'}, not for {site}")
+    return problems
 
 
 def check_aggregator_certificate(host: str, port: int, chain: str | Path, *, certificate: str | Path | None = None,

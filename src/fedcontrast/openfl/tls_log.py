@@ -1,0 +1,255 @@
+"""The aggregator's account of the TLS connections it refuses.
+
+gRPC's TLS library refuses a site's handshake before any Python code sees the connection; all it
+leaves is a line on the process's standard error such as ``Handshake failed with fatal error
+SSL_ERROR_SSL: error:1000007d:...:CERTIFICATE_VERIFY_FAILED``, with neither the peer nor the meaning.
+:class:`HandshakeLog` reads those lines (and, with gRPC's ``handshaker`` trace on, the peer address of
+each connection) and turns each refusal into one sentence: who connected, and what was wrong, in the
+operator's terms. The certificate itself cannot be named here — the TLS library rejects it without
+handing it over — so the sentence says where it is named: the site's own log and ``fedcontrast
+doctor`` at the site (see :func:`~.pki.check_aggregator_certificate`). Certificates this aggregator
+signed for the plan's sites are checked at start-up instead (:func:`~.pki.check_enrolled_certificates`).
+
+:class:`StderrTap` routes file descriptor 2 through :class:`HandshakeLog`: every other line passes
+through unchanged, in order; the tap is removed (and drained) at exit, so nothing written to standard
+error is lost.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+logger = logging.getLogger("fedcontrast.aggregator")
+
+# A gRPC C-core log line: severity, date, time, thread id, source file:line, message.
+GRPC_LINE = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+(\d+) ([\w./-]+):\d+\] (.*)$")
+PEER = re.compile(r"endpoint_peer_address=([^,}\s]+)")
+MANAGER = re.compile(r"handshake_manager (0x[0-9a-f]+)")
+FATAL = re.compile(r"Handshake failed with fatal error [A-Z_]+: error:[0-9a-fA-F]+:[^:]*:[^:]*:([A-Z0-9_]+)")
+SERVER_NAME = re.compile(r"No match found for server name: (\S+?)\.?$")
+CLOSED = "Handshake read failed"
+ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+
+# What each refusal means, as the operator should read it ({chain}: the federation's CA file).
+CAUSES = {
+    "CERTIFICATE_VERIFY_FAILED": "the certificate it presented does not verify against the federation's CA in "
+                                 "{chain} (it is signed by another CA, or it is expired or not yet valid)",
+    "PEER_DID_NOT_RETURN_A_CERTIFICATE": "it presented no certificate (its plan or client does not use mutual TLS: "
+                                         "network.settings.require_client_auth must be true at the site too)",
+    "WRONG_VERSION_NUMBER": "it does not speak TLS (its plan has network.settings.use_tls: false, or it is not an "
+                            "OpenFL collaborator)",
+    "HTTP_REQUEST": "it sent a plain HTTP request, not TLS (not an OpenFL collaborator)",
+    "TLSV1_ALERT_UNKNOWN_CA": "it does not trust this aggregator's certificate (it holds another federation's "
+                              "cert_chain.crt)",
+    "SSLV3_ALERT_BAD_CERTIFICATE": "it rejected this aggregator's certificate",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED": "it found this aggregator's certificate expired (check both machines' clocks)",
+    "TLSV1_ALERT_DECRYPT_ERROR": "its certificate does not match the key it signed with",
+}
+# A signature that does not verify: the certificate names the federation's CA as its issuer, but another CA
+# of that name signed it (OpenFL gives every workspace's CA the same name), or the site's key is not the
+# certificate's (RSA reports the first as BLOCK_TYPE_IS_NOT_01, ECDSA as BAD_SIGNATURE).
+FORGED = ("the certificate it presented names the federation's CA ({chain}) as its issuer, but that CA's signature "
+          "does not verify: another CA of the same name signed it (e.g. another workspace's CA: OpenFL names them all "
+          "alike), or it does not match the site's key")
+CAUSES.update(BLOCK_TYPE_IS_NOT_01=FORGED, BAD_SIGNATURE=FORGED, PADDING_CHECK_FAILED=FORGED)
+CLOSED_CAUSE = ("it closed the connection during the TLS handshake: usually a site that does not trust this "
+                "aggregator's certificate (another federation's cert_chain.crt, or a certificate for another name), "
+                "or a port check")
+WHERE_NAMED = "the site's own log names the certificate and the cause (`fedcontrast doctor --name SITE` at the site)"
+
+
+@dataclass
+class HandshakeLog:
+    """Reads gRPC's log lines; :meth:`feed` says whether a line is passed on, and queues the
+    sentences for refused connections in :attr:`messages`. The first refusal of each kind from a
+    host is reported at once, repeats at most every ``repeat_s`` seconds with their count."""
+
+    chain: str = "cert/cert_chain.crt"
+    quiet_info: bool = True  # gRPC's I lines are ours (the trace we turned on), not the operator's
+    repeat_s: float = 60.0
+    enrolled_problems: list[str] = field(default_factory=list)  # certificates signed here that sites cannot use
+    clock: object = time.monotonic
+    messages: list[tuple[int, str]] = field(default_factory=list)
+    refused: int = 0
+    _peer_of_thread: dict[str, str] = field(default_factory=dict)
+    _peer_of_manager: dict[str, str] = field(default_factory=dict)
+    _reported: dict[tuple[str, str], list] = field(default_factory=dict)  # (host, cause) → [last time, unreported]
+
+    def feed(self, line: str) -> bool:
+        """Take one line of standard error (without its newline); True if it is to be shown as is."""
+        if line.startswith(ABSL_NOTICE):
+            return False
+        match = GRPC_LINE.match(line)
+        if match is None:
+            return True
+        severity, thread, _source, text = match.groups()
+        peer = PEER.search(text)
+        manager = MANAGER.search(text)
+        if peer is not None:
+            self._peer_of_thread[thread] = peer.group(1)
+            if manager is not None:
+                self._peer_of_manager[manager.group(1)] = peer.group(1)
+        fatal = FATAL.search(text)
+        if severity == "E" and fatal is not None:
+            self._refuse(self._peer_of_thread.get(thread), fatal.group(1))
+            return False
+        name = SERVER_NAME.search(text)
+        if severity == "E" and name is not None:
+            self._refuse(self._peer_of_thread.get(thread), "SERVER_NAME", name.group(1))
+            return False
+        if (manager is not None and CLOSED in text and "handshaking complete" in text
+                and "Ssl handshake failed" not in text):
+            self._refuse(self._peer_of_manager.get(manager.group(1)), "CLOSED")
+            return False
+        if self.quiet_info and (severity == "I" or "is not suitable for production" in text):
+            return False  # the info level and trace were turned on here, for the lines above
+        return True
+
+    def _refuse(self, peer: str | None, code: str, detail: str = "") -> None:
+        self.refused += 1
+        host, port = split_peer(peer)
+        key = (host or "?", code)
+        now = self.clock()
+        seen = self._reported.get(key)
+        if seen is not None:
+            seen[1] += 1
+            if now - seen[0] < self.repeat_s:
+                return
+            repeats, seen[0], seen[1] = seen[1], now, 0
+        else:
+            self._reported[key], repeats = [now, 0], 0
+        if code == "SERVER_NAME":
+            cause = (f"it asked for the aggregator by the name {detail}, which this aggregator's certificate does not "
+                     "name (the site's plan or hosts file names the aggregator differently)")
+        elif code == "CLOSED":
+            cause = CLOSED_CAUSE
+        else:
+            cause = CAUSES.get(code, f"the TLS library reports {code}").format(chain=self.chain)
+        who = f"from {host}" + (f" (port {port})" if port else "") if host else "(peer address unknown)"
+        again = f" [{repeats} more since the last report]" if repeats else ""
+        text = f"refused a TLS connection {who}: {cause}; nothing from it was accepted; {WHERE_NAMED}{again}"
+        if code == "CERTIFICATE_VERIFY_FAILED" and self.enrolled_problems:
+            text += f". Certificates signed here that sites cannot use: {'; '.join(self.enrolled_problems)}"
+        level = logging.INFO if code == "CLOSED" else logging.WARNING
+        self.messages.append((level, text))
+
+
+def split_peer(peer: str | None) -> tuple[str | None, str | None]:
+    """``ipv4:10.0.0.3:5123`` → (``10.0.0.3``, ``5123``); ``ipv6:[::1]:5123`` → (``::1``, ``5123``)."""
+    if not peer:
+        return None, None
+    peer = unquote(peer)  # gRPC writes an IPv6 peer as ipv6:%5B::1%5D:5123
+    address = peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    if address.startswith("["):
+        host, _, rest = address[1:].partition("]")
+        return host, rest.lstrip(":") or None
+    host, _, port = address.rpartition(":")
+    return (host, port) if host else (address, None)
+
+
+def enable_handshake_trace(environ: dict | None = None) -> bool:
+    """Turn on gRPC's ``handshaker`` trace (which names each connection's peer) unless the operator
+    set gRPC's logging; True if gRPC's info lines are then ours to hide. gRPC reads these variables
+    when it creates its first channel or server, after ``import grpc``."""
+    environ = os.environ if environ is None else environ
+    if "GRPC_VERBOSITY" in environ or "GRPC_TRACE" in environ:
+        return False
+    environ["GRPC_VERBOSITY"], environ["GRPC_TRACE"] = "INFO", "handshaker"
+    return True
+
+
+class StderrTap:
+    """Route file descriptor 2 through a :class:`HandshakeLog` (see the module docstring)."""
+
+    def __init__(self, log: HandshakeLog) -> None:
+        self.log = log
+        self._saved: int | None = None
+        self._reader: threading.Thread | None = None
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+
+    def start(self) -> StderrTap:
+        sys.stderr.flush()
+        read_end, write_end = os.pipe()
+        self._saved = os.dup(2)
+        os.dup2(write_end, 2)
+        os.close(write_end)
+        self._reader = threading.Thread(target=self._pump, args=(read_end,), name="fedcontrast-stderr", daemon=True)
+        self._reader.start()
+        # Sentences are logged from their own thread: a log handler writing to fd 2 must not wait on the reader.
+        threading.Thread(target=self._emit, name="fedcontrast-tls-log", daemon=True).start()
+        atexit.register(self.stop)
+        return self
+
+    def stop(self) -> None:
+        """Put standard error back and pass on what is still in the pipe."""
+        if self._saved is None:
+            return
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(self._saved, 2)  # closes the pipe's only writer: the reader sees its end
+        os.close(self._saved)
+        self._saved = None
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        while True:  # what the reader found last is logged here (standard error is the real one again)
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                logger.log(*item)
+        self._queue.put(None)
+
+    def _pump(self, read_end: int) -> None:
+        out = os.dup(self._saved)  # the real standard error, still open after stop()
+        pending = b""
+        try:
+            while True:
+                chunk = os.read(read_end, 65536)
+                if not chunk:
+                    break
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                shown = [line for line in lines if self._keep(line)]
+                if shown:
+                    _write_all(out, b"".join(line + b"\n" for line in shown))
+                if pending and not re.match(rb"^[IWEF]\d|^WARNING: All", pending):
+                    _write_all(out, pending)  # a prompt or a partial line: show it now
+                    pending = b""
+            if pending and self._keep(pending):
+                _write_all(out, pending)
+        finally:
+            os.close(read_end)
+            os.close(out)
+
+    def _keep(self, line: bytes) -> bool:
+        try:
+            keep = self.log.feed(line.decode("utf-8", "replace"))
+        except Exception:  # never lose a line to a parsing mistake
+            return True
+        while self.log.messages:
+            self._queue.put(self.log.messages.pop(0))
+        return keep
+
+    def _emit(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            logger.log(*item)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
