@@ -370,8 +370,8 @@ def cmd_site_join(args: argparse.Namespace) -> int:
           + ("; test/ folder held out" if s.split_folders else "; a stratified test split is held out") + ")")
     print(f"your private key {joined.workspace / 'cert' / 'client' / f'col_{args.name}.key'} stays on this machine")
     if joined.request is None:
-        print(f"certificate reused from {args.cert_from} and checked; ready: cd {joined.workspace} && "
-              f"fx collaborator start -n {args.name}")
+        print(f"certificate reused from {args.cert_from} and checked; ready: fedcontrast site start "
+              f"{joined.workspace} --name {args.name}")
         return 0
     print(f"send {joined.request} to the operator, and read them this hash by another channel: {joined.csr_hash}")
     print(f"then: fedcontrast site import-cert agg_to_col_{args.name}_signed_cert.zip --workspace {joined.workspace}")
@@ -384,7 +384,148 @@ def cmd_site_import_cert(args: argparse.Namespace) -> int:
     ws = Path(args.workspace)
     name = import_certificate(ws, args.signed)
     print(f"{name}'s certificate is installed and checked (it fits this site's key and the federation's CA)")
-    print(f"ready: cd {ws} && fx collaborator start -n {name}")
+    print(f"ready: fedcontrast site start {ws} --name {name}")
+    return 0
+
+
+FX_START_OPTIONS = {"-p": "plan", "--plan": "plan", "-d": "data_config", "--data_config": "data_config"}
+
+
+def _fx_option(extra: list[str], option: str) -> str | None:
+    """The value ``fx collaborator start`` would take for ``option`` ("plan" or "data_config") from
+    the extra arguments (click keeps the last one given); None when they do not give it."""
+    value = None
+    for i, arg in enumerate(extra):
+        flag, eq, inline = arg.partition("=")
+        if FX_START_OPTIONS.get(flag) == option:
+            value = inline if eq else (extra[i + 1] if i + 1 < len(extra) else None)
+        elif FX_START_OPTIONS.get(arg[:2]) == option and len(arg) > 2 and not arg.startswith("--"):
+            value = arg[2:]  # -pPATH
+    return value
+
+
+def site_data_names(path: Path) -> list[str]:
+    """The site names of a ``NAME,PATH`` data file, read as OpenFL reads it (blank lines and lines
+    starting with ``#`` skipped, the name up to the first comma)."""
+    names = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        line = line.rstrip()
+        if not line or line.startswith("#"):
+            continue
+        if "," not in line:
+            raise ConfigError(f"line {number} of {path} is not NAME,PATH ({line!r}); OpenFL would stop on it: "
+                              "correct it, or write this site's line again with `fedcontrast site join`")
+        names.append(line.split(",", 1)[0])
+    return names
+
+
+def _check_site_certificates(network: dict[str, Any], crt: Path, key: Path, chain: Path) -> None:
+    """What would make every handshake fail, said before fx starts (seconds, not its start-up and
+    retries): the site's certificate in date, fitting its key, from the federation's CA; and, if the
+    aggregator already listens, that it presents a certificate for its name from that CA and accepts
+    the site's. An aggregator not up yet is fine: fx waits for it."""
+    from .openfl.pki import check_aggregator_certificate, check_own_certificate
+
+    check_own_certificate(crt, key, chain)
+    address, port = network.get("agg_addr"), network.get("agg_port")
+    if address and address != "auto" and isinstance(port, int):
+        check_aggregator_certificate(str(address), port, chain, certificate=crt, private_key=key, timeout=3.0)
+
+
+def site_start_command(workspace: str | Path, name: str, *, plan: str | None = None, data_config: str | None = None,
+                       extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The pre-flight of ``fedcontrast site start``: what ``fx collaborator start -n NAME`` would stop
+    on later (or with a traceback), each refused with one sentence; the ``fx`` command line to run
+    in ``workspace`` when every check passes."""
+    from .openfl.pki import fx_executable
+    from .openfl.plan import collaborator_names, load_plan_file
+
+    ws = Path(workspace)
+    extra = list(extra)
+    if any(a in ("-n", "--collaborator_name") or a.startswith(("-n", "--collaborator_name=")) for a in extra):
+        raise ConfigError("give this site's name with --name only, not among the fx arguments after --")
+    plan = _fx_option(extra, "plan") or plan
+    data_config = _fx_option(extra, "data_config") or data_config
+    plan_path = ws / (plan or "plan/plan.yaml")
+    if not ws.is_dir():
+        raise ConfigError(f"{ws} is not a folder: give this site's workspace (the folder `fedcontrast site join` "
+                          "unpacked)")
+    if not plan_path.is_file():
+        raise ConfigError(f"{ws} is not a workspace: {plan_path} does not exist (unpack the operator's package with "
+                          "`fedcontrast site join PACKAGE.zip --name NAME --data FOLDER`)")
+    network = load_plan_file(plan_path).get("network", {}).get("settings") or {}
+    data_path = ws / (data_config or "plan/data.yaml")
+    if not data_path.is_file():
+        raise ConfigError(f"{data_path} does not exist: write this site's data line with `fedcontrast site join`")
+    names = site_data_names(data_path)
+    if name not in names:
+        listed = f"it names {', '.join(names)}" if names else "it names no site"
+        raise ConfigError(f"{data_path} has no line for {name} ({listed}): start the site named there, or add the "
+                          f"line {name},PATH_TO_ITS_IMAGES with `fedcontrast site join`")
+    cols = ws / "plan" / "cols.yaml"
+    admitted = collaborator_names(ws)
+    if name not in admitted:
+        raise ConfigError(f"{name} is not among the collaborators of {cols} ({', '.join(admitted) or 'none'}), so the "
+                          "aggregator would refuse it: use the name the operator enrolled this site under")
+    if network.get("use_tls", True):
+        crt = ws / "cert" / "client" / f"col_{name}.crt"
+        key = crt.with_suffix(".key")
+        if not key.is_file():
+            missing = f"{crt} and {key} are" if not crt.is_file() else f"{key} is"
+            raise ConfigError(f"{missing} missing, and the plan uses TLS: make this site's key and certificate request "
+                              f"with `fedcontrast site join ... --name {name}` on this machine (the key never "
+                              "travels), then install the certificate the operator signed with `fedcontrast site "
+                              f"import-cert agg_to_col_{name}_signed_cert.zip --workspace {ws}`")
+        chain = ws / "cert" / "cert_chain.crt"  # the federation's CA, installed with the certificate
+        if not crt.is_file() or not chain.is_file():
+            missing = " and ".join(str(p) for p in (crt, chain) if not p.is_file())
+            raise ConfigError(f"{missing} {'are' if ' and ' in missing else 'is'} missing, and the plan uses TLS: "
+                              "install the certificate the operator signed with `fedcontrast site import-cert "
+                              f"agg_to_col_{name}_signed_cert.zip --workspace {ws}`")
+        _check_site_certificates(network, crt, key, chain)
+    fx = fx_executable()
+    if not Path(fx).is_absolute():
+        import shutil
+
+        fx = shutil.which(fx) or ""
+        if not fx:
+            raise ConfigError("fx (OpenFL's command line) is not installed next to fedcontrast nor on the PATH: "
+                              "install the workspace's requirements.txt")
+    argv = [fx, "collaborator", "start", "-n", name]
+    if plan is not None and _fx_option(extra, "plan") is None:
+        argv += ["-p", plan]
+    if data_config is not None and _fx_option(extra, "data_config") is None:
+        argv += ["-d", data_config]
+    return argv + extra
+
+
+def cmd_site_start(args: argparse.Namespace) -> int:
+    import os
+
+    ws = Path(args.workspace)
+    argv = site_start_command(ws, args.name, plan=args.plan, data_config=args.data_config, extra=args.fx_args)
+    print(f"fedcontrast site start: {args.name}'s workspace {ws} passed the checks; running "
+          f"{' '.join(['fx', *argv[1:]])} in it", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.chdir(ws)
+    os.execv(argv[0], argv)  # fx takes this process over: its id, signals and exit code are fx's
+    return 0  # not reached (os.execv returns only when replaced in tests)
+
+
+def _report_score(ws: Path, name: str | None) -> int:
+    """``report --score``: the final model a site took home, scored again on its own held-out data."""
+    from .openfl.site_report import score_in_workspace
+
+    def show(value: Any) -> str:
+        return "n/a" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    name, scored, reported = score_in_workspace(ws, name)
+    print(f"final model on {name}'s held-out data: accuracy {show(scored.get('accuracy'))} (the site's report says "
+          f"{show(reported.get('accuracy'))})")
+    others = {k: v for k, v in sorted(scored.items()) if k != "accuracy"}
+    if others:
+        print("other metrics: " + ", ".join(f"{k} {show(v)}" for k, v in others.items()))
     return 0
 
 
@@ -393,9 +534,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .openfl.site_report import format_row, read_rows, site_report_folders
 
     ws = Path(args.workspace)
+    if args.score:
+        return _report_score(ws, args.name)
     records = read_rounds(ws)
     if not records and site_report_folders(ws):  # a site's workspace: its own report
         for folder in site_report_folders(ws):
+            if args.name is not None and folder.name != args.name:
+                continue
             for row in read_rows(folder):
                 print(format_row(row, folder.name))
             files = ", ".join(p.name for p in sorted(folder.iterdir()) if p.is_file())
@@ -682,11 +827,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("signed", metavar="SIGNED.zip")
     c.add_argument("--workspace", default=".", help="this site's workspace (default: here)")
     c.set_defaults(func=cmd_site_import_cert)
+    c = ssub.add_parser("start", help="check this site's workspace (its data.yaml line, cols.yaml, certificate), then "
+                                      "run fx collaborator start -n NAME in it (arguments after -- go to fx)",
+                        usage="fedcontrast site start [WORKSPACE] --name NAME [-p PLAN] [-d DATA_CONFIG] [-- FX_ARGS]")
+    c.add_argument("workspace", nargs="?", default=".", help="this site's workspace (default: here)")
+    c.add_argument("--name", required=True, help="this site's name in the plan")
+    c.add_argument("-p", "--plan", help="the plan, relative to the workspace (fx's default: plan/plan.yaml)")
+    c.add_argument("-d", "--data_config", "--data-config", dest="data_config",
+                   help="the data file, relative to the workspace (fx's default: plan/data.yaml)")
+    c.set_defaults(func=cmd_site_start, fx_args=[])  # and any further fx arguments after --
 
     p = sub.add_parser("report", help="a federation's rounds so far: in the aggregator's workspace every site's "
                                       "held-out accuracy, plot, CSV, summary; in a site's workspace its own report")
     p.add_argument("workspace")
     p.add_argument("--out", help="folder for accuracy.png, rounds.csv, summary.json (default: WORKSPACE/report)")
+    p.add_argument("--score", action="store_true", help="in a site's workspace: score the final model it took home "
+                                                        "on its own held-out data, next to what its report says")
+    p.add_argument("--name", help="the site whose report to show or score, when the workspace holds several")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("public", help="public data folders")
@@ -738,7 +895,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    extra: list[str] = []
+    if "--" in argv:  # `site start ... -- FX_ARGS` (argparse's sub-commands do not keep what follows --)
+        argv, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if extra:
+        if args.func is not cmd_site_start:
+            parser.error("arguments after -- are passed on to fx by `fedcontrast site start` only")
+        args.fx_args = extra
     try:
         return args.func(args)
     except FedContrastError as exc:

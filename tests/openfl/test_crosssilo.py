@@ -9,6 +9,7 @@ Needs root and iproute2 (CI runs as root); skipped with the reason otherwise.
 
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import time
@@ -19,6 +20,7 @@ import yaml
 from fedcontrast.openfl.lab import OPERATOR, CrossSiloLab, executable
 from fedcontrast.openfl.loader import SiteDataLoader
 from fedcontrast.openfl.netns import netns_unavailable
+from fedcontrast.openfl.pki import issue_for_key, write_certificate
 from fedcontrast.openfl.site_report import read_rows, score_final_model
 
 pytestmark = pytest.mark.skipif(netns_unavailable() is not None, reason=str(netns_unavailable()))
@@ -32,7 +34,7 @@ OPTIONS = {
     "flesd": ["--public-data", "public", "--set", "flesd.distill_epochs=2", "--set", "flesd.probe_epochs=20",
               "--set", "flesd.quantize=int8"],
 }
-PORTS = {"moon": 50601, "fedssc": 50602, "fedpcl": 50603, "flesd": 50604, "kill": 50605}
+PORTS = {"moon": 50601, "fedssc": 50602, "fedpcl": 50603, "flesd": 50604, "kill": 50605, "tls": 50606}
 RUN_TIMEOUT = 240
 
 
@@ -77,6 +79,8 @@ def check_what_the_site_takes_home(lab, exp, site, records, monkeypatch):
     loader = SiteDataLoader(data_path=dict(lines)[site].strip(), run_config=run_config)
     scored = score_final_model(folder, loader.train, loader.test, public=loader.public)
     assert scored["accuracy"] == rows[-1]["accuracy"]
+    out, acc = lab.fedcontrast(site, "report", exp.name, "--score"), f"{rows[-1]['accuracy']:.4f}"
+    assert f"final model on {site}'s held-out data: accuracy {acc} (the site's report says {acc})" in out, out
 
 
 def run_to_end(lab, exp):
@@ -157,6 +161,66 @@ def test_collaborator_killed_at_start_up_stops_the_aggregator_naming_it(lab, dep
     for site in ("hosp1", "hosp2"):  # told to stop, and say why in one sentence
         assert codes[site] != 0
         assert "the aggregator stopped the federation" in lab.log(exp, site)
+
+
+def reissue(ws, site, *, ca_dir=None, days=(-1, 30)):
+    """A new certificate for ``site``'s own key in its workspace (see :func:`issue_for_key`)."""
+    client = ws / "cert" / "client"
+    cert, _ = issue_for_key(client / f"col_{site}.key", site, ca_dir=ca_dir, days=days)
+    write_certificate(client / f"col_{site}.crt", cert)
+    return cert
+
+
+HANDSHAKE = """
+import sys, grpc
+from openfl.protocols import aggregator_pb2, aggregator_pb2_grpc
+root, key, crt = (open(p, "rb").read() for p in sys.argv[1:4])
+channel = grpc.secure_channel(sys.argv[4], grpc.ssl_channel_credentials(root, key, crt))
+try:
+    aggregator_pb2_grpc.AggregatorStub(channel).GetTasks(aggregator_pb2.GetTasksRequest(), timeout=10)
+except grpc.RpcError as error:
+    print(error.code())
+"""
+
+
+def test_tls_mistakes_are_named_on_both_sides(lab, deployed):
+    """hosp3 holds a certificate of another federation's CA, then an expired one: its collaborator
+    ends at once (no retries) naming the file, the CA or the date; a client that does reach the
+    handshake with the foreign certificate is named by the aggregator with hosp3's address and name."""
+    exp = lab.deploy("fed_tls", algorithm="fedavg", port=PORTS["tls"], reuse=deployed("moon"), options=COMMON)
+    ws = exp.workspace(lab, "hosp3")
+    lab.start(exp, sites=[])  # the aggregator alone
+    try:
+        reissue(ws, "hosp3")
+        code = lab.start_site(exp, "hosp3").wait(timeout=120)
+        log = lab.log(exp, "hosp3")
+        assert code != 0 and "retry" not in log
+        assert "col_hosp3.crt (CN=hosp3) is issued by CN=other federation ca, not by the federation's CA" in log
+
+        expired = reissue(ws, "hosp3", ca_dir=exp.workspace(lab, OPERATOR) / "cert" / "ca", days=(-30, -1))
+        code = lab.start_site(exp, "hosp3").wait(timeout=120)
+        log = lab.log(exp, "hosp3")
+        assert code != 0 and "retry" not in log
+        assert (f"col_hosp3.crt (CN=hosp3) expired on {expired.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; have the "
+                "federation's CA issue a new one") in log
+
+        reissue(ws, "hosp3")  # and a client that does not check its own certificate first
+        client = ws / "cert" / "client"
+        argv = [executable("python"), "-c", HANDSHAKE, str(ws / "cert" / "cert_chain.crt"), str(client / "col_hosp3.key"),
+                str(client / "col_hosp3.crt"), f"{lab.net.fqdn(OPERATOR)}:{PORTS['tls']}"]
+        words = (f"refused a TLS connection from {lab.net.address('hosp3')} ({lab.net.fqdn('hosp3')}) (port")
+        deadline = time.monotonic() + 60  # the aggregator may still be starting: try again until it answers
+        while True:
+            assert "UNAVAILABLE" in lab.run("hosp3", argv, cwd=ws)
+            time.sleep(1.0)
+            said = " ".join(re.sub(r"\s\S+\.py:\d+\s", " ", lab.log(exp, OPERATOR)).split())  # rich's wrapping
+            if words in said or time.monotonic() > deadline:
+                break
+        assert words in said, said[-2000:]
+        assert "the certificate it presented does not verify against the federation's CA" in said.split(words, 1)[1]
+    finally:
+        os.killpg(exp.processes[OPERATOR].pid, signal.SIGKILL)
+        exp.processes[OPERATOR].wait()
 
 
 def test_private_keys_never_left_the_machine_that_made_them(lab, deployed):

@@ -52,8 +52,8 @@ def refusal(log, *, peer="ipv4:10.200.0.4:51234", code="CERTIFICATE_VERIFY_FAILE
 def test_each_refusal_is_one_sentence_naming_the_peer_and_the_cause(code, words):
     log = HandshakeLog(chain="cert/cert_chain.crt")
     assert refusal(log, code=code) == []  # gRPC's own lines are replaced, not shown as well
-    [(level, text)] = log.messages
-    assert level == logging.WARNING and log.refused == 1
+    [(level, text, host)] = log.messages
+    assert level == logging.WARNING and log.refused == 1 and host == "10.200.0.4"
     assert text.startswith("refused a TLS connection from 10.200.0.4 (port 51234): ")
     assert words in text and "nothing from it was accepted" in text and "fedcontrast doctor" in text
 
@@ -74,7 +74,7 @@ def test_a_peer_that_closes_during_the_handshake_and_a_wrong_server_name():
     assert not log.feed(DONE_LINE.format(thread="7", manager="0xc", error=CLOSED))
     assert not log.feed("E0000 00:00:1795415181.728946   7 ssl_transport_security.cc:2113] No match found for server "
                         "name: other.host")
-    (closed_level, closed), (_, name) = log.messages
+    (closed_level, closed, _), (_, name, _) = log.messages
     assert closed_level == logging.INFO and closed.startswith("refused a TLS connection from ::1 (port 47632): it closed")
     assert "it asked for the aggregator by the name other.host, which this aggregator's certificate does not name" in name
 

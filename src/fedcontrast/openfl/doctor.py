@@ -28,13 +28,14 @@ class Check:
 
 
 def data_lines(workspace: Path) -> dict[str, str]:
-    """``plan/data.yaml``'s ``NAME,PATH`` lines (comments skipped)."""
+    """``plan/data.yaml``'s ``NAME,PATH`` lines read as OpenFL reads them (comments skipped; a name is
+    everything up to the first comma, spaces included, so a line fx would not match is not matched here)."""
     path = workspace / "plan" / "data.yaml"
     if not path.is_file():
         return {}
-    lines = [l.split(",", 1) for l in path.read_text().splitlines()
-             if l.strip() and not l.lstrip().startswith("#") and "," in l]
-    return {name.strip(): data.strip() for name, data in lines}
+    lines = [l.rstrip().split(",", 1) for l in path.read_text().splitlines()
+             if l.rstrip() and not l.startswith("#") and "," in l]
+    return {name: data.strip() for name, data in lines}
 
 
 def site_name(workspace: Path, name: str | None) -> str:

@@ -159,8 +159,9 @@ class CrossSiloLab:
         return exp
 
     def start(self, exp: Experiment, *, sites: list[str] | None = None, threads: int | None = None) -> None:
-        """``fx aggregator start`` on the operator's host, ``fx collaborator start -n NAME`` on each
-        site's host (``sites``: a subset), each writing its log in its workspace's ``logs/``."""
+        """``fx aggregator start`` on the operator's host, ``fedcontrast site start WS --name NAME``
+        (which runs ``fx collaborator start -n NAME``) on each site's host (``sites``: a subset), each
+        writing its log in its workspace's ``logs/``."""
         threads = threads or max(1, (os.cpu_count() or 1) // len(self.sites))
         env = {**self.env, "OMP_NUM_THREADS": str(threads)}
         exp.started = time.time()
@@ -171,9 +172,11 @@ class CrossSiloLab:
             self.start_site(exp, site, env=env)
 
     def start_site(self, exp: Experiment, site: str, *, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """``fedcontrast site start WS --name SITE`` (its checks, then ``fx collaborator start -n SITE``
+        in the same process) on the site's host."""
         ws = exp.workspace(self, site)
-        proc = self.net.popen(site, [executable("fx"), "collaborator", "start", "-n", site], cwd=ws, env=env or self.env,
-                              log_path=ws / "logs" / f"{site}.log")
+        proc = self.net.popen(site, [executable("fedcontrast"), "site", "start", str(ws), "--name", site], cwd=ws,
+                              env=env or self.env, log_path=ws / "logs" / f"{site}.log")
         exp.processes[site] = proc
         return proc
 

@@ -291,3 +291,43 @@ def check_aggregator_certificate(host: str, port: int, chain: str | Path, *, cer
                           f"certificate {certificate} ({subject(own)}, issued by {own.issuer.rfc4514_string()}); ask "
                           "the operator whether it is signed by the federation's CA and the aggregator's CA file")
     return None
+
+
+def issue_for_key(key_path: str | Path, name: str, *, ca_dir: str | Path | None = None,
+                  days: tuple[float, float] = (-1, 30), san: str | None = None):
+    """For tests and benchmarks of certificate mistakes: a certificate for the existing private key
+    in ``key_path``, issued for ``name`` (SAN ``san`` or ``name``), valid from ``days[0]`` to
+    ``days[1]`` days from now, signed by the federation's signing CA in ``ca_dir`` (an operator's
+    ``cert/ca``) or, without it, by a new CA of another federation. Returns (certificate, CA certificate)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.timezone.utc)
+    if ca_dir is None:
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "other federation ca")])
+        ca_cert = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+                   .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(days=30))
+                   .not_valid_after(now + dt.timedelta(days=365))
+                   .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                   .sign(ca_key, hashes.SHA256()))
+    else:
+        ca_dir = Path(ca_dir)
+        ca_key = serialization.load_pem_private_key((ca_dir / "signing-ca" / "private" / "signing-ca.key").read_bytes(),
+                                                    password=None)
+        ca_cert = x509.load_pem_x509_certificate((ca_dir / "signing-ca.crt").read_bytes())
+    key = serialization.load_pem_private_key(Path(key_path).read_bytes(), password=None)
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now + dt.timedelta(days=days[0])).not_valid_after(now + dt.timedelta(days=days[1]))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(san or name)]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    return cert, ca_cert
+
+
+def write_certificate(path: str | Path, cert) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    Path(path).write_bytes(cert.public_bytes(serialization.Encoding.PEM))

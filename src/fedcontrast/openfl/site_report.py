@@ -35,7 +35,7 @@ from ..algorithms import SiteContext, load_weights
 from ..algorithms.base import WEIGHT_PREFIX
 from ..atomic import atomic_torch_save, atomic_write_text
 from ..config import RunConfig
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -239,3 +239,71 @@ def site_report_folders(workspace: str | Path) -> list[Path]:
     that ran there)."""
     root = Path(workspace) / "local_state" / REPORT_DIR
     return sorted(p.parent for p in root.glob(f"*/{ROWS_FILE}"))
+
+
+def pick_site_report(workspace: str | Path, name: str | None = None) -> Path:
+    """The site report folder of ``name`` in a workspace, or of the one site that has one there."""
+    ws = Path(workspace)
+    folders = {p.name: p for p in site_report_folders(ws)}
+    root = ws / "local_state" / REPORT_DIR
+    if name is not None:
+        if name not in folders:
+            held = f"it holds {', '.join(folders)}'s" if folders else "it holds none"
+            raise ConfigError(f"{root} holds no report of {name} ({held}): a site's report is written in its own "
+                              "workspace once its first round has run there")
+        return folders[name]
+    if not folders:
+        raise ConfigError(f"{ws} holds no site report under {root}: run this in a site's workspace once the "
+                          "federation has run there")
+    if len(folders) > 1:
+        raise ConfigError(f"{root} holds the reports of {len(folders)} sites ({', '.join(folders)}); say which one "
+                          "with --name")
+    return next(iter(folders.values()))
+
+
+def score_in_workspace(workspace: str | Path, name: str | None = None) -> tuple[str, dict[str, float], dict[str, Any]]:
+    """Score the final model a site took home on its own held-out split, read by the data loader
+    its collaborator uses (the plan's ``data_loader`` settings and its ``plan/data.yaml`` line, with
+    the workspace as the folder relative paths start from). Returns the site's name, the scores and
+    its report's row for the final round (``final_model.json``'s figures when the row is missing)."""
+    import os
+
+    from ..construction import resolve_device
+    from .components import CollaboratorStopped
+    from .doctor import data_lines
+    from .loader import SHARD_PREFIX, SiteDataLoader
+    from .plan import load_plan_file
+
+    ws = Path(workspace).resolve()
+    folder = pick_site_report(ws, name)
+    name = folder.name
+    if not (folder / FINAL_INFO).is_file():
+        rows = read_rows(folder)
+        last = f"its report reaches round {rows[-1]['round']} of {rows[-1]['rounds']}" if rows else "no round yet"
+        raise ConfigError(f"{folder} holds no final model yet ({last}): a site takes the final model home in the "
+                          "federation's final round; score it once the federation has finished")
+    settings = load_plan_file(ws / "plan" / "plan.yaml").get("data_loader", {}).get("settings") or {}
+    data = data_lines(ws).get(name)
+    if data is None:
+        raise ConfigError(f"{ws / 'plan' / 'data.yaml'} has no line for {name}, so its held-out data is not known "
+                          f"here: add {name},PATH_TO_ITS_IMAGES")
+    if not data.startswith(SHARD_PREFIX) and not (ws / data).is_dir():  # ws / an absolute path is that path
+        raise ConfigError(f"{name}'s data folder {ws / data} (plan/data.yaml: {name},{data}) does not exist: the "
+                          "final model is scored on the held-out split of the folder the site trained with")
+    before = os.getcwd()
+    os.chdir(ws)  # the plan's relative paths (data, public folder, backbone files) are the workspace's
+    try:
+        try:
+            loader = SiteDataLoader(data_path=data, run_config=settings.get("run_config"),
+                                    network=settings.get("network"), model_shape=settings.get("model_shape"))
+        except CollaboratorStopped as exc:
+            raise ConfigError(str(exc).removeprefix("fedcontrast collaborator: error: ")) from None
+        _, config, info = load_final_model(folder)
+        scored = score_final_model(folder, loader.train, loader.test, public=loader.public,
+                                   device=resolve_device(config.device))
+    finally:
+        os.chdir(before)
+    rows = {r["round"]: r for r in read_rows(folder)}
+    reported = rows.get(info["round"]) or {"round": info["round"], "evaluation": info.get("evaluation", {}),
+                                           "accuracy": info.get("evaluation", {}).get("accuracy")}
+    return name, scored, reported

@@ -22,6 +22,7 @@ import logging
 import os
 import queue
 import re
+import socket
 import sys
 import threading
 import time
@@ -78,7 +79,7 @@ class HandshakeLog:
     repeat_s: float = 60.0
     enrolled_problems: list[str] = field(default_factory=list)  # certificates signed here that sites cannot use
     clock: object = time.monotonic
-    messages: list[tuple[int, str]] = field(default_factory=list)
+    messages: list[tuple[int, str, str | None]] = field(default_factory=list)  # level, sentence, peer host
     refused: int = 0
     _peer_of_thread: dict[str, str] = field(default_factory=dict)
     _peer_of_manager: dict[str, str] = field(default_factory=dict)
@@ -140,7 +141,7 @@ class HandshakeLog:
         if code == "CERTIFICATE_VERIFY_FAILED" and self.enrolled_problems:
             text += f". Certificates signed here that sites cannot use: {'; '.join(self.enrolled_problems)}"
         level = logging.INFO if code == "CLOSED" else logging.WARNING
-        self.messages.append((level, text))
+        self.messages.append((level, text, host))
 
 
 def split_peer(peer: str | None) -> tuple[str | None, str | None]:
@@ -174,7 +175,9 @@ class StderrTap:
         self.log = log
         self._saved: int | None = None
         self._reader: threading.Thread | None = None
+        self._emitter: threading.Thread | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._names: dict[str, str | None] = {}
 
     def start(self) -> StderrTap:
         sys.stderr.flush()
@@ -185,7 +188,8 @@ class StderrTap:
         self._reader = threading.Thread(target=self._pump, args=(read_end,), name="fedcontrast-stderr", daemon=True)
         self._reader.start()
         # Sentences are logged from their own thread: a log handler writing to fd 2 must not wait on the reader.
-        threading.Thread(target=self._emit, name="fedcontrast-tls-log", daemon=True).start()
+        self._emitter = threading.Thread(target=self._emit, name="fedcontrast-tls-log", daemon=True)
+        self._emitter.start()
         atexit.register(self.stop)
         return self
 
@@ -202,14 +206,9 @@ class StderrTap:
         self._saved = None
         if self._reader is not None:
             self._reader.join(timeout=5)
-        while True:  # what the reader found last is logged here (standard error is the real one again)
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                logger.log(*item)
-        self._queue.put(None)
+        self._queue.put(None)  # the emitter logs what the reader found last, then ends
+        if self._emitter is not None:
+            self._emitter.join(timeout=10)
 
     def _pump(self, read_end: int) -> None:
         out = os.dup(self._saved)  # the real standard error, still open after stop()
@@ -247,7 +246,22 @@ class StderrTap:
             item = self._queue.get()
             if item is None:
                 return
-            logger.log(*item)
+            self._log(item)
+
+    def _log(self, item: tuple[int, str, str | None]) -> None:
+        """Log one sentence, with the peer's host name where its address has one (looked up here, off
+        the reader's thread: a slow name service must not hold up standard error)."""
+        level, text, host = item
+        if host is not None:
+            if host not in self._names:
+                try:
+                    self._names[host] = socket.gethostbyaddr(host)[0]
+                except (OSError, UnicodeError):
+                    self._names[host] = None
+            name = self._names[host]
+            if name and name != host:
+                text = text.replace(f"from {host}", f"from {host} ({name})", 1)
+        logger.log(level, text)
 
 
 def _write_all(fd: int, data: bytes) -> None:
