@@ -23,6 +23,7 @@ from fedcontrast.openfl.pki import check_certificate_dates
 from fedcontrast.openfl.plan import build_plan, create_workspace
 
 from .conftest import small_config
+from .test_tls_diagnostics import issue, make_ca, write
 
 SPECS = [TensorSpec("model.w", (10, 3), "float32", "download"), TensorSpec("model.b", (3,), "float16", "download")]
 
@@ -110,8 +111,9 @@ def test_the_aggregator_checks_its_own_certificate_at_start(tmp_path):
     argv = ["fx", "aggregator", "start"]
     with pytest.raises(ConfigError, match=r"server/agg_localhost.crt \(CN=localhost\) expired on"):
         check_aggregator_plan(config, settings, argv=argv, cwd=ws)
-    make_certificate(ws / "cert" / "server" / "agg_localhost.crt", valid_from_days=-1, valid_to_days=30,
-                     name="localhost", key_path=ws / "cert" / "server" / "agg_localhost.key")
+    ca = make_ca("ca")  # in date, and signed by the federation's CA that the sites trust
+    write(ws / "cert", "cert_chain", None, ca[1])
+    write(ws / "cert" / "server", "agg_localhost", *issue(ca, "localhost"))
     check_aggregator_plan(config, settings, argv=argv, cwd=ws)
 
 

@@ -155,3 +155,20 @@ def test_the_tap_loses_nothing_and_keeps_the_order(tmp_path):
     assert "Handshake failed" not in done.stderr and "handshake_manager" not in done.stderr
     assert ("LOG WARNING refused a TLS connection from 10.200.0.4 (port 51234): the certificate it presented does "
             "not verify against the federation's CA") in done.stdout
+
+
+def test_a_closed_terminal_does_not_stop_the_aggregator():
+    """The real standard error goes away (the operator's terminal closed): the tap keeps draining, so
+    writers never block on a full pipe."""
+    script = textwrap.dedent("""
+        import os, sys
+        from fedcontrast.openfl.tls_log import HandshakeLog, StderrTap
+        StderrTap(HandshakeLog()).start()
+        for _ in range(40):
+            os.write(2, b"y" * 10000 + b"\\n")
+        print("still running", flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stderr.close()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out == "still running\n"

@@ -127,9 +127,9 @@ def test_under_dp_a_collaborator_sends_a_noised_count_and_no_metrics(tmp_path, m
     after_train = sent(runner, "train")
     assert set(after_train) == {"train_dp_epsilon", "train_dp_epsilon_round"}  # no loss, no accuracy
     size = loader.get_train_data_size()  # what OpenFL sends as the "train" task's data size: noised too
-    assert isinstance(size, int) and size != n  # an int64 protobuf field
     metrics = sent(runner, "prototypes")
-    assert round(metrics[WEIGHT_METRIC]) == size and metrics[WEIGHT_METRIC] != n
+    assert metrics[WEIGHT_METRIC] != n  # the noised count (its rounding may equal n: |N(0, 10²)| < 0.5 in 4 % of draws)
+    assert isinstance(size, int) and size == max(1, round(metrics[WEIGHT_METRIC]))  # an int64 protobuf field
     assert not any(k.startswith("prototypes_classes") for k in metrics)
 
 

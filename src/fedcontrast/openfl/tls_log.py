@@ -213,6 +213,18 @@ class StderrTap:
     def _pump(self, read_end: int) -> None:
         out = os.dup(self._saved)  # the real standard error, still open after stop()
         pending = b""
+
+        def show(data: bytes) -> None:
+            nonlocal out
+            if out < 0:
+                return
+            try:
+                while data:
+                    data = data[os.write(out, data):]
+            except OSError:  # the real standard error is gone (a closed terminal): keep draining, show nothing
+                os.close(out)
+                out = -1
+
         try:
             while True:
                 chunk = os.read(read_end, 65536)
@@ -222,15 +234,16 @@ class StderrTap:
                 *lines, pending = pending.split(b"\n")
                 shown = [line for line in lines if self._keep(line)]
                 if shown:
-                    _write_all(out, b"".join(line + b"\n" for line in shown))
-                if pending and not re.match(rb"^[IWEF]\d|^WARNING: All", pending):
-                    _write_all(out, pending)  # a prompt or a partial line: show it now
+                    show(b"".join(line + b"\n" for line in shown))
+                if pending and pending[:1] not in (b"I", b"W", b"E", b"F"):  # not a gRPC line's start (nor absl's)
+                    show(pending)  # a prompt or a partial line: show it now
                     pending = b""
             if pending and self._keep(pending):
-                _write_all(out, pending)
+                show(pending)
         finally:
             os.close(read_end)
-            os.close(out)
+            if out >= 0:
+                os.close(out)
 
     def _keep(self, line: bytes) -> bool:
         try:
@@ -263,7 +276,3 @@ class StderrTap:
                 text = text.replace(f"from {host}", f"from {host} ({name})", 1)
         logger.log(level, text)
 
-
-def _write_all(fd: int, data: bytes) -> None:
-    while data:
-        data = data[os.write(fd, data):]
