@@ -10,8 +10,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .config import RunConfig, load_yaml
 from .errors import ConfigError, FedContrastError
 from .yamlio import loads_yaml
@@ -85,7 +83,7 @@ def config_from_args(args: argparse.Namespace, *, default_algorithm_for_set: boo
         key, value = text.split("=", 1) if "=" in text else (text, None)
         if value is None or not key:
             raise ConfigError(f"--robustness expects KEY=VALUE, got {text!r}")
-        robustness[key.strip()] = yaml.safe_load(value)
+        robustness[key.strip()] = loads_yaml(value, f"--robustness {text!r}")
     if robustness:
         data["robustness"] = robustness
     return RunConfig.from_dict(data)
@@ -407,29 +405,9 @@ def _fx_option(extra: list[str], option: str) -> str | None:
 def site_data_names(path: Path) -> list[str]:
     """The site names of a ``NAME,PATH`` data file, read as OpenFL reads it (blank lines and lines
     starting with ``#`` skipped, the name up to the first comma)."""
-    names = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        line = line.rstrip()
-        if not line or line.startswith("#"):
-            continue
-        if "," not in line:
-            raise ConfigError(f"line {number} of {path} is not NAME,PATH ({line!r}); OpenFL would stop on it: "
-                              "correct it, or write this site's line again with `fedcontrast site join`")
-        names.append(line.split(",", 1)[0])
-    return names
+    from .openfl.plan import read_data_lines
 
-
-def _check_site_certificates(network: dict[str, Any], crt: Path, key: Path, chain: Path) -> None:
-    """What would make every handshake fail, said before fx starts (seconds, not its start-up and
-    retries): the site's certificate in date, fitting its key, from the federation's CA; and, if the
-    aggregator already listens, that it presents a certificate for its name from that CA and accepts
-    the site's. An aggregator not up yet is fine: fx waits for it."""
-    from .openfl.pki import check_aggregator_certificate, check_own_certificate
-
-    check_own_certificate(crt, key, chain)
-    address, port = network.get("agg_addr"), network.get("agg_port")
-    if address and address != "auto" and isinstance(port, int):
-        check_aggregator_certificate(str(address), port, chain, certificate=crt, private_key=key, timeout=3.0)
+    return list(read_data_lines(path))
 
 
 def site_start_command(workspace: str | Path, name: str, *, plan: str | None = None, data_config: str | None = None,
@@ -444,8 +422,8 @@ def site_start_command(workspace: str | Path, name: str, *, plan: str | None = N
     extra = list(extra)
     if any(a in ("-n", "--collaborator_name") or a.startswith(("-n", "--collaborator_name=")) for a in extra):
         raise ConfigError("give this site's name with --name only, not among the fx arguments after --")
-    plan = _fx_option(extra, "plan") or plan
-    data_config = _fx_option(extra, "data_config") or data_config
+    fx_plan, fx_data_config = _fx_option(extra, "plan"), _fx_option(extra, "data_config")  # fx's own take precedence
+    plan, data_config = fx_plan or plan, fx_data_config or data_config
     plan_path = ws / (plan or "plan/plan.yaml")
     if not ws.is_dir():
         raise ConfigError(f"{ws} is not a folder: give this site's workspace (the folder `fedcontrast site join` "
@@ -482,7 +460,13 @@ def site_start_command(workspace: str | Path, name: str, *, plan: str | None = N
             raise ConfigError(f"{missing} {'are' if ' and ' in missing else 'is'} missing, and the plan uses TLS: "
                               "install the certificate the operator signed with `fedcontrast site import-cert "
                               f"agg_to_col_{name}_signed_cert.zip --workspace {ws}`")
-        _check_site_certificates(network, crt, key, chain)
+        # What would make every handshake fail, said now rather than after fx's start-up and retries: the
+        # doctor's checks of this site's certificate and (when it already listens) the aggregator's.
+        from .openfl.doctor import FAIL, check_aggregator, check_certificate
+
+        for check in (check_certificate(ws, name), check_aggregator(ws, name, network)):
+            if check.status == FAIL:
+                raise ConfigError(check.message)
     fx = fx_executable()
     if not Path(fx).is_absolute():
         import shutil
@@ -492,9 +476,9 @@ def site_start_command(workspace: str | Path, name: str, *, plan: str | None = N
             raise ConfigError("fx (OpenFL's command line) is not installed next to fedcontrast nor on the PATH: "
                               "install the workspace's requirements.txt")
     argv = [fx, "collaborator", "start", "-n", name]
-    if plan is not None and _fx_option(extra, "plan") is None:
+    if plan is not None and fx_plan is None:
         argv += ["-p", plan]
-    if data_config is not None and _fx_option(extra, "data_config") is None:
+    if data_config is not None and fx_data_config is None:
         argv += ["-d", data_config]
     return argv + extra
 
@@ -531,16 +515,15 @@ def _report_score(ws: Path, name: str | None) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from .openfl.launch import export_results, format_round, read_rounds
-    from .openfl.site_report import format_row, read_rows, site_report_folders
+    from .openfl.site_report import format_row, pick_site_report, read_rows, site_report_folders
 
     ws = Path(args.workspace)
     if args.score:
         return _report_score(ws, args.name)
     records = read_rounds(ws)
-    if not records and site_report_folders(ws):  # a site's workspace: its own report
-        for folder in site_report_folders(ws):
-            if args.name is not None and folder.name != args.name:
-                continue
+    folders = [] if records else site_report_folders(ws)
+    if folders:  # a site's workspace: its own report (--name: that site's, refused if it has none here)
+        for folder in [pick_site_report(ws, args.name)] if args.name is not None else folders:
             for row in read_rows(folder):
                 print(format_row(row, folder.name))
             files = ", ".join(p.name for p in sorted(folder.iterdir()) if p.is_file())

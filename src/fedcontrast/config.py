@@ -344,8 +344,6 @@ class RobustnessConfig:
         _check(bound is None or all(_finite(v) and v > 0 for v in values),
                "robustness.max_samples must be a number > 0, or a mapping site → number > 0, or left out; "
                f"got {bound!r}")
-        _check(isinstance(self.reject_replays, bool),
-               f"robustness.reject_replays must be true or false, got {self.reject_replays!r}")
         _check(self.on_rejected in ON_REJECTED,
                f"robustness.on_rejected must be one of {', '.join(ON_REJECTED)}, got {self.on_rejected!r}")
 

@@ -71,11 +71,10 @@ def build_algorithm(config: RunConfig) -> Algorithm:
 def upload_screen(config: RunConfig, algorithm: Algorithm):
     """The aggregator's screen of every round's uploads (:class:`fedcontrast.robust.UploadScreen`), as
     the plan's ``robustness`` section says; under DP a site's count may arrive noised, within the
-    count noise's allowance."""
+    count noise's allowance (``algorithm.count_noise``, as :func:`build_algorithm` set it)."""
     from .robust import UploadScreen
 
-    noise = config.privacy.count_noise_multiplier if config.privacy is not None else 0.0
-    return UploadScreen(config.robustness, algorithm, count_noise=noise)
+    return UploadScreen(config.robustness, algorithm, count_noise=algorithm.count_noise)
 
 
 def attach_public(algorithm: Algorithm, public) -> None:

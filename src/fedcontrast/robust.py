@@ -55,20 +55,25 @@ def _stacked(uploads: Mapping[str, Mapping[str, torch.Tensor]], name: str) -> to
     return torch.stack([uploads[s][name].to(torch.float64) for s in sites])  # (K, ...)
 
 
-def coordinate_median(uploads: Mapping[str, Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The coordinate-wise median of every tensor over the sites (Yin et al. 2018): for an even
-    number of sites the mean of the two middle values. Unweighted: a site's claimed sample count
-    cannot move it. Same names, shapes and dtypes as each upload."""
+def _trimmed(uploads: Mapping[str, Mapping[str, torch.Tensor]], t: int) -> dict[str, torch.Tensor]:
+    """Per coordinate, the sites' values sorted, ``t`` dropped at each end, the rest averaged
+    (unweighted). Same names, shapes and dtypes as each upload."""
     if not uploads:
         raise UploadError("no site uploaded anything this round")
     first = uploads[sorted(uploads)[0]]
     out = {}
     for name, ref in first.items():
         values, _ = _stacked(uploads, name).sort(dim=0)
-        k = values.shape[0]
-        middle = values[k // 2] if k % 2 else (values[k // 2 - 1] + values[k // 2]) / 2
-        out[name] = middle.to(ref.dtype)
+        kept = values[t:values.shape[0] - t] if t else values
+        out[name] = kept.mean(dim=0).to(ref.dtype)
     return out
+
+
+def coordinate_median(uploads: Mapping[str, Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The coordinate-wise median of every tensor over the sites (Yin et al. 2018): for an even
+    number of sites the mean of the two middle values. Unweighted: a site's claimed sample count
+    cannot move it. Same names, shapes and dtypes as each upload."""
+    return _trimmed(uploads, (len(uploads) - 1) // 2)  # odd K: the middle value; even K: the two middle ones
 
 
 def trimmed_count(sites: int, fraction: float) -> int:
@@ -80,16 +85,7 @@ def trimmed_count(sites: int, fraction: float) -> int:
 def trimmed_mean(uploads: Mapping[str, Mapping[str, torch.Tensor]], fraction: float) -> dict[str, torch.Tensor]:
     """The coordinate-wise trimmed mean (Yin et al. 2018): per coordinate, the sites' values sorted,
     :func:`trimmed_count` dropped at each end, the rest averaged (unweighted)."""
-    if not uploads:
-        raise UploadError("no site uploaded anything this round")
-    first = uploads[sorted(uploads)[0]]
-    t = trimmed_count(len(uploads), fraction)
-    out = {}
-    for name, ref in first.items():
-        values, _ = _stacked(uploads, name).sort(dim=0)
-        kept = values[t:values.shape[0] - t] if t else values
-        out[name] = kept.mean(dim=0).to(ref.dtype)
-    return out
+    return _trimmed(uploads, trimmed_count(len(uploads), fraction))
 
 
 def robust_average(uploads: Mapping[str, Mapping[str, torch.Tensor]], weights: Mapping[str, float], *,
@@ -111,22 +107,35 @@ def _weight_names(upload: Mapping[str, torch.Tensor], reference: Mapping[str, to
                   if n.startswith(WEIGHT_PREFIX) and t.is_floating_point() and n in reference)
 
 
+def _update_norm(upload: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], names: list[str]) -> float:
+    update = 0.0
+    for name in names:
+        ref = reference[name].detach().to("cpu", torch.float64)
+        update += float(((upload[name].detach().to("cpu", torch.float64) - ref) ** 2).sum())
+    return math.sqrt(update)
+
+
+def _reference_norm(reference: Mapping[str, torch.Tensor], names: list[str]) -> float:
+    reference_sq = 0.0
+    for name in names:
+        reference_sq += float((reference[name].detach().to("cpu", torch.float64) ** 2).sum())
+    return math.sqrt(reference_sq)
+
+
 def update_norm(upload: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> tuple[float, float]:
     """``(‖w_k − w‖, ‖w‖)``: L2 norms, in float64, over every floating-point model tensor the upload
     shares with the reference (the global model the site received)."""
-    update = reference_sq = 0.0
-    for name in _weight_names(upload, reference):
-        ref = reference[name].detach().to("cpu", torch.float64)
-        update += float(((upload[name].detach().to("cpu", torch.float64) - ref) ** 2).sum())
-        reference_sq += float((ref ** 2).sum())
-    return math.sqrt(update), math.sqrt(reference_sq)
+    names = _weight_names(upload, reference)
+    return _update_norm(upload, reference, names), _reference_norm(reference, names)
 
 
 def clip_update(upload: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor],
-                bound: float) -> dict[str, torch.Tensor]:
+                bound: float, *, norm: float | None = None) -> dict[str, torch.Tensor]:
     """The upload with its model update scaled to L2 norm ≤ ``bound``: ``w + (w_k − w)·min(1, bound/‖w_k − w‖)``
-    (norm clipping of updates, e.g. Sun et al. 2019); other tensors unchanged."""
-    norm, _ = update_norm(upload, reference)
+    (norm clipping of updates, e.g. Sun et al. 2019); other tensors unchanged. ``norm``: ``‖w_k − w‖``
+    when already known (:func:`update_norm`), else computed here."""
+    if norm is None:
+        norm = _update_norm(upload, reference, _weight_names(upload, reference))
     if norm <= bound:
         return dict(upload)
     scale = bound / norm
@@ -199,38 +208,51 @@ class UploadScreen:
                                      f"{bound:g} for it{noise}; rejected")
 
     def check_update(self, site: str, upload: Mapping[str, torch.Tensor],
-                     reference: Mapping[str, torch.Tensor] | None) -> None:
+                     reference: Mapping[str, torch.Tensor] | None,
+                     reference_norms: dict[tuple[str, ...], float] | None = None) -> float | None:
+        """Returns the update's norm ``‖w_k − w‖`` when it was computed, else None. ``reference_norms``:
+        ``‖w‖`` per set of model tensors, filled and reused across one round's sites."""
         ratio = self.config.max_update_ratio
         if ratio is None or not reference:
-            return
-        if not _weight_names(upload, reference):
-            return
-        norm, ref_norm = update_norm(upload, reference)
+            return None
+        names = _weight_names(upload, reference)
+        if not names:
+            return None
+        norm = _update_norm(upload, reference, names)
+        reference_norms = {} if reference_norms is None else reference_norms
+        if tuple(names) not in reference_norms:
+            reference_norms[tuple(names)] = _reference_norm(reference, names)
+        ref_norm = reference_norms[tuple(names)]
         if ref_norm == 0 and math.isfinite(norm):
-            return  # an all-zero global model gives no scale to compare with
+            return norm  # an all-zero global model gives no scale to compare with
         if not math.isfinite(norm) or norm > ratio * ref_norm:
             raise RejectedUpload(f"site {site!r} uploaded a model update of norm {norm:.4g}, more than the plan's "
                                  f"max_update_ratio {ratio:g} × the global model's norm {ref_norm:.4g}; rejected")
+        return norm
 
-    def check_replay(self, site: str, upload: Mapping[str, torch.Tensor], round_num: int) -> str:
+    def check_replay(self, site: str, upload: Mapping[str, torch.Tensor], round_num: int) -> str | None:
+        """The upload's digest, or None when the plan does not reject replays (nothing hashed)."""
+        if not self.config.reject_replays:
+            return None
         digest = upload_digest(upload)
-        if self.config.reject_replays:
-            first = self.digests.get(site, {}).get(digest)
-            if first is not None and first != round_num:
-                raise RejectedUpload(f"site {site!r} sent in round {round_num} exactly the upload it sent in round "
-                                     f"{first} (a replay, not fresh work); rejected")
+        first = self.digests.get(site, {}).get(digest)
+        if first is not None and first != round_num:
+            raise RejectedUpload(f"site {site!r} sent in round {round_num} exactly the upload it sent in round "
+                                 f"{first} (a replay, not fresh work); rejected")
         return digest
 
     def check(self, site: str, upload: Mapping[str, torch.Tensor], weight: Any, round_num: int,
-              reference: Mapping[str, torch.Tensor] | None) -> str:
-        """Every check of one site's (already shape-validated) upload; returns its digest."""
+              reference: Mapping[str, torch.Tensor] | None,
+              reference_norms: dict[tuple[str, ...], float] | None = None) -> tuple[str | None, float | None]:
+        """Every check of one site's (already shape-validated) upload; returns its digest (None when
+        replays are not checked) and its update's norm (None when not computed)."""
         self.check_weight(site, weight)
         try:
             self.algorithm.check_upload(site, upload, float(weight))
         except InvalidUploadError as exc:
             raise RejectedUpload(str(exc)) from None
-        self.check_update(site, upload, reference)
-        return self.check_replay(site, upload, round_num)
+        norm = self.check_update(site, upload, reference, reference_norms)
+        return self.check_replay(site, upload, round_num), norm
 
     # the round
     def screen(self, round_num: int, uploads: Mapping[str, Mapping[str, torch.Tensor]], weights: Mapping[str, Any],
@@ -239,16 +261,18 @@ class UploadScreen:
         when the plan says so, and remembered for replay detection. ``round_num``: the round as the
         run's records count it (1 = the round that makes model 1)."""
         accepted, kept, rejected = {}, {}, {}
+        reference_norms: dict[tuple[str, ...], float] = {}  # ‖w‖, computed once this round
         for site in sorted(uploads):
             try:
-                digest = self.check(site, uploads[site], weights.get(site), round_num, reference)
+                digest, norm = self.check(site, uploads[site], weights.get(site), round_num, reference, reference_norms)
             except RejectedUpload as exc:
                 rejected[site] = f"round {round_num}: {exc}"
                 continue
-            self.digests.setdefault(site, {}).setdefault(digest, round_num)
+            if digest is not None:
+                self.digests.setdefault(site, {}).setdefault(digest, round_num)
             upload = uploads[site]
             if self.config.clip_update_norm is not None and reference:
-                upload = clip_update(upload, reference, self.config.clip_update_norm)
+                upload = clip_update(upload, reference, self.config.clip_update_norm, norm=norm)
             accepted[site], kept[site] = upload, float(weights[site])
         return accepted, kept, rejected
 

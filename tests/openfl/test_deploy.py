@@ -66,6 +66,11 @@ def test_join_refuses_before_unpacking_anything(tmp_path):
         z.writestr("readme.txt", "hello")
     with pytest.raises(DeploymentError, match="is not a fedcontrast workspace package"):
         join(bogus, name="hosp1", data=data, into=site_dir)
+    latin1 = tmp_path / "latin1.zip"
+    with zipfile.ZipFile(latin1, "w") as z:
+        z.writestr("plan/plan.yaml", "# caf\xe9\n".encode("latin-1"))  # not UTF-8
+    with pytest.raises(DeploymentError, match="is not a fedcontrast workspace package"):
+        join(latin1, name="hosp1", data=data, into=site_dir)
     assert not site_dir.exists() or not any(site_dir.iterdir())  # nothing unpacked
 
 
@@ -128,10 +133,10 @@ def test_site_certificate_must_fit_its_key_and_the_federations_ca(tmp_path):
     key, cert = issue(ca, "hosp1")
     verify_site_certificate(site_workspace(tmp_path / "ok", ca[1], key, cert), "hosp1")
     _, someone_elses = issue(ca, "hosp1")  # signed for another request: another key
-    with pytest.raises(DeploymentError, match="does not belong to this site's key"):
+    with pytest.raises(DeploymentError, match=r"col_hosp1.crt \(CN=hosp1\) does not belong to the private key .*col_hosp1.key"):
         verify_site_certificate(site_workspace(tmp_path / "other_key", ca[1], key, someone_elses), "hosp1")
     _, foreign = issue(make_ca("another CA"), "hosp1", key=key)
-    with pytest.raises(DeploymentError, match="is not signed by the federation's CA"):
+    with pytest.raises(DeploymentError, match=r"col_hosp1.crt \(CN=hosp1\) is issued by .*, not by the federation's CA in .*cert_chain.crt"):
         verify_site_certificate(site_workspace(tmp_path / "other_ca", ca[1], key, foreign), "hosp1")
 
 

@@ -73,3 +73,15 @@ def test_a_bad_data_line_and_a_refusing_policy_fail_and_a_missing_name_is_asked_
     code, lines, err = doctor(ws, capsys)
     assert code == 2 and lines == []
     assert err.strip().endswith("names 2 sites (site_0, site_1); say which one this is with --name")
+
+
+def test_a_data_line_without_a_comma_is_a_failed_check_with_its_line(tmp_path, pki, capsys):
+    ws = site_workspace(tmp_path, pki)
+    (ws / "plan" / "data.yaml").write_text("# comment\nsite_0,shard:0\nsite_1 shard:1\n")  # fx would stop on line 3
+    code, lines, err = doctor(ws, capsys, "--name", "site_0")
+    assert code == 1
+    failed = [line for line in lines if line.startswith("FAIL")]
+    assert failed == [f"FAIL  data: line 3 of {ws / 'plan' / 'data.yaml'} is not NAME,PATH ('site_1 shard:1'); "
+                      "OpenFL would stop on it: correct it, or write this site's line again with `fedcontrast site "
+                      "join`"]
+    assert err.startswith("fedcontrast doctor: 1 check failed (data)")

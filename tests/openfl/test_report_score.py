@@ -79,6 +79,10 @@ def test_several_sites_reports_need_a_name(tmp_path, capsys):
     assert code == 0 and out.startswith("final model on site_0's held-out data: accuracy ")
     code, _, err = report(capsys, ws, "--score", "--name", "hosp1")
     assert code == 2 and "holds no report of hosp1 (it holds site_0, site_1's)" in err
+    code, out, err = report(capsys, ws, "--name", "hosp1")  # the listing too: a typo is not an empty listing
+    assert code == 2 and out == "" and "holds no report of hosp1 (it holds site_0, site_1's)" in err
+    code, out, _ = report(capsys, ws, "--name", "site_1")
+    assert code == 0 and "site_1" in out and "site_0" not in out
 
 
 @pytest.mark.parametrize("workspace", ["operator", "empty"])

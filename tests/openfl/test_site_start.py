@@ -89,6 +89,12 @@ def test_a_name_without_a_data_line_is_refused_naming_the_file_and_its_names(sit
     assert message.startswith(f"{site_ws / 'plan' / 'data.yaml'} has no line for hosp9 (it names site_0, site_1)")
     (site_ws / "plan" / "data.yaml").write_text("# no site yet\n")
     assert "(it names no site)" in refused(capsys, execv, str(site_ws), "--name", "hosp9")
+    (site_ws / "plan" / "data.yaml").write_text("site_0 ,shard:0\n")  # fx's name is "site_0 ", not site_0
+    assert "(it names site_0 )" in refused(capsys, execv, str(site_ws), "--name", "site_0")
+    (site_ws / "plan" / "data.yaml").write_text("# comment\n\nsite_0,shard:0\n  # not a comment to fx\n")
+    message = refused(capsys, execv, str(site_ws), "--name", "site_0")
+    assert message.startswith(f"line 4 of {site_ws / 'plan' / 'data.yaml'} is not NAME,PATH ('  # not a comment "
+                              "to fx'); OpenFL would stop on it")
 
 
 def test_a_name_not_in_cols_yaml_is_refused_naming_the_file_and_its_names(site_ws, execv, capsys):

@@ -28,8 +28,7 @@ from fedcontrast.openfl.pki import (check_aggregator_certificate, check_enrolled
                                     fx_executable)
 from fedcontrast.openfl.plan import build_plan, create_workspace
 
-from .conftest import small_config
-from .test_refusals import run_collaborator
+from .conftest import run_collaborator, small_config
 
 NOW = dt.datetime.now(dt.timezone.utc)
 

@@ -13,6 +13,7 @@ from PIL import Image
 from fedcontrast.cli import main
 from fedcontrast.config import DataSchema, RunConfig
 from fedcontrast.data.schema import load_site_splits
+from fedcontrast.errors import ConfigError
 from fedcontrast.openfl.plan import DATA_YAML_HEADER, create_workspace
 from fedcontrast.privacy.audit import audit_plan, load_plan
 from fedcontrast.privacy.policy import SitePolicy
@@ -129,3 +130,27 @@ def test_a_wrong_site_is_one_sentence(tmp_path, capsys, site, words):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("fedcontrast: error:") and words in err, err
     assert (ws / "plan" / "data.yaml").read_text() == before
+
+
+def test_site_option_on_a_plan_file_outside_a_workspace_is_one_sentence(tmp_path, capsys):
+    ws = site_workspace(tmp_path, f"hosp1,{images(tmp_path / 'hosp1', {'a': 5, 'b': 5})}\n")
+    loose = tmp_path / "loose.yaml"
+    loose.write_text((ws / "plan" / "plan.yaml").read_text())
+    assert load_plan(loose)[1] is None
+    assert main(["audit", str(loose), "--site", "hosp1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("fedcontrast: error: --site hosp1:"), err
+    assert "not in a workspace" in err
+    assert main(["audit", str(loose)]) == 0  # without --site the plan file is audited as before
+
+
+def test_data_lines_are_read_as_fx_reads_them(tmp_path):
+    ws = site_workspace(tmp_path, "hosp1 ,x\n")  # fx's name is "hosp1 ": hosp1 itself has no line
+    plan, workspace = load_plan(ws)
+    report = audit_plan(plan, source=str(ws), workspace=workspace)
+    assert [(s.name, s.data) for s in report.sites] == [("hosp1 ", "x"), ("hosp1", "its own folder (not here)"),
+                                                        ("hosp2", "its own folder (not here)"),
+                                                        ("hosp3", "its own folder (not here)")]
+    (ws / "plan" / "data.yaml").write_text("hosp1 x\n")
+    with pytest.raises(ConfigError, match=r"line 1 of .*data.yaml is not NAME,PATH \('hosp1 x'\)"):
+        audit_plan(plan, source=str(ws), workspace=workspace)

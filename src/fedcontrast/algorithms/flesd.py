@@ -44,9 +44,9 @@ from .base import (WEIGHT_PREFIX, Algorithm, Downlink, InvalidUploadError, Serve
                    TaskResult, TensorSpec, load_weights, weight_specs, weight_tensors)
 from .moon import represent_all
 from .registry import register_algorithm
+from .training import batch_indices, site_generator
 
 logger = logging.getLogger(__name__)
-from .training import batch_indices, site_generator
 
 FINGERPRINT = "flesd.public_fingerprint"  # download (32,) uint8: SHA-256 of the aggregator's P
 REPRESENTATIONS = "flesd.representations"  # upload (N, d): normalised f_k(P)

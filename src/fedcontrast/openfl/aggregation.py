@@ -92,7 +92,7 @@ class PluginAggregation(AggregationFunction):
         return self._aggregate_round(tensor_db, fl_round, {lt.col_name: lt.tensor for lt in local_tensors})
 
     def _save_digests(self) -> None:
-        if PERSONAL_DIR is not None:
+        if PERSONAL_DIR is not None and self.config.robustness.reject_replays:  # nothing hashed otherwise
             write_json(digests_path(PERSONAL_DIR), self.screen.digests)
 
     def received_downlink(self, db, fl_round: int) -> dict[str, torch.Tensor] | None:

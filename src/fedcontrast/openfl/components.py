@@ -449,7 +449,8 @@ class SafeAggregator(Aggregator):
 
     def refuse_upload(self, sender: str, received: int) -> str:
         """An upload over :attr:`max_upload_bytes`, refused while it streams in (nothing of it is
-        stored): stop the federation naming the sender, as for any rejected upload. The reason."""
+        stored): stop the federation naming the sender, even under ``on_rejected: exclude`` (the sender's
+        collaborator ends on the refusal, so the round could only wait for it until its timeout). The reason."""
         reason = (f"{sender}'s upload of more than {received} bytes exceeds the {self.max_upload_bytes} bytes "
                   "that the plan's declared upload allows; refused before it was stored")
         with self.lock:

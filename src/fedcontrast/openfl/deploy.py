@@ -24,8 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from ..errors import ConfigError, FedContrastError
 from .pki import fx_executable
 
@@ -282,7 +280,7 @@ def package_config(archive: Path):
         with zipfile.ZipFile(archive) as z:
             plan = loads_yaml(z.read("plan/plan.yaml").decode(), f"the plan in {archive}")
         return RunConfig.from_dict(plan["task_runner"]["settings"]["run_config"])
-    except (zipfile.BadZipFile, KeyError, TypeError, yaml.YAMLError):
+    except (zipfile.BadZipFile, KeyError, TypeError, UnicodeDecodeError):
         raise DeploymentError(f"{archive} is not a fedcontrast workspace package (no readable plan/plan.yaml; "
                               "the operator makes it with `fedcontrast workspace export`)") from None
 
@@ -318,9 +316,9 @@ def import_certificate(workspace: str | Path, signed_zip: str | Path, *, log: Ca
 
 
 def verify_site_certificate(workspace: Path, name: str) -> None:
-    """The site's certificate matches its private key and is signed by the CA in ``cert_chain.crt``."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
+    """The site's certificate is within its dates, matches its private key and is signed by the CA in
+    ``cert_chain.crt`` (:func:`~.pki.check_own_certificate`)."""
+    from .pki import check_own_certificate
 
     cert_dir = workspace / "cert"
     crt, key = cert_dir / "client" / f"col_{name}.crt", cert_dir / "client" / f"col_{name}.key"
@@ -328,13 +326,7 @@ def verify_site_certificate(workspace: Path, name: str) -> None:
     for path in (crt, key, chain):
         if not path.exists():
             raise DeploymentError(f"{path} is missing after the import")
-    cert = x509.load_pem_x509_certificate(crt.read_bytes())
-    private = serialization.load_pem_private_key(key.read_bytes(), password=None)
-    if cert.public_key().public_numbers() != private.public_key().public_numbers():
-        raise DeploymentError(f"{crt} does not belong to this site's key {key}: it was signed for another request")
-    issuers = x509.load_pem_x509_certificates(chain.read_bytes())
     try:
-        if not any(cert.issuer == ca.subject and cert.verify_directly_issued_by(ca) is None for ca in issuers):
-            raise ValueError("no certificate in the chain issued it")
-    except (ValueError, TypeError) as exc:
-        raise DeploymentError(f"{crt} is not signed by the federation's CA in {chain} ({exc})") from None
+        check_own_certificate(crt, key, chain)
+    except ConfigError as exc:
+        raise DeploymentError(str(exc)) from None

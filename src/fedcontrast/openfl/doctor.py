@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..config import RunConfig, site_names
 from ..errors import ConfigError, FedContrastError
-from .plan import load_plan_file, read_workspace_config
+from .plan import read_data_lines, read_workspace_plan
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
@@ -28,14 +28,12 @@ class Check:
 
 
 def data_lines(workspace: Path) -> dict[str, str]:
-    """``plan/data.yaml``'s ``NAME,PATH`` lines read as OpenFL reads them (comments skipped; a name is
-    everything up to the first comma, spaces included, so a line fx would not match is not matched here)."""
+    """``plan/data.yaml``'s ``NAME,PATH`` lines read as OpenFL reads them (:func:`.plan.read_data_lines`;
+    a line without a comma raises :class:`ConfigError`); {} when the file is missing."""
     path = workspace / "plan" / "data.yaml"
     if not path.is_file():
         return {}
-    lines = [l.rstrip().split(",", 1) for l in path.read_text().splitlines()
-             if l.rstrip() and not l.startswith("#") and "," in l]
-    return {name: data.strip() for name, data in lines}
+    return read_data_lines(path)
 
 
 def site_name(workspace: Path, name: str | None) -> str:
@@ -52,16 +50,18 @@ def site_name(workspace: Path, name: str | None) -> str:
 def run_checks(workspace: str | Path, name: str | None = None) -> list[Check]:
     """Every check, in order; a workspace without a readable plan raises :class:`ConfigError`."""
     ws = Path(workspace)
-    config = read_workspace_config(ws)
-    plan = load_plan_file(ws / "plan" / "plan.yaml")
+    plan, config = read_workspace_plan(ws)
     name = site_name(ws, name)
     network = dict(plan.get("network", {}).get("settings") or {})
     checks = [_check_name(config, name)]
     if network.get("use_tls", True):
-        checks.append(_check_certificate(ws, name))
-    checks.append(_check_aggregator(ws, name, network))
-    data = data_lines(ws).get(name)
-    checks.append(_check_data(ws, config, name, data))
+        checks.append(check_certificate(ws, name))
+    checks.append(check_aggregator(ws, name, network))
+    try:
+        data, unreadable = data_lines(ws).get(name), None
+    except ConfigError as exc:  # a line fx would stop on
+        data, unreadable = None, Check("data", FAIL, str(exc))
+    checks.append(unreadable or _check_data(ws, config, name, data))
     checks.append(_check_policy(ws, config, plan, data))
     return checks
 
@@ -75,7 +75,7 @@ def _check_name(config: RunConfig, name: str) -> Check:
                              f"{config.rounds} rounds)")
 
 
-def _check_certificate(ws: Path, name: str) -> Check:
+def check_certificate(ws: Path, name: str) -> Check:
     from .pki import _certificates, check_own_certificate, subject
 
     cert_dir = ws / "cert"
@@ -96,7 +96,7 @@ def _check_certificate(ws: Path, name: str) -> Check:
                                     f"{cert.not_valid_after_utc:%Y-%m-%d}")
 
 
-def _check_aggregator(ws: Path, name: str, network: dict) -> Check:
+def check_aggregator(ws: Path, name: str, network: dict) -> Check:
     import socket
 
     from .pki import check_aggregator_certificate

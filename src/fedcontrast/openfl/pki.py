@@ -52,35 +52,6 @@ def make_dev_pki(workspace: str | Path, collaborators: list[str], *, fqdn: str =
                                    + " | ".join(tail))
 
 
-def check_certificate_dates(paths: list[str | Path], *, now: dt.datetime | None = None) -> None:
-    """Refuse at once, in one sentence naming the file and the date, a certificate that has expired
-    or is not valid yet (the TLS handshake would fail on every retry without ever saying why).
-    Files that do not exist are left to OpenFL, which names them."""
-    from cryptography import x509
-
-    now = now or dt.datetime.now(dt.timezone.utc)
-    for path in map(Path, paths):
-        if not path.is_file():
-            continue
-        try:
-            certificates = x509.load_pem_x509_certificates(path.read_bytes())
-        except ValueError:
-            raise ConfigError(f"{path} is not a PEM certificate; make this party's certificates again") from None
-        for cert in certificates:
-            subject = cert.subject.rfc4514_string()
-            if cert.not_valid_after_utc < now:
-                raise ConfigError(f"the certificate {path} ({subject}) expired on "
-                                  f"{cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; have the federation's CA issue "
-                                  "a new one before starting")
-            if cert.not_valid_before_utc > now:
-                raise ConfigError(f"the certificate {path} ({subject}) is not valid before "
-                                  f"{cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC; check this machine's clock")
-
-
-# --- TLS diagnostics: say which certificate, which CA, which name, instead of retrying -------------
-# A handshake that fails for a certificate reason fails the same way on every retry, and neither gRPC
-# nor OpenFL says why; these checks read the files (and the aggregator's certificate) themselves.
-
 def _certificates(path: Path) -> list:
     from cryptography import x509
 
@@ -92,6 +63,36 @@ def _certificates(path: Path) -> list:
 
 def subject(cert) -> str:
     return cert.subject.rfc4514_string()
+
+
+def _out_of_date(cert, now: dt.datetime) -> str | None:
+    """"expired on DATE UTC" or "is not valid before DATE UTC" (None: within its dates)."""
+    if cert.not_valid_after_utc < now:
+        return f"expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+    if cert.not_valid_before_utc > now:
+        return f"is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC"
+    return None
+
+
+def check_certificate_dates(paths: list[str | Path], *, now: dt.datetime | None = None) -> None:
+    """Refuse at once, in one sentence naming the file and the date, a certificate that has expired
+    or is not valid yet (the TLS handshake would fail on every retry without ever saying why).
+    Files that do not exist are left to OpenFL, which names them."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    for path in map(Path, paths):
+        if not path.is_file():
+            continue
+        for cert in _certificates(path):
+            problem = _out_of_date(cert, now)
+            if problem is not None:
+                raise ConfigError(f"the certificate {path} ({subject(cert)}) {problem}; " + (
+                    "have the federation's CA issue a new one before starting" if problem.startswith("expired")
+                    else "check this machine's clock"))
+
+
+# --- TLS diagnostics: say which certificate, which CA, which name, instead of retrying -------------
+# A handshake that fails for a certificate reason fails the same way on every retry, and neither gRPC
+# nor OpenFL says why; these checks read the files (and the aggregator's certificate) themselves.
 
 
 def certificate_names(cert) -> list[str]:
@@ -180,8 +181,8 @@ def check_server_files(cert_dir: str | Path, address: str, *, now: dt.datetime |
                           f"make the aggregator's certificate for {address} (`fedcontrast ca init --fqdn {address}`)"
                           + (f" or set network.settings.agg_addr to {found[0].removeprefix('agg_')} in the plan"
                              if found else ""))
-    check_certificate_dates([cert_dir / "cert_chain.crt"], now=now)
-    # signed by the CA the sites trust (the same cert_chain.crt the aggregator checks the sites' certificates with)
+    # in date (the CA chain too), fitting its key, and signed by the CA the sites trust (the cert_chain.crt the
+    # aggregator checks the sites' certificates with)
     check_own_certificate(crt, key, cert_dir / "cert_chain.crt", now=now)
     names = certificate_names(_certificates(crt)[0])
     if not _names_host(names, address):
@@ -211,10 +212,9 @@ def check_enrolled_certificates(cert_dir: str | Path, sites: list[str], *, now: 
             problems.append(f"{site}'s certificate {path} is not a PEM certificate")
             continue
         said = f"{site}'s certificate {path} ({subject(cert)})"
-        if cert.not_valid_after_utc < now:
-            problems.append(f"{said} expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
-        elif cert.not_valid_before_utc > now:
-            problems.append(f"{said} is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC")
+        problem = _out_of_date(cert, now)
+        if problem is not None:
+            problems.append(f"{said} {problem}")
         elif cert.not_valid_after_utc < now + soon:
             problems.append(f"{said} expires on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
         if authorities and not signed_by(cert, authorities):
@@ -274,12 +274,11 @@ def check_aggregator_certificate(host: str, port: int, chain: str | Path, *, cer
         raise ConfigError(f"{shown} issued by {cert.issuer.rfc4514_string()}, not by the federation's CA in {chain} "
                           f"({_chain_names(authorities)}): this site and the aggregator hold different CAs; get the "
                           "federation's cert_chain.crt from the operator")
-    if cert.not_valid_after_utc < now:
-        raise ConfigError(f"{shown} that expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; the operator must "
-                          "have the federation's CA issue a new one")
-    if cert.not_valid_before_utc > now:
-        raise ConfigError(f"{shown} that is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC; check "
-                          "this machine's clock (and the aggregator's)")
+    problem = _out_of_date(cert, now)
+    if problem is not None:
+        raise ConfigError(f"{shown} that {problem}; " + (
+            "the operator must have the federation's CA issue a new one" if problem.startswith("expired")
+            else "check this machine's clock (and the aggregator's)"))
     names = certificate_names(cert)
     if not _names_host(names, host):
         raise ConfigError(f"{shown} issued for {', '.join(names) or 'no name'}, not for {host}, the plan's agg_addr; "

@@ -193,19 +193,19 @@ def pin_shared_files(config: RunConfig, ws: Path, *, log=print) -> RunConfig:
     return config.replace(hyperparameters={**config.hyperparameters, config.algorithm: pinned})
 
 
-def read_workspace_config(workspace: str | Path) -> RunConfig:
-    """The run configuration embedded in a workspace's plan."""
+def read_workspace_plan(workspace: str | Path) -> tuple[dict[str, Any], RunConfig]:
+    """A workspace's plan (checked: one copy of every setting, what each party will run) and the run
+    configuration embedded in it."""
     path = Path(workspace) / "plan" / "plan.yaml"
     if not path.is_file():
         raise ConfigError(f"{workspace} is not a workspace: {path} does not exist")
-    from ..yamlio import load_yaml_file
+    plan = load_plan_file(path)
+    return plan, RunConfig.from_dict(plan["task_runner"]["settings"]["run_config"])
 
-    plan = load_yaml_file(path, "plan")
-    check_plan_consistency(plan, str(path))  # one copy of every setting: what each party will run
-    try:
-        return RunConfig.from_dict(plan["task_runner"]["settings"]["run_config"])
-    except (KeyError, TypeError):
-        raise ConfigError(f"{path} is not a fedcontrast plan (no task_runner.settings.run_config)") from None
+
+def read_workspace_config(workspace: str | Path) -> RunConfig:
+    """The run configuration embedded in a workspace's plan."""
+    return read_workspace_plan(workspace)[1]
 
 
 # Settings OpenFL writes into ``network.settings`` itself at start-up (certificate paths, identities),
@@ -334,3 +334,21 @@ def collaborator_names(workspace: str | Path) -> list[str]:
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise ConfigError(f"{path} must list the collaborators' names under collaborators:")
     return names
+
+
+def read_data_lines(path: Path) -> dict[str, str]:
+    """A ``NAME,PATH`` data file (``plan/data.yaml``) read as OpenFL's ``Plan.parse`` reads it: each
+    line right-stripped, empty lines and lines starting with ``#`` skipped, the name everything up to
+    the first comma (spaces included: a line fx would not match is not matched here), a later line for
+    the same name winning. A line without a comma, on which fx would stop, raises :class:`ConfigError`."""
+    lines = {}
+    for number, line in enumerate(path.read_text().split("\n"), start=1):  # text mode: the lines fx iterates
+        line = line.rstrip()
+        if not line or line.startswith("#"):
+            continue
+        if "," not in line:
+            raise ConfigError(f"line {number} of {path} is not NAME,PATH ({line!r}); OpenFL would stop on it: "
+                              "correct it, or write this site's line again with `fedcontrast site join`")
+        name, data = line.split(",", 1)
+        lines[name] = data.strip()
+    return lines

@@ -208,17 +208,18 @@ def load_final_model(folder: str | Path) -> tuple[torch.nn.Module, RunConfig, di
 
 
 def score_final_model(folder: str | Path, train: Any, test: Any, *, public: Any = None,
-                      device: str | torch.device = "cpu") -> dict[str, float]:
+                      device: str | torch.device | None = "cpu") -> dict[str, float]:
     """Score the final model in ``folder`` as the site did in its final round (the plugin's
     ``evaluate_at_site`` with the same state and seed): ``train`` and ``test`` are the site's own
-    splits (FLESD's probe trains on ``train``), ``public`` the plan's public set when it has one."""
-    from ..construction import attach_public, build_algorithm
+    splits (FLESD's probe trains on ``train``), ``public`` the plan's public set when it has one;
+    ``device`` None: the run's own device setting."""
+    from ..construction import attach_public, build_algorithm, resolve_device
 
     folder = Path(folder)
     model, config, info = load_final_model(folder)
     algorithm = build_algorithm(config)
     attach_public(algorithm, public)
-    device = torch.device(device)
+    device = resolve_device(config.device) if device is None else torch.device(device)
     site = SiteContext(name=info["site"], data=train, model=model.to(device), training=config.training,
                        round_num=info["round"], seed=info["seed"], device=device,
                        state=_load(folder / info["files"]["state"]), public=public, index=info["index"])
@@ -268,7 +269,6 @@ def score_in_workspace(workspace: str | Path, name: str | None = None) -> tuple[
     its report's row for the final round (``final_model.json``'s figures when the row is missing)."""
     import os
 
-    from ..construction import resolve_device
     from .components import CollaboratorStopped
     from .doctor import data_lines
     from .loader import SHARD_PREFIX, SiteDataLoader
@@ -298,11 +298,10 @@ def score_in_workspace(workspace: str | Path, name: str | None = None) -> tuple[
                                     network=settings.get("network"), model_shape=settings.get("model_shape"))
         except CollaboratorStopped as exc:
             raise ConfigError(str(exc).removeprefix("fedcontrast collaborator: error: ")) from None
-        _, config, info = load_final_model(folder)
-        scored = score_final_model(folder, loader.train, loader.test, public=loader.public,
-                                   device=resolve_device(config.device))
+        scored = score_final_model(folder, loader.train, loader.test, public=loader.public, device=None)
     finally:
         os.chdir(before)
+    info = json.loads((folder / FINAL_INFO).read_text())
     rows = {r["round"]: r for r in read_rows(folder)}
     reported = rows.get(info["round"]) or {"round": info["round"], "evaluation": info.get("evaluation", {}),
                                            "accuracy": info.get("evaluation", {}).get("accuracy")}

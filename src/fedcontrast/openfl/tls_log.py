@@ -40,6 +40,12 @@ SERVER_NAME = re.compile(r"No match found for server name: (\S+?)\.?$")
 CLOSED = "Handshake read failed"
 ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 
+# A signature that does not verify: the certificate names the federation's CA as its issuer, but another CA
+# of that name signed it (OpenFL gives every workspace's CA the same name), or the site's key is not the
+# certificate's (RSA reports the first as BLOCK_TYPE_IS_NOT_01, ECDSA as BAD_SIGNATURE).
+FORGED = ("the certificate it presented names the federation's CA ({chain}) as its issuer, but that CA's signature "
+          "does not verify: another CA of the same name signed it (e.g. another workspace's CA: OpenFL names them all "
+          "alike), or it does not match the site's key")
 # What each refusal means, as the operator should read it ({chain}: the federation's CA file).
 CAUSES = {
     "CERTIFICATE_VERIFY_FAILED": "the certificate it presented does not verify against the federation's CA in "
@@ -54,14 +60,10 @@ CAUSES = {
     "SSLV3_ALERT_BAD_CERTIFICATE": "it rejected this aggregator's certificate",
     "SSLV3_ALERT_CERTIFICATE_EXPIRED": "it found this aggregator's certificate expired (check both machines' clocks)",
     "TLSV1_ALERT_DECRYPT_ERROR": "its certificate does not match the key it signed with",
+    "BLOCK_TYPE_IS_NOT_01": FORGED,
+    "BAD_SIGNATURE": FORGED,
+    "PADDING_CHECK_FAILED": FORGED,
 }
-# A signature that does not verify: the certificate names the federation's CA as its issuer, but another CA
-# of that name signed it (OpenFL gives every workspace's CA the same name), or the site's key is not the
-# certificate's (RSA reports the first as BLOCK_TYPE_IS_NOT_01, ECDSA as BAD_SIGNATURE).
-FORGED = ("the certificate it presented names the federation's CA ({chain}) as its issuer, but that CA's signature "
-          "does not verify: another CA of the same name signed it (e.g. another workspace's CA: OpenFL names them all "
-          "alike), or it does not match the site's key")
-CAUSES.update(BLOCK_TYPE_IS_NOT_01=FORGED, BAD_SIGNATURE=FORGED, PADDING_CHECK_FAILED=FORGED)
 CLOSED_CAUSE = ("it closed the connection during the TLS handshake: usually a site that does not trust this "
                 "aggregator's certificate (another federation's cert_chain.crt, or a certificate for another name), "
                 "or a port check")

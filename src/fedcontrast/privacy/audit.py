@@ -14,7 +14,6 @@ from typing import Any
 
 from ..config import RunConfig
 from ..errors import ConfigError
-from ..yamlio import load_yaml_file
 from .accounting import planned_epsilon
 from .releases import ReleaseLine, describe_releases, release_choices
 
@@ -165,7 +164,6 @@ def read_certificates(cert_dir: Path) -> list[Certificate] | None:
     return out or None
 
 
-SHARD = "shard:"
 NOT_HERE = "its own folder (not here)"
 
 
@@ -174,19 +172,16 @@ def _site_data(workspace: Path | None, config: RunConfig) -> list[tuple[str, str
     line for (a site's workspace holds its own line only); without lines (no workspace, or an
     operator's, who holds no data) the plan's sites with their shards, or "its own folder"."""
     from ..config import site_names
+    from ..openfl.loader import SHARD_PREFIX
+    from ..openfl.plan import read_data_lines
 
     path = workspace / "plan" / "data.yaml" if workspace is not None else None
-    rows = []
-    if path is not None and path.is_file():
-        for line in path.read_text().splitlines():
-            if line.strip() and not line.lstrip().startswith("#") and "," in line:
-                name, data = line.split(",", 1)
-                rows.append((name.strip(), data.strip()))
+    rows = list(read_data_lines(path).items()) if path is not None and path.is_file() else []  # as fx reads it
     if rows:
         listed = {name for name, _ in rows}
         return rows + [(name, NOT_HERE) for name in site_names(config) if name not in listed]
     own = config.data_schema is not None
-    return [(name, NOT_HERE if own else f"{SHARD}{i}") for i, name in enumerate(site_names(config))]
+    return [(name, NOT_HERE if own else f"{SHARD_PREFIX}{i}") for i, name in enumerate(site_names(config))]
 
 
 def _folder(data: str, workspace: Path) -> Path:
@@ -199,9 +194,10 @@ def _sites_here(rows: list[tuple[str, str]], workspace: Path, config: RunConfig,
     """The sites whose data is on this machine: ``site`` (checked), else every line whose folder exists.
     Shard lines of the embedded demo count only when named: anyone can compute them from the plan."""
     from ..config import site_names
+    from ..openfl.loader import SHARD_PREFIX
 
     if site is None:
-        return [name for name, data in rows if not data.startswith(SHARD) and data != NOT_HERE
+        return [name for name, data in rows if not data.startswith(SHARD_PREFIX) and data != NOT_HERE
                 and _folder(data, workspace).is_dir()]
     if site not in site_names(config):
         raise ConfigError(f"--site {site}: not a site of this plan ({', '.join(site_names(config))})")
@@ -209,7 +205,7 @@ def _sites_here(rows: list[tuple[str, str]], workspace: Path, config: RunConfig,
     if data == NOT_HERE:
         raise ConfigError(f"{workspace / 'plan' / 'data.yaml'} has no line for {site}: add one ({site},PATH to its "
                           "data), e.g. with `fedcontrast site join`")
-    if not data.startswith(SHARD) and not _folder(data, workspace).is_dir():
+    if not data.startswith(SHARD_PREFIX) and not _folder(data, workspace).is_dir():
         raise ConfigError(f"{site}'s data folder {_folder(data, workspace)} (from plan/data.yaml) does not exist on "
                           "this machine; audit on the site's own machine or fix its line")
     return [site]
@@ -220,15 +216,14 @@ def _own_data(config: RunConfig, data: str, workspace: Path) -> tuple[dict[str, 
     its accountant and its per-class uploads count) and held-out samples — no image is decoded."""
     import numpy as np
 
-    if data.startswith(SHARD):  # the embedded demo's shard N
+    from ..openfl.loader import SHARD_PREFIX, _shard_index
+
+    if data.startswith(SHARD_PREFIX):  # the embedded demo's shard N
         from ..construction import load_splits, partition
 
         splits = load_splits(config)
         parts = partition(config, splits)
-        index = int(data[len(SHARD):]) if data[len(SHARD):].isdigit() else -1
-        if not 0 <= index < len(parts):
-            raise ConfigError(f"data line {data!r} in plan/data.yaml must be shard:N with 0 <= N < {len(parts)}")
-        labels = splits.train.y.numpy()[parts[index]]
+        labels = splits.train.y.numpy()[parts[_shard_index(data, len(parts))]]  # the index as its collaborator reads it
         names = splits.class_names or tuple(str(c) for c in range(splits.num_classes))
         return {name: int((labels == c).sum()) for c, name in enumerate(names)}, None
     from ..data.schema import summarise_folder
@@ -259,15 +254,10 @@ def load_plan(path: str | Path) -> tuple[dict[str, Any], Path | None]:
         workspace = p.parent.parent if p.parent.name == "plan" and p.name == "plan.yaml" else None
     else:
         raise ConfigError(f"{p} does not exist")
-    plan = load_yaml_file(plan_path, "plan")  # a duplicate key is refused, not silently overridden
-    try:
-        plan["task_runner"]["settings"]["run_config"]
-    except (KeyError, TypeError):
-        raise ConfigError(f"{plan_path} is not a fedcontrast plan (no task_runner.settings.run_config)") from None
-    from ..openfl.plan import check_plan_consistency
+    from ..openfl.plan import load_plan_file
 
-    check_plan_consistency(plan, str(plan_path))  # what is audited is what every component runs
-    return plan, workspace
+    # a duplicate key is refused, not silently overridden; what is audited is what every component runs
+    return load_plan_file(plan_path), workspace
 
 
 def shard_sizes(config: RunConfig) -> list[int]:
@@ -288,7 +278,11 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
     At a site (its data line's folder exists here, or ``site`` names it) that site is counted from
     its own data, and nothing is computed for the others: their data is not on this machine."""
     from ..construction import build_algorithm, initial_model
+    from ..openfl.loader import SHARD_PREFIX
 
+    if site is not None and workspace is None:
+        raise ConfigError(f"--site {site}: {source} is not in a workspace (WORKSPACE/plan/plan.yaml), so no "
+                          "plan/data.yaml says where its data is; audit the site's workspace folder instead")
     config = RunConfig.from_dict(plan["task_runner"]["settings"]["run_config"])
     agg = plan.get("aggregator", {}).get("settings", {})
     shape = agg.get("model_shape")
@@ -326,10 +320,10 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
             samples, note = sum(classes.values()), "counted from its data on this machine"
             if minimum is not None:
                 under = [c for c, n in classes.items() if 0 < n < minimum]
-        elif samples is None and not here and data.startswith(SHARD) and data[len(SHARD):].isdigit():
+        elif samples is None and not here and data.startswith(SHARD_PREFIX) and data[len(SHARD_PREFIX):].isdigit():
             if sizes is None:
                 sizes = shard_sizes(config)
-            index = int(data[len(SHARD):])
+            index = int(data[len(SHARD_PREFIX):])
             samples, note = (sizes[index], "shard of the plan's partition") if index < len(sizes) else (None, "")
         if samples is None:
             note = (f"not known here{': another site' if here else ''}; ε for the smallest site the plan allows "
@@ -349,7 +343,7 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
                        accountant=config.privacy.accountant if config.privacy else None,
                        mechanisms=mechanism_lines or ["none"], guarantee=guarantee, tensors=tensors, sites=lines,
                        tls=bool(network.get("use_tls", True)), client_auth=bool(network.get("require_client_auth", True)),
-                       certificates=certs, class_minimum=algorithm.shared_class_minimum(), guarantee_kind=kind,
+                       certificates=certs, class_minimum=minimum, guarantee_kind=kind,
                        releases=releases, secure_noise=_secure_noise(config), here=here)
 
 

@@ -14,7 +14,7 @@ import yaml
 
 from ..atomic import atomic_write_text
 from ..config import RunConfig
-from ..errors import CheckpointError, ConfigError, OutputError
+from ..errors import CheckpointError, ConfigError
 from .checkpoint import load_checkpoint, save_checkpoint
 from .federation import Federation
 from .outputs import (GLOBAL_SITE, TensorBoardLog, build_summary, plot_curves, test_accuracy_curve,
@@ -78,12 +78,8 @@ def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = Fal
         _check_resumable(checkpoint["config"], config, ckpt_path)
 
     federation = Federation(config, local_evaluation=local_evaluation, linear_probe=linear_probe)  # data, partition, model: fails early on bad input
-    try:
-        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
-        summary = _run_rounds(config, run_dir, federation, checkpoint, progress, stop_after)
-    except OutputError as exc:
-        raise OutputError(f"{exc}: free some space and continue the run with --resume") from None
-    return summary
+    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
+    return _run_rounds(config, run_dir, federation, checkpoint, progress, stop_after)  # a full disk: OutputError says what to do
 
 
 def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkpoint: dict[str, Any] | None,
