@@ -338,8 +338,9 @@ def cmd_ca_init(args: argparse.Namespace) -> int:
 def cmd_ca_sign(args: argparse.Namespace) -> int:
     from .openfl.deploy import sign_request
 
-    def confirm(site: str, csr_hash: str) -> bool:
-        print(f"request of {site!r}: SHA-384 hash {csr_hash}")
+    def confirm(site: str, csr_hash: str) -> bool:  # `site`: the name read from the CSR itself
+        print(f"request {Path(args.request).name}: its CSR is for CN={site} (the site {args.site} you sign for); "
+              f"SHA-384 hash {csr_hash}")
         if args.yes:
             return True
         try:
@@ -349,23 +350,42 @@ def cmd_ca_sign(args: argparse.Namespace) -> int:
                               "pass --yes") from None
         return answer.strip().lower() in ("y", "yes")
 
-    signed = sign_request(args.workspace, args.request, confirm=confirm)
-    print(f"signed {signed.site}'s certificate; {signed.site} is admitted in plan/cols.yaml")
+    signed = sign_request(args.workspace, args.request, confirm=confirm, site=args.site)
+    print(f"signed the certificate of {signed.site} (CN={signed.site}, serial {signed.serial}, SHA-256 "
+          f"{signed.sha256}); {signed.site} is admitted in plan/cols.yaml with this certificate only")
     print(f"send {signed.signed} back to {signed.site} (it holds their certificate and the CA chain; no key)")
     return 0
 
 
+def cmd_ca_revoke(args: argparse.Namespace) -> int:
+    from .openfl.deploy import revoke_site
+
+    record = revoke_site(args.workspace, args.name, reason=args.reason)
+    cert = Path(args.workspace) / "cert"
+    print(f"revoked {record['name']}'s certificate (serial {record['serial']}, SHA-256 {record['sha256']}): recorded "
+          f"in {cert / 'revoked.jsonl'}, the certificate kept as {record['kept']}; the aggregator refuses it from its "
+          "next connection on")
+    name = record["name"]
+    print(f"to let {name} back in: it makes a new request (`fedcontrast site join ... --name {name}`), you sign it "
+          f"(`fedcontrast ca sign {args.workspace} REQUEST.zip --site {name}`)")
+    return 0
+
+
 def cmd_site_join(args: argparse.Namespace) -> int:
-    from .openfl.deploy import join
+    from .openfl.deploy import join, package_plan
 
     joined = join(args.package, name=args.name, data=args.data, public=args.public, into=args.into,
-                  cert_from=args.cert_from)
+                  cert_from=args.cert_from, policy=args.policy)
     s = joined.summary
     present = {c: n for c, n in s.counts.items() if n}
     print(f"workspace {joined.workspace}: {args.name} reads {s.folder} ({s.total} images; training images per "
           "class: " + ", ".join(f"{c}={n}" for c, n in present.items())
           + (f"; absent: {', '.join(s.missing_classes())}" if s.missing_classes() else "")
           + ("; test/ folder held out" if s.split_folders else "; a stratified test split is held out") + ")")
+    network = (package_plan(Path(args.package).resolve()).get("network") or {}).get("settings") or {}
+    tls = ("TLS and client authentication on" if network.get("use_tls", True) and network.get("require_client_auth", True)
+           else "TLS or client authentication off, as this site's policy allows")
+    print(f"checked: the package carries no code and no key, names only the installed fedcontrast's components; {tls}")
     print(f"your private key {joined.workspace / 'cert' / 'client' / f'col_{args.name}.key'} stays on this machine")
     if joined.request is None:
         print(f"certificate reused from {args.cert_from} and checked; ready: fedcontrast site start "
@@ -415,6 +435,7 @@ def site_start_command(workspace: str | Path, name: str, *, plan: str | None = N
     """The pre-flight of ``fedcontrast site start``: what ``fx collaborator start -n NAME`` would stop
     on later (or with a traceback), each refused with one sentence; the ``fx`` command line to run
     in ``workspace`` when every check passes."""
+    from .openfl.package_trust import check_policy_for_workspace, check_workspace
     from .openfl.pki import fx_executable
     from .openfl.plan import collaborator_names, load_plan_file
 
@@ -431,7 +452,10 @@ def site_start_command(workspace: str | Path, name: str, *, plan: str | None = N
     if not plan_path.is_file():
         raise ConfigError(f"{ws} is not a workspace: {plan_path} does not exist (unpack the operator's package with "
                           "`fedcontrast site join PACKAGE.zip --name NAME --data FOLDER`)")
-    network = load_plan_file(plan_path).get("network", {}).get("settings") or {}
+    plan_data = load_plan_file(plan_path)
+    network = plan_data.get("network", {}).get("settings") or {}
+    # no code in the workspace, only installed components, TLS on unless the site's policy allows it off
+    check_workspace(ws, plan_data, check_policy_for_workspace(ws), plan_source=str(plan_path))
     data_path = ws / (data_config or "plan/data.yaml")
     if not data_path.is_file():
         raise ConfigError(f"{data_path} does not exist: write this site's data line with `fedcontrast site join`")
@@ -790,8 +814,16 @@ def build_parser() -> argparse.ArgumentParser:
     c = csub.add_parser("sign", help="sign an institution's certificate request (col_NAME_to_agg_cert_request.zip)")
     c.add_argument("workspace")
     c.add_argument("request", metavar="REQUEST.zip")
+    c.add_argument("--site", required=True, metavar="NAME",
+                   help="the site you sign for: the request's CSR (its CN) and its file names must name it")
     c.add_argument("--yes", action="store_true", help="do not ask to compare the request's hash")
     c.set_defaults(func=cmd_ca_sign)
+    c = csub.add_parser("revoke", help="revoke the certificate signed for a site (lost or compromised key): the "
+                                       "aggregator refuses it, and the site may be signed a new one")
+    c.add_argument("workspace")
+    c.add_argument("name", metavar="NAME")
+    c.add_argument("--reason", required=True, help="why (kept in cert/revoked.jsonl)")
+    c.set_defaults(func=cmd_ca_revoke)
 
     p = sub.add_parser("site", help="join a federation as an institution")
     ssub = p.add_subparsers(dest="site_command", required=True)
@@ -805,6 +837,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--cert-from", metavar="OLD_WORKSPACE",
                    help="reuse this site's key and certificate from its workspace of an earlier experiment of the "
                         "same federation (no new request)")
+    c.add_argument("--policy", metavar="SITE_POLICY.yaml",
+                   help="this site's policy: checked against the package now and installed as the workspace's "
+                        "site_policy.yaml (checked again at every start)")
     c.set_defaults(func=cmd_site_join)
     c = ssub.add_parser("import-cert", help="install the certificate the operator signed")
     c.add_argument("signed", metavar="SIGNED.zip")

@@ -7,6 +7,7 @@ duplicate key with one sentence naming the key, the file and the line. Writing s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,10 @@ def load_yaml_file(path: str | Path, what: str = "file") -> Any:
     policy" …); a missing, unreadable or invalid file, or a duplicate key, is a :class:`ConfigError`."""
     p = Path(path)
     if not p.is_file():
+        if p.is_dir():
+            raise ConfigError(f"{what} {p} is a folder, not a file")
+        if os.path.lexists(p):
+            raise ConfigError(f"{what} {p} is not a regular file" + (" (a link to nothing)" if p.is_symlink() else ""))
         raise ConfigError(f"{what} {p} does not exist")
     try:
         text = p.read_text()

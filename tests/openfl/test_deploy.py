@@ -234,3 +234,131 @@ def test_a_workspace_with_results_is_not_exported(tmp_path):
     with pytest.raises(DeploymentError, match="holds results of a run .*rounds.jsonl"):
         export_workspace(ws)
     assert not (ws / "fed.zip").exists()
+
+
+# --- one certificate per site: the name is read from the CSR, signed once, revoked on record -------
+def csr_package(directory: Path, file_site: str, *cns: str, key=None, san: list[str] | None = None) -> Path:
+    """A request package laid out as `fx collaborator generate-cert-request` makes it, named for
+    ``file_site``, whose CSR's subject carries the common names ``cns`` (made here with `cryptography`)."""
+    key = key or rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    builder = x509.CertificateSigningRequestBuilder().subject_name(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn) for cn in cns]))
+    if san is not None:
+        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in san]), critical=False)
+    directory.mkdir(parents=True, exist_ok=True)
+    archive = directory / f"col_{file_site}_to_agg_cert_request.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr(f"col_{file_site}.csr", builder.sign(key, hashes.SHA384()).public_bytes(serialization.Encoding.PEM))
+    return archive
+
+
+def operator_workspace(tmp_path: Path, sites=("hosp1", "hosp2")) -> Path:
+    """An operator's workspace with a CA where `fx workspace certify` puts it (`fx collaborator
+    certify` signs with cert/ca/signing-ca*)."""
+    ws = create_workspace(tmp_path / "op", deployment(sites=sites))
+    ca_key, ca_cert = make_ca("federation CA")
+    (ws / "cert" / "ca" / "signing-ca" / "private").mkdir(parents=True)
+    (ws / "cert" / "ca" / "signing-ca" / "private" / "signing-ca.key").write_bytes(pem(ca_key))
+    (ws / "cert" / "ca" / "signing-ca.crt").write_bytes(pem(ca_cert))
+    (ws / "cert" / "cert_chain.crt").write_bytes(pem(ca_cert))
+    return ws
+
+
+def test_a_request_named_for_one_site_whose_csr_names_another_is_not_signed(tmp_path, capsys):
+    ws = operator_workspace(tmp_path)
+    impostor = csr_package(tmp_path / "mail", "hosp1", "hosp2")  # the file says hosp1, the CSR says CN=hosp2
+    asked = []
+    with pytest.raises(DeploymentError) as info:
+        sign_request(ws, impostor, confirm=lambda s, h: asked.append(s) or True, site="hosp1", log=lambda m: None)
+    assert str(info.value) == (
+        "refused to sign col_hosp1_to_agg_cert_request.zip: its file name is for 'hosp1', the CSR inside is "
+        "col_hosp1.csr (for 'hosp1'), the CSR's subject is CN=hosp2 ('hosp2') and you are signing it for 'hosp1' — "
+        "they must all name the same site; ask that site for its own request (`fedcontrast site join ... --name NAME` "
+        "makes it)")
+    assert asked == [] and not list((ws / "cert" / "client").glob("*"))  # nothing asked, nothing signed
+    assert main(["ca", "sign", str(ws), str(impostor), "--site", "hosp1", "--yes"]) == 2
+    out, err = capsys.readouterr()
+    assert "the CSR's subject is CN=hosp2" in err and "signed" not in out
+    with pytest.raises(SystemExit):  # the operator says whom they sign for
+        main(["ca", "sign", str(ws), str(impostor), "--yes"])
+    assert "--site" in capsys.readouterr().err
+    with pytest.raises(DeploymentError, match=r"the CSR's subject is CN=hosp2 \('hosp2'\) — they must all name"):
+        request_site(impostor)  # the site's own view of such a package too
+    honest = csr_package(tmp_path / "honest", "hosp1", "hosp1", san=["hosp1"])
+    with pytest.raises(DeploymentError, match=r"CN=hosp1 \('hosp1'\) and you are signing it for 'hosp2' — they must"):
+        sign_request(ws, honest, confirm=lambda s, h: True, site="hosp2")
+    with pytest.raises(DeploymentError, match=r"has 2 common names in its subject \(CN=hosp2,CN=hosp1\)"):
+        sign_request(ws, csr_package(tmp_path / "two", "hosp1", "hosp1", "hosp2"), confirm=lambda s, h: True,
+                     site="hosp1")
+    with pytest.raises(DeploymentError, match=r"\(CN=hosp1\) also names hosp2 in its subject alternative name"):
+        sign_request(ws, csr_package(tmp_path / "san", "hosp1", "hosp1", san=["hosp1", "hosp2"]),
+                     confirm=lambda s, h: True, site="hosp1")
+    assert not list((ws / "cert" / "client").glob("*"))
+
+
+def test_a_second_certificate_for_a_site_is_signed_only_after_the_first_is_revoked(tmp_path, capsys):
+    import json
+    import re
+
+    ws = operator_workspace(tmp_path)
+    issued = ws / "cert" / "client" / "col_hosp1.crt"
+    first = sign_request(ws, csr_package(tmp_path / "a", "hosp1", "hosp1", san=["hosp1"]), confirm=lambda s, h: True,
+                         site="hosp1", log=lambda m: None)
+    original = issued.read_bytes()
+    cert = x509.load_pem_x509_certificate(original)
+    assert first.site == "hosp1" and first.signed == ws / "agg_to_col_hosp1_signed_cert.zip"
+    assert (first.serial, first.sha256) == (f"{cert.serial_number:x}", cert.fingerprint(hashes.SHA256()).hex())
+    again = csr_package(tmp_path / "b", "hosp1", "hosp1")  # a new key: the site joined again
+    with pytest.raises(DeploymentError, match=re.escape(
+            f"hosp1 already has a certificate signed by this CA ({issued}, serial {first.serial}, valid until ")
+            + r".*revoke it first: `fedcontrast ca revoke " + re.escape(f"{ws} hosp1 --reason TEXT`")):
+        sign_request(ws, again, confirm=lambda s, h: True, site="hosp1")
+    assert issued.read_bytes() == original
+
+    with pytest.raises(SystemExit):
+        main(["ca", "revoke", str(ws), "hosp1"])  # a revocation says why
+    capsys.readouterr()
+    assert main(["ca", "revoke", str(ws), "hosp1", "--reason", "laptop  stolen"]) == 0
+    assert f"revoked hosp1's certificate (serial {first.serial}, SHA-256 {first.sha256})" in capsys.readouterr().out
+    [record] = [json.loads(line) for line in (ws / "cert" / "revoked.jsonl").read_text().splitlines()]
+    assert {k: record[k] for k in ("name", "serial", "sha256", "subject", "reason")} == {
+        "name": "hosp1", "serial": first.serial, "sha256": first.sha256, "subject": "CN=hosp1",
+        "reason": "laptop stolen"}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["revoked_at"])
+    assert (ws / "cert" / "revoked" / f"col_hosp1-{first.serial}.crt").read_bytes() == original
+    assert not issued.exists()
+
+    assert main(["ca", "sign", str(ws), str(again), "--site", "hosp1", "--yes"]) == 0
+    out = capsys.readouterr().out
+    renewed = x509.load_pem_x509_certificate(issued.read_bytes())
+    assert f"its CSR is for CN=hosp1 (the site hosp1 you sign for); SHA-384 hash {request_site(again)[1]}" in out
+    assert f"signed the certificate of hosp1 (CN=hosp1, serial {renewed.serial_number:x}, SHA-256 " in out
+    assert renewed.serial_number != cert.serial_number
+    assert yaml.safe_load((ws / "plan" / "cols.yaml").read_text())["collaborators"].count("hosp1") == 1
+    assert main(["ca", "revoke", str(ws), "hosp2", "--reason", "test"]) == 2  # nothing signed for hosp2 to revoke
+    assert "holds no certificate for hosp2 to revoke" in capsys.readouterr().err
+
+
+def test_a_site_does_not_install_a_certificate_issued_for_another_name(tmp_path):
+    from fedcontrast.openfl.deploy import import_certificate
+    from fedcontrast.openfl.doctor import FAIL, check_certificate
+
+    ca = make_ca("federation CA")
+    key, own = issue(ca, "hosp1")
+    ws = site_workspace(tmp_path, ca[1], key, own)
+    (ws / "cert" / "client" / "col_hosp1.crt").unlink()  # hosp1 waits for its certificate
+    _, for_hosp2 = issue(ca, "hosp2", key=key)  # the federation's CA signed CN=hosp2 for this site's key
+    signed = tmp_path / "agg_to_col_hosp1_signed_cert.zip"
+    with zipfile.ZipFile(signed, "w") as z:
+        z.writestr("client/col_hosp1.crt", pem(for_hosp2))
+        z.writestr("cert_chain.crt", pem(ca[1]))
+    with pytest.raises(DeploymentError) as info:
+        import_certificate(ws, signed, log=lambda m: None)
+    assert str(info.value).startswith("agg_to_col_hosp1_signed_cert.zip holds a certificate issued for hosp2 "
+                                      f"(CN=hosp2), but this site is hosp1 (its key {ws / 'cert' / 'client'}")
+    assert not (ws / "cert" / "client" / "col_hosp1.crt").exists()  # nothing installed
+    (ws / "cert" / "client" / "col_hosp1.crt").write_bytes(pem(for_hosp2))  # put in place by hand
+    with pytest.raises(DeploymentError, match=r"col_hosp1.crt \(CN=hosp2\) is issued for hosp2, not for hosp1"):
+        verify_site_certificate(ws, "hosp1")
+    check = check_certificate(ws, "hosp1")  # `fedcontrast site start` and the doctor
+    assert check.status == FAIL and "is issued for hosp2, not for hosp1" in check.message

@@ -47,3 +47,194 @@ def test_cols_yaml_listing_exactly_the_plans_sites_is_accepted():
     _check_collaborators(config, ["site_2", "site_0", "site_1"], 2)  # order is OpenFL's business
     with pytest.raises(ConfigError, match="lacks site_2"):
         _check_collaborators(config, ["site_0", "site_1"], 2)  # min_sites does not excuse a site left out
+
+
+# --- one certificate per name: the aggregator admits a name only with the certificate signed for it ---
+class Refused(Exception):
+    """What grpc's context.abort raises."""
+
+
+class FakeContext:
+    """The gRPC context validate_collaborator reads: the client certificate's common name and PEM."""
+
+    def __init__(self, cert) -> None:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.x509.oid import NameOID
+
+        self.pem = cert.public_bytes(serialization.Encoding.PEM)
+        self.cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+
+    def auth_context(self):
+        return {"x509_common_name": [self.cn.encode()], "x509_pem_cert": [self.pem]}
+
+    def peer(self):
+        return "ipv4:10.0.0.9:51000"
+
+    def abort(self, code, details):
+        raise Refused(code, details)
+
+
+def enrolled_server(cert_dir, sites):
+    """OpenFL's gRPC server as far as validate_collaborator sees it, serving a SafeAggregator whose
+    operator holds ``cert_dir``."""
+    from types import SimpleNamespace
+
+    from fedcontrast.openfl.components import SafeAggregator
+    from fedcontrast.openfl.pki import EnrolledCertificates
+
+    aggregator = SafeAggregator.__new__(SafeAggregator)
+    aggregator.authorized_cols, aggregator.single_col_cert_common_name = list(sites), ""
+    aggregator.enrolment = EnrolledCertificates(cert_dir)
+    return SimpleNamespace(aggregator=aggregator, use_tls=True, require_client_auth=True)
+
+
+def connect(server, name, cert):
+    """validate_collaborator as OpenFL's server calls it on every call from ``name`` presenting
+    ``cert``: the refusal's sentence (always UNAUTHENTICATED), or None when admitted."""
+    from types import SimpleNamespace
+
+    import grpc
+    from openfl.transport.grpc import aggregator_server as grpc_server
+
+    request = SimpleNamespace(header=SimpleNamespace(sender=name))
+    try:
+        grpc_server.AggregatorGRPCServer.validate_collaborator(server, request, FakeContext(cert))
+    except Refused as exc:
+        assert exc.args[0] == grpc.StatusCode.UNAUTHENTICATED
+        return exc.args[1]
+    return None
+
+
+def sha256(cert) -> str:
+    from cryptography.hazmat.primitives import hashes
+
+    return cert.fingerprint(hashes.SHA256()).hex()
+
+
+def test_the_aggregator_admits_a_name_only_with_the_certificate_signed_for_it(tmp_path, monkeypatch, caplog):
+    from openfl.transport.grpc import aggregator_server as grpc_server
+
+    from fedcontrast.openfl import components
+
+    from .test_tls_diagnostics import issue, make_ca, write
+
+    monkeypatch.setattr(grpc_server, "sleep", lambda s: None)  # OpenFL's random delay before its own refusals
+    ca = make_ca("federation ca")
+    cert = tmp_path / "cert"
+    write(cert, "cert_chain", None, ca[1])
+    key, signed = issue(ca, "hosp1")
+    on_file = write(cert / "client", "col_hosp1", None, signed)[0]  # what `fedcontrast ca sign` keeps
+    server = enrolled_server(cert, ["hosp1", "hosp2", "hosp3"])
+    assert connect(server, "hosp1", signed) is None
+    _, another = issue(ca, "hosp1", key=key)  # the federation's CA's, for hosp1 and its key: not the one on file
+    with caplog.at_level("ERROR", logger=components.logger.name):
+        reason = connect(server, "hosp1", another)
+        assert connect(server, "hosp1", another) == reason  # refused every time, logged once a minute
+    assert reason == (f"refused hosp1: the certificate it presented (CN=hosp1, serial {another.serial_number:x}, "
+                      f"SHA-256 {sha256(another)[:16]}…) is not the certificate this CA signed for hosp1 ({on_file}, "
+                      f"SHA-256 {sha256(signed)[:16]}…)")
+    assert caplog.messages == [f"{reason} (connection from ipv4:10.0.0.9:51000)"]
+    assert "Invalid collaborator. CN: |hosp1| collaborator_common_name: |hosp2|" in connect(server, "hosp2", signed)
+    _, elsewhere = issue(ca, "hosp3")  # no certificate on file for hosp3 (signed elsewhere): OpenFL's CN check decides
+    assert connect(server, "hosp3", elsewhere) is None
+    # The issue's impostor, signed before requests were checked: CN=hosp2, filed as hosp1's certificate.
+    _, impostor = issue(ca, "hosp2")
+    filed = write(cert / "client", "col_hosp1", None, impostor)[0]
+    assert connect(server, "hosp2", impostor) == (
+        f"refused hosp2: the certificate it presented (CN=hosp2, serial {impostor.serial_number:x}, SHA-256 "
+        f"{sha256(impostor)[:16]}…) is the certificate this CA signed for hosp1 ({filed})")
+
+
+def test_a_revoked_certificate_is_refused_from_the_next_call_on(tmp_path):
+    import grpc
+
+    from fedcontrast.errors import ConfigError
+    from fedcontrast.openfl.components import explain_rpc_error
+    from fedcontrast.openfl.pki import EnrolledCertificates, revoke_certificate
+
+    from .test_tls_diagnostics import issue, make_ca, write
+
+    ca = make_ca("federation ca")
+    cert = tmp_path / "cert"
+    write(cert, "cert_chain", None, ca[1])
+    _, signed = issue(ca, "hosp1")
+    write(cert / "client", "col_hosp1", None, signed)
+    server = enrolled_server(cert, ["hosp1", "hosp2"])
+    assert connect(server, "hosp1", signed) is None
+    record = revoke_certificate(cert, "hosp1", "key lost with a laptop")  # `fedcontrast ca revoke`, aggregator running
+    reason = connect(server, "hosp1", signed)
+    assert reason == (f"refused hosp1: the certificate it presented (CN=hosp1, serial {signed.serial_number:x}, "
+                      f"SHA-256 {sha256(signed)[:16]}…) was revoked on {record['revoked_at']} (key lost with a laptop); the "
+                      "site needs a newly signed certificate")
+    class Unauthenticated(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNAUTHENTICATED
+
+        def details(self):
+            return reason
+
+    message, retry = explain_rpc_error(Unauthenticated(), "agg:50051")
+    assert message == f"the aggregator at agg:50051 {reason}" and not retry  # the site's one sentence, no retries
+    _, renewed = issue(ca, "hosp1")
+    write(cert / "client", "col_hosp1", None, renewed)  # signed after the revocation
+    assert connect(server, "hosp1", renewed) is None
+    assert connect(server, "hosp1", signed) == reason
+    with open(cert / "revoked.jsonl", "a") as f:
+        f.write("{not json\n")
+    refused = connect(server, "hosp1", renewed)  # which certificates are revoked is unknown: nobody is admitted
+    assert refused.startswith("refused hosp1: line 2 of the revocation record") and "append-only" in refused
+    with pytest.raises(ConfigError, match="line 2 of the revocation record"):
+        EnrolledCertificates(cert).revoked()  # SafeAggregator reads it at start: no start on a damaged record
+
+
+def test_grpc_hands_the_aggregator_the_certificate_it_checks(tmp_path):
+    """The check behind a real mutual-TLS gRPC server: gRPC's auth context carries the client's
+    certificate (x509_pem_cert), and the refusal reaches the client as UNAUTHENTICATED with its sentence."""
+    from concurrent import futures
+    from types import SimpleNamespace
+
+    import grpc
+    from cryptography.hazmat.primitives import serialization
+    from openfl.transport.grpc import aggregator_server as grpc_server
+
+    from .test_tls_diagnostics import issue, make_ca, write
+
+    def pem(obj):
+        if hasattr(obj, "subject"):
+            return obj.public_bytes(serialization.Encoding.PEM)
+        return obj.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption())
+
+    ca = make_ca("federation ca")
+    cert = tmp_path / "cert"
+    key, signed = issue(ca, "hosp1")
+    write(cert / "client", "col_hosp1", None, signed)
+    server = enrolled_server(cert, ["hosp1"])
+
+    def get_tasks(request, context):
+        grpc_server.AggregatorGRPCServer.validate_collaborator(
+            server, SimpleNamespace(header=SimpleNamespace(sender="hosp1")), context)
+        return b"tasks"
+
+    handler = grpc.method_handlers_generic_handler("test", {"GetTasks": grpc.unary_unary_rpc_method_handler(get_tasks)})
+    grpc_srv = grpc.server(futures.ThreadPoolExecutor(2))
+    grpc_srv.add_generic_rpc_handlers((handler,))
+    server_key, server_cert = issue(ca, "localhost")
+    port = grpc_srv.add_secure_port("localhost:0", grpc.ssl_server_credentials(
+        [(pem(server_key), pem(server_cert))], root_certificates=pem(ca[1]), require_client_auth=True))
+    grpc_srv.start()
+    try:
+        def call(client_cert):
+            credentials = grpc.ssl_channel_credentials(pem(ca[1]), pem(key), pem(client_cert))
+            with grpc.secure_channel(f"localhost:{port}", credentials) as channel:
+                return channel.unary_unary("/test/GetTasks")(b"", timeout=10)
+
+        assert call(signed) == b"tasks"
+        _, another = issue(ca, "hosp1", key=key)
+        with pytest.raises(grpc.RpcError) as info:
+            call(another)
+    finally:
+        grpc_srv.stop(0)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert info.value.details().startswith("refused hosp1: the certificate it presented (CN=hosp1, serial "
+                                           f"{another.serial_number:x}")

@@ -142,6 +142,22 @@ def test_plan_that_differs_from_the_aggregators_is_refused(aggregator, tmp_path)
     assert "plan differs from the aggregator's" in reason
 
 
+def test_a_certificate_for_the_name_that_is_not_the_one_signed_for_it_is_refused(aggregator, tmp_path):
+    """A certificate from the federation's CA with CN=site_0 (the impostor of issue 20 held one), but not
+    the one the operator signed for site_0 and keeps in cert/client: `fx aggregator start` refuses the
+    call, naming both, and the collaborator stops at once with that sentence."""
+    from fedcontrast.openfl.pki import issue_for_key, write_certificate
+
+    ws = copy_workspace(aggregator["ws"], tmp_path / "not_on_file")
+    crt = ws / "cert" / "client" / "col_site_0.crt"
+    write_certificate(crt, issue_for_key(crt.with_suffix(".key"), "site_0", ca_dir=ws / "cert" / "ca")[0])
+    code, reason = run_collaborator(ws, "site_0")
+    assert code != 0 and "retries" not in reason
+    assert "refused site_0: the certificate it presented (CN=site_0, serial" in reason
+    words = "is not the certificate this CA signed for site_0"
+    assert words in reason and words in aggregator_says(aggregator, words)
+
+
 def test_refusals_left_the_aggregator_unharmed(aggregator):
     # Runs after the refusals above (file order): the aggregator is still up and still waiting for round 0.
     assert aggregator["proc"].poll() is None

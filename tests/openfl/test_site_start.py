@@ -120,7 +120,10 @@ def test_a_missing_certificate_or_key_is_refused_under_tls_and_not_checked_witho
     plan["network"]["settings"]["use_tls"] = False
     plan["data_loader"]["settings"]["network"]["use_tls"] = False  # the plan's copies agree (a consistent plan)
     (site_ws / "plan" / "plan.yaml").write_text(yaml.safe_dump(plan))
-    with pytest.raises(Exec):
+    message = refused(capsys, execv, str(site_ws), "--name", "site_1")  # TLS off: refused unless the policy allows it
+    assert "turns TLS off (network.settings.use_tls: false)" in message and "require_tls: false" in message
+    (site_ws / "site_policy.yaml").write_text("require_tls: false\n")
+    with pytest.raises(Exec):  # allowed by the site's policy: no certificate is needed then
         main(["site", "start", str(site_ws), "--name", "site_1"])
     assert execv[0]["argv"][-2:] == ["-n", "site_1"]
 

@@ -99,7 +99,10 @@ def test_audit_flags_tls_off_epsilon_over_budget_and_weights_leaving():
     assert "over the policy's max_epsilon 1" in text and "site_0" in text and "site_1" in text
     assert "as few as 10 samples" in text
     # a compliant policy for the same plan
-    assert check_policy(report, SitePolicy(max_epsilon=1e6)) == []
+    assert check_policy(report, SitePolicy(max_epsilon=1e6, require_tls=False, require_client_auth=False)) == []
+    # TLS and client authentication are required unless a policy says false explicitly
+    assert [v.split(" (")[0] for v in check_policy(report, SitePolicy(max_epsilon=1e6))] == [
+        "TLS is off", "client authentication is off"]
 
 
 def test_no_dp_means_unbounded_epsilon():
@@ -166,7 +169,10 @@ def test_site_policy_stops_the_data_loader_before_any_data_is_read(tmp_path, mon
     message = str(info.value)
     assert "refuses the plan before any data is read" in message
     assert "TLS is off" in message and "model weights leave the site" in message
-    policy.write_text("require_tls: false\n")
+    policy.write_text("require_tls: false\n")  # client authentication (off with TLS) is still required
+    with pytest.raises(CollaboratorStopped, match="client authentication is off"):
+        SiteDataLoader(data_path="shard:1", **settings)
+    policy.write_text("require_tls: false\nrequire_client_auth: false\n")
     loader = SiteDataLoader(data_path="shard:1", **settings)  # compliant: starts and reads its shard
     assert loader.get_train_data_size() > 0
 

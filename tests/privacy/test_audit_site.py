@@ -112,7 +112,8 @@ def test_a_site_policy_is_checked_against_this_sites_own_epsilon(tmp_path, capsy
     report = audit_plan(plan, source=str(ws), workspace=workspace, policy=SitePolicy.from_yaml(policy))
     own, bound = report.sites[0].epsilon_total, report.sites[1].epsilon_total
     assert own < bound  # more samples than the plan's smallest site
-    policy.write_text(f"max_epsilon: {(own + bound) / 2}\naccept_conditional_guarantees: true\n")
+    policy.write_text(f"max_epsilon: {(own + bound) / 2}\naccept_conditional_guarantees: true\n"
+                      "require_tls: false\nrequire_client_auth: false\n")  # this test's workspace has TLS off
     assert main(["audit", str(ws), "--policy", str(policy)]) == 0
     assert "compliant" in capsys.readouterr().out
 

@@ -28,7 +28,6 @@ from ..config import RunConfig, site_names
 from ..construction import (attach_public, build_algorithm, initial_model, load_public, resolve_device, server_seed,
                             upload_screen)
 from ..errors import FedContrastError
-from ..robust import all_rejected_hint
 from ..sim.outputs import write_json
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, unpack
 from .runner import PERSONAL_TAG, WEIGHT_METRIC
@@ -125,17 +124,17 @@ class PluginAggregation(AggregationFunction):
         previous = self.received_downlink(db, fl_round)
         valid, kept, refused = self.screen.screen(fl_round + 1, unpacked, weights, previous)  # as rounds.jsonl counts
         rejected.update(refused)
+        rejected, hint = self.screen.explain(fl_round + 1, rejected, bool(valid))  # the likely cause, if any
         if not valid:
             _report_rejected(rejected, self.config)
-            raise AggregationFailure(f"round {fl_round + 1}: every upload was rejected; nothing to aggregate"
-                                     + all_rejected_hint(rejected))
+            raise AggregationFailure(f"round {fl_round + 1}: every upload was rejected; nothing to aggregate" + hint)
         self.server.round_num = fl_round
         self.server.seed = server_seed(self.config, fl_round)
         self.server.sites = site_names(self.config)  # every site, in the plan's order (not only this round's)
         self.server.previous = previous
         downlink, blamed = self.screen.aggregate(lambda u, w: self.algorithm.aggregate(u, w, self.server),
                                                  valid, kept, self.server.state, fl_round + 1)
-        rejected.update(blamed)
+        rejected.update(self.screen.explain(fl_round + 1, blamed, True)[0])
         valid = {s: u for s, u in valid.items() if s not in blamed}
         _report_rejected(rejected, self.config)
         self._save_digests()

@@ -46,8 +46,8 @@ from ..evaluation import local_model_accuracy
 from ..sim.outputs import write_json
 from . import aggregation
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, packed_size, unpack
-from .pki import (check_aggregator_certificate, check_certificate_dates, check_enrolled_certificates, check_own_certificate,
-                  check_server_files)
+from .pki import (EnrolledCertificates, check_aggregator_certificate, check_certificate_dates, check_certificate_name,
+                  check_enrolled_certificates, check_own_certificate, check_server_files)
 from .tls_log import HandshakeLog, StderrTap, enable_handshake_trace
 from .plan import DEFAULT_ROUND_TIMEOUT, EVALUATE_TASK, fx_plan_path, load_plan_file
 from .runner import EVAL_SAMPLES, PERSONAL_TAG, WEIGHT_METRIC
@@ -285,6 +285,11 @@ class SafeAggregator(Aggregator):
             cert_dir = check_aggregator_plan(config, {"run_config": run_config, "model_shape": model_shape,
                                                       "rounds_to_train": rounds_to_train})
             _check_collaborators(config, kwargs.get("authorized_cols") or [], min_sites)
+            # Each connection must present the very certificate signed here for its name, never a revoked one
+            # (_validate_enrolled_collaborator); a revocation record that cannot be read stops the start.
+            self.enrolment = None if cert_dir is None else EnrolledCertificates(cert_dir)
+            if self.enrolment is not None:
+                self.enrolment.revoked()
             if config.public_data is not None:  # every party holds exactly the plan's public files
                 from ..data.schema import verify_public_folder
 
@@ -330,8 +335,9 @@ class SafeAggregator(Aggregator):
         use, and turn gRPC's handshake failures into one sentence each (:mod:`.tls_log`)."""
         problems = check_enrolled_certificates(cert_dir, list(self.authorized_cols))
         for problem in problems:
-            logger.warning("%s: sign that site a new certificate (`fedcontrast ca sign`); until then its connections "
-                           "are (or will be) refused", problem)
+            logger.warning("%s: revoke it (`fedcontrast ca revoke WORKSPACE NAME --reason TEXT`) and sign that site a "
+                           "new certificate (`fedcontrast ca sign`); until then its connections are (or will be) "
+                           "refused", problem)
         unusable = [p for p in problems if " expires on " not in p]
         quiet = enable_handshake_trace()
         log = HandshakeLog(chain=str(cert_dir / "cert_chain.crt"), quiet_info=quiet, enrolled_problems=unusable)
@@ -446,6 +452,30 @@ class SafeAggregator(Aggregator):
             logger.info("waiting for %s: not connected in the %.0f s since the aggregator started%s", ", ".join(absent),
                         now - self.started, f" ({refused} TLS connection(s) refused meanwhile: see above)"
                         if refused else "")
+
+    def refuse_certificate(self, name: str, context: Any) -> str | None:
+        """Why the client certificate of this call may not be used as ``name`` (revoked, signed here for
+        another name, or not the one signed here for ``name``: :class:`~.pki.EnrolledCertificates`), in
+        one sentence, also logged (once a minute per name and reason); None when it may."""
+        enrolment = getattr(self, "enrolment", None)
+        if enrolment is None or getattr(self, "single_col_cert_common_name", ""):
+            return None  # no TLS under fx, or OpenFL's one shared collaborator certificate
+        try:
+            pem = (context.auth_context().get("x509_pem_cert") or [None])[0]
+        except Exception:  # a context without authentication
+            pem = None
+        reason = enrolment.refusal(name, pem)
+        if reason is not None:
+            logged = self.__dict__.setdefault("_refusals_logged", {})
+            now = time.monotonic()
+            if now - logged.get((name, reason), -WAITING_NOTICE_S) >= WAITING_NOTICE_S:
+                logged[(name, reason)] = now
+                try:
+                    peer = context.peer()
+                except Exception:
+                    peer = "an unknown address"
+                logger.error("%s (connection from %s)", reason, peer)
+        return reason
 
     def refuse_upload(self, sender: str, received: int) -> str:
         """An upload over :attr:`max_upload_bytes`, refused while it streams in (nothing of it is
@@ -680,11 +710,33 @@ def _bounded_grpc_server(*args: Any, **kwargs: Any):
 grpc_server.AggregatorGRPCServer.SendLocalTaskResults = _bounded_send_local_task_results
 grpc_server.create_grpc_server = _bounded_grpc_server
 
+# --- one certificate per name -------------------------------------------------------------------
+# OpenFL admits any certificate of the federation's CA whose common name is the name the caller claims;
+# here it must also be the very certificate signed for that name, and not revoked.
+_stock_validate_collaborator = grpc_server.AggregatorGRPCServer.validate_collaborator
+
+
+def _validate_enrolled_collaborator(self, request, context):
+    """OpenFL's check (the certificate's common name is the sender's name, one of cols.yaml), then
+    :meth:`SafeAggregator.refuse_certificate`: a refusal ends the call with UNAUTHENTICATED and its sentence."""
+    _stock_validate_collaborator(self, request, context)
+    refuse = getattr(self.aggregator, "refuse_certificate", None)
+    if refuse is None or not (self.use_tls and self.require_client_auth):
+        return
+    reason = refuse(request.header.sender, context)
+    if reason is not None:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+
+
+grpc_server.AggregatorGRPCServer.validate_collaborator = _validate_enrolled_collaborator
+
 
 def explain_rpc_error(error: grpc.RpcError, uri: str) -> tuple[str, bool]:
     """One sentence for a failed call to the aggregator, and whether retrying can help."""
     code = error.code() if hasattr(error, "code") else None
     details = (error.details() if hasattr(error, "details") else "") or ""
+    if code == grpc.StatusCode.UNAUTHENTICATED and details.startswith("refused "):  # refuse_certificate's sentence
+        return f"the aggregator at {uri} {details.strip()}", False
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return (f"the aggregator at {uri} refused this collaborator: its name is not in the aggregator's "
                 f"plan/cols.yaml or does not match its certificate ({details.strip()})", False)
@@ -757,6 +809,8 @@ class SafeCollaborator(Collaborator):
                 if client.require_client_auth:  # in date, fits its key, signed by the CA in cert_chain.crt
                     check_own_certificate(client.certificate, getattr(client, "private_key", None),
                                           client.root_certificate)
+                    if kwargs.get("collaborator_name"):  # the aggregator admits a name only with its own certificate
+                        check_certificate_name(client.certificate, kwargs["collaborator_name"])
                 else:
                     check_certificate_dates([client.root_certificate])
             check_settings_in_effect(kwargs.get("task_runner"), client)

@@ -63,6 +63,7 @@ def run_checks(workspace: str | Path, name: str | None = None) -> list[Check]:
         data, unreadable = None, Check("data", FAIL, str(exc))
     checks.append(unreadable or _check_data(ws, config, name, data))
     checks.append(_check_policy(ws, config, plan, data))
+    checks += [check_code(ws, plan, config), check_transport(ws, plan)]
     return checks
 
 
@@ -75,8 +76,51 @@ def _check_name(config: RunConfig, name: str) -> Check:
                              f"{config.rounds} rounds)")
 
 
+def check_code(ws: Path, plan: dict, config: RunConfig) -> Check:
+    """The workspace holds no Python file, the plan names only installed components, this machine runs
+    the versions ``requirements.txt`` pins; and a raw ``fx collaborator start`` here is checked the
+    same way (the guard is installed)."""
+    from ..provenance import code_lines, read_requirements
+    from .package_trust import GUARD_PTH, code_files, guard_installed, template_problems
+
+    found = code_files(ws, limit=3)
+    if found:
+        return Check("code", FAIL, f"the workspace holds Python code ({', '.join(map(str, found))}), which fx would "
+                                   "import before the installed packages; remove it and ask the operator why it was sent")
+    problems = template_problems(plan, "plan/plan.yaml")
+    if problems:
+        return Check("code", FAIL, "; ".join(problems) + "; refuse this plan and tell the operator")
+    lines = code_lines(config.algorithm, read_requirements(ws / "requirements.txt"))
+    differ = [f"requirements.txt pins {c.distribution}=={c.pinned} but this machine runs "
+              f"{c.installed or 'none'}" for c in lines if c.mismatch]
+    if differ:
+        return Check("code", FAIL, "; ".join(differ) + ": install the pinned versions (or ask the operator)")
+    if guard_installed() is None:
+        return Check("code", WARN, f"the plan names only installed components, but {GUARD_PTH} is not installed in "
+                                   "this environment, so a raw `fx collaborator start` would not check the workspace "
+                                   "first: start with `fedcontrast site start`, or reinstall fedcontrast with pip")
+    return Check("code", OK, "no code in the workspace; the plan runs only installed code: "
+                             + ", ".join(f"{c.distribution} {c.installed}" for c in lines if c.installed))
+
+
+def check_transport(ws: Path, plan: dict) -> Check:
+    from .package_trust import check_policy_for_workspace, transport_problems
+
+    try:
+        policy = check_policy_for_workspace(ws)
+    except FedContrastError as exc:
+        return Check("transport", FAIL, f"the site policy cannot be read: {exc}")
+    problems = transport_problems(plan, policy, "the plan")
+    if problems:
+        return Check("transport", FAIL, "; ".join(problems))
+    network = (plan.get("network") or {}).get("settings") or {}
+    if network.get("use_tls", True) and network.get("require_client_auth", True):
+        return Check("transport", OK, "mutual TLS (the aggregator and this site each prove who they are)")
+    return Check("transport", WARN, "TLS or client authentication is off in the plan; this site's policy allows it")
+
+
 def check_certificate(ws: Path, name: str) -> Check:
-    from .pki import _certificates, check_own_certificate, subject
+    from .pki import _certificates, check_certificate_name, check_own_certificate, subject
 
     cert_dir = ws / "cert"
     crt, key, chain = cert_dir / "client" / f"col_{name}.crt", cert_dir / "client" / f"col_{name}.key", \
@@ -88,6 +132,7 @@ def check_certificate(ws: Path, name: str) -> Check:
                                           "`fedcontrast site import-cert`")
     try:
         check_own_certificate(crt, key, chain)
+        check_certificate_name(crt, name)  # the aggregator admits a name only with a certificate for that name
         cert = _certificates(crt)[0]
     except FedContrastError as exc:
         return Check("certificate", FAIL, str(exc))

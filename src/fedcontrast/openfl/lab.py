@@ -154,7 +154,7 @@ class CrossSiloLab:
                 for site in self.sites:  # the operator signs one request after the other
                     request = self.send(site, exp.workspace(self, site) / f"col_{site}_to_agg_cert_request.zip",
                                         OPERATOR)
-                    self.fedcontrast(OPERATOR, "ca", "sign", name, request.name, "--yes")
+                    self.fedcontrast(OPERATOR, "ca", "sign", name, request.name, "--site", site, "--yes")
                 list(pool.map(import_cert, self.sites))
         return exp
 

@@ -136,17 +136,25 @@ def _resolved(value: Any, running: Any = None) -> Any:
 def enforce_site_policy(config: RunConfig, network: dict[str, Any] | None, model_shape: dict[str, int] | None,
                         data_path: str, cwd: str | Path = ".") -> Any:
     """Stop the collaborator (exit 1, one sentence) when the plan violates this site's policy file
-    (``$FEDCONTRAST_SITE_POLICY`` or ``site_policy.yaml`` in the workspace); no file, no check.
+    (``$FEDCONTRAST_SITE_POLICY`` or ``site_policy.yaml`` in the workspace); no file, no check but
+    TLS and client authentication, which are required unless a policy allows them off.
     Returns the policy (None without one): it also says what this site lets leave besides its uploads."""
     from ..privacy.audit import audit_plan
     from ..privacy.policy import SitePolicy, check_policy, site_policy_path
     from .components import CollaboratorStopped
+    from .package_trust import transport_problems
 
     path = site_policy_path(cwd)
-    if path is None:
+    try:
+        policy = SitePolicy.from_yaml(path) if path is not None else None
+    except FedContrastError as exc:
+        raise CollaboratorStopped(f"fedcontrast collaborator: error: cannot check this site's policy {path}: {exc}") from None
+    if policy is None:  # TLS and client authentication are required without a policy too (a policy checks them below)
+        refused = transport_problems({"network": {"settings": network or {}}}, None, "the plan")
+        if refused:
+            raise CollaboratorStopped(f"fedcontrast collaborator: error: {'; '.join(refused)}")
         return None
     try:
-        policy = SitePolicy.from_yaml(path)
         if network is None or model_shape is None:
             raise ConfigError("the plan does not give the data loader its network settings and model shape "
                               "(made by an older fedcontrast); regenerate it with `fedcontrast workspace create`")

@@ -125,8 +125,6 @@ def dump_yaml(data: Any) -> str:
 DATA_YAML_HEADER = ("# Each collaborator's data, one line per site on that site's own machine: NAME,PATH\n"
                     "# (PATH: its image folder, one sub-folder per class of the plan's data schema;\n"
                     "#  `fedcontrast site join` writes this line). The operator holds no data.\n")
-REQUIREMENTS = ("# What every party installs before running this workspace (`fx workspace export` ships this file).\n"
-                "fedcontrast=={version}\n")
 SRC_README = ("The federation's code is the installed `fedcontrast` package (version {version}), named in\n"
               "../requirements.txt; the plan (plan/plan.yaml) says which of its classes run. Nothing here to edit.\n")
 
@@ -172,7 +170,9 @@ def create_workspace(directory: str | Path, config: RunConfig, *, collaborators:
         (ws / "plan" / "data.yaml").write_text("".join(f"{name},shard:{i}\n" for i, name in enumerate(names)))
     else:
         (ws / "plan" / "data.yaml").write_text(DATA_YAML_HEADER)
-    (ws / "requirements.txt").write_text(REQUIREMENTS.format(version=__version__))
+    from ..provenance import requirements_text
+
+    (ws / "requirements.txt").write_text(requirements_text(config.algorithm))
     (ws / "src" / "README.md").write_text(SRC_README.format(version=__version__))
     (ws / ".workspace").write_text("current_plan_name: default\n")
     return ws

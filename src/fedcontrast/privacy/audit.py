@@ -72,6 +72,8 @@ class AuditReport:
     secure_noise: str = ""  # how DP noise is sampled under OpenFL
     notes: list[str] = field(default_factory=list)
     here: list[str] = field(default_factory=list)  # the sites whose data is on this machine (counted from it)
+    code: list[Any] = field(default_factory=list)  # provenance.CodeLine: the code every party runs (pinned, here)
+    foreign_code: list[str] = field(default_factory=list)  # plan components that are not installed code
 
     @property
     def weights_leave(self) -> list[str]:
@@ -338,7 +340,12 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
             eps_round, eps_total = planned.per_round, planned.total
         lines.append(SiteLine(name, data, samples, note, eps_round, eps_total, classes, held_out, under))
     certs = read_certificates(workspace / "cert") if workspace is not None else None
-    return AuditReport(source=source, algorithm=config.algorithm, tasks=tuple(algorithm.tasks), rounds=rounds,
+    from ..provenance import code_lines, read_requirements
+
+    code = code_lines(config.algorithm, read_requirements(workspace / "requirements.txt") if workspace else None)
+    from ..openfl.package_trust import template_problems
+
+    return AuditReport(code=code, foreign_code=template_problems(plan, "the plan"), source=source, algorithm=config.algorithm, tasks=tuple(algorithm.tasks), rounds=rounds,
                        delta=config.privacy.delta if config.privacy else None,
                        accountant=config.privacy.accountant if config.privacy else None,
                        mechanisms=mechanism_lines or ["none"], guarantee=guarantee, tensors=tensors, sites=lines,
@@ -395,6 +402,18 @@ def format_report(report: AuditReport) -> str:
                          + (", ".join(under) if under else "none"))
     if not report.here and any(s.samples is None for s in report.sites):
         lines.append("  sample counts not known here: each site's data is on its own machine (run the audit there)")
+    if report.code:
+        lines += ["", "code every party runs (pinned in the workspace's requirements.txt; installed on this machine):"]
+        for c in report.code:
+            pinned = f"=={c.pinned}" if c.pinned else " (not pinned)"
+            here = c.installed or "not installed"
+            lines.append(f"  {c.distribution + pinned:24s} here {here:12s} {c.role}"
+                         + ("  MISMATCH" if c.mismatch else ""))
+        if report.foreign_code:
+            lines += [f"  NOT INSTALLED CODE: {problem}" for problem in report.foreign_code]
+        else:
+            lines.append("  the plan builds only installed components (no code travels in a package): fedcontrast's "
+                         "aggregator, collaborator, data loader, task runner, assigner, aggregation")
     lines += ["", f"transport: TLS {'on' if report.tls else 'OFF'}, client authentication "
                   f"{'on' if report.client_auth else 'OFF'}"]
     if report.certificates is None:

@@ -4,8 +4,8 @@ A policy is a small YAML file (see ``policies/example-site.yaml``)::
 
     max_epsilon: 8.0          # ε at the plan's δ after all rounds, per site; no DP = ∞
     max_delta: 1.0e-5
-    require_tls: true
-    require_client_auth: true
+    require_tls: true         # the default: a plan with TLS off is refused (false allows it)
+    require_client_auth: true # the default: likewise for client authentication
     allow_weights: false      # may model weights leave the site (with or without DP-SGD)?
     min_class_count: 10       # fewest samples behind a shared per-class feature
     site_samples: 400         # this site's sample count, for its exact ε (else the plan's worst case)
@@ -14,7 +14,9 @@ A policy is a small YAML file (see ``policies/example-site.yaml``)::
     share_training_metrics: false         # under DP default false; without DP default true
     share_evaluation_metrics: false       # the held-out accuracy of what the site received, likewise
 
-Every key is optional; an absent key checks nothing (and the sharing keys take their defaults).
+Every key is optional; an absent key checks nothing, except TLS and client authentication, which a
+site requires unless its policy says ``false`` (and the sharing keys take their defaults). Anything at
+the policy's path that is not a readable policy file is an error, never "no policy".
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ POLICY_FILE = "site_policy.yaml"  # in the workspace (the collaborator's working
 class SitePolicy:
     max_epsilon: float | None = None
     max_delta: float | None = None
-    require_tls: bool = False
-    require_client_auth: bool = False
+    require_tls: bool = True  # TLS off is allowed only by an explicit false
+    require_client_auth: bool = True
     allow_weights: bool = True
     min_class_count: int | None = None
     site_samples: int | None = None
@@ -108,6 +110,11 @@ def check_policy(report: AuditReport, policy: SitePolicy, *, sites: list[str] | 
             elif site.epsilon_total > policy.max_epsilon:
                 violations.append(f"ε = {site.epsilon_total:.3g} at δ = {report.delta:g} after {report.rounds} rounds "
                                   f"for {site.name} is over the policy's max_epsilon {policy.max_epsilon:g}")
+    violations += list(report.foreign_code)  # whatever else it says, a plan that runs code no one installed
+    for line in report.code:
+        if line.mismatch:
+            violations.append(f"requirements.txt pins {line.distribution}=={line.pinned} but this machine runs "
+                              f"{line.installed or 'none'}")
     for cert in report.certificates or []:
         if cert.days_left < 0:
             violations.append(f"certificate {cert.path} ({cert.subject}) expired on {cert.not_after}")
@@ -139,4 +146,5 @@ def site_policy_path(cwd: str | Path = ".") -> Path | None:
     if env:
         return Path(env)  # named explicitly: a missing file is an error, not "no policy"
     path = Path(cwd) / POLICY_FILE
-    return path if path.is_file() else None
+    # anything there (a directory, a dangling link, an unreadable file) is read, and refused, as the policy
+    return path if os.path.lexists(path) else None

@@ -1,0 +1,47 @@
+"""Installs, besides the package, ``fedcontrast_fx_guard.pth``: at every interpreter start it loads
+``_fedcontrast_fx_guard``, which checks a site's workspace before a raw ``fx collaborator start``
+imports anything from it (see ``src/fedcontrast/openfl/package_trust.py``). Wheels and editable
+installs both carry it; everything else is in pyproject.toml."""
+
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+GUARD_PTH = Path(__file__).parent / "src" / "fedcontrast_fx_guard.pth"
+
+
+class BuildPyWithGuard(build_py):
+    """A wheel's top level gets the ``.pth`` file (site-packages runs it at start-up)."""
+
+    def run(self):
+        super().run()
+        self.copy_file(str(GUARD_PTH), str(Path(self.build_lib) / GUARD_PTH.name), preserve_mode=False)
+
+    def get_outputs(self, include_bytecode=True):
+        return [*super().get_outputs(include_bytecode), str(Path(self.build_lib) / GUARD_PTH.name)]
+
+
+cmdclass = {"build_py": BuildPyWithGuard}
+
+try:  # an editable install (pip install -e .) is a wheel of path hooks: add the guard's .pth beside them
+    from setuptools.command.editable_wheel import editable_wheel
+
+    class EditableWheelWithGuard(editable_wheel):
+        def _select_strategy(self, *args, **kwargs):
+            strategy = super()._select_strategy(*args, **kwargs)
+            original = strategy.__call__
+
+            class WithGuard(type(strategy)):
+                def __call__(self, wheel, files, mapping):
+                    original(wheel, files, mapping)
+                    wheel.writestr(GUARD_PTH.name, GUARD_PTH.read_bytes())
+
+            strategy.__class__ = WithGuard
+            return strategy
+
+    cmdclass["editable_wheel"] = EditableWheelWithGuard
+except ImportError:  # an old setuptools without PEP 660 editable wheels
+    pass
+
+setup(cmdclass=cmdclass)
