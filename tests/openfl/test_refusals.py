@@ -158,6 +158,30 @@ def test_a_certificate_for_the_name_that_is_not_the_one_signed_for_it_is_refused
     assert words in reason and words in aggregator_says(aggregator, words)
 
 
+def test_a_second_aggregator_on_a_port_in_use_is_refused_naming_the_port(aggregator, tmp_path):
+    """gRPC binds with SO_REUSEPORT: without the check a second `fx aggregator start` would listen beside
+    the first, and sites would reach either one."""
+    from fedcontrast.errors import ConfigError
+    from fedcontrast.openfl.components import check_port_free
+    from fedcontrast.openfl.launch import failure_reason
+
+    with pytest.raises(ConfigError, match=f"port {aggregator['port']} .* is taken on this machine"):
+        check_port_free(aggregator["port"])
+    ws = copy_workspace(aggregator["ws"], tmp_path / "second")
+    proc = start(ws, ["aggregator", "start"], "aggregator.log")
+    try:
+        code = proc.wait(timeout=120)
+    finally:
+        stop_all({"second": proc})
+    assert code != 0
+    assert failure_reason(ws / "logs" / "aggregator.log").startswith(
+        f"port {aggregator['port']} (the plan's network.settings.agg_port) is taken on this machine")
+    with socket.socket() as s:  # a free port passes
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    check_port_free(free)
+
+
 def test_refusals_left_the_aggregator_unharmed(aggregator):
     # Runs after the refusals above (file order): the aggregator is still up and still waiting for round 0.
     assert aggregator["proc"].poll() is None

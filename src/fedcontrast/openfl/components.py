@@ -567,6 +567,9 @@ def check_aggregator_plan(config: RunConfig, settings: dict[str, Any], argv: lis
         raise ConfigError(f"the aggregator was not given the aggregator settings of {path} (differ: "
                           f"{', '.join(differ)}); start it with that plan: fx aggregator start -p {path}")
     network = plan.get("network", {}).get("settings") or {}
+    port = network.get("agg_port")
+    if isinstance(port, int) and not isinstance(port, bool):
+        check_port_free(port)
     if network.get("use_tls", True):  # the files `fx aggregator start` serves with (OpenFL's default paths)
         address = network.get("agg_addr")
         if address == "auto":
@@ -577,6 +580,31 @@ def check_aggregator_plan(config: RunConfig, settings: dict[str, Any], argv: lis
         check_server_files(Path(cwd) / "cert", str(address))
         return Path(cwd) / "cert"
     return None
+
+
+def check_port_free(port: int) -> None:
+    """Refuse, in one sentence naming the port, to serve on a port another process already listens on:
+    gRPC binds with SO_REUSEPORT, so a second aggregator would start beside the first, and sites would
+    reach whichever the kernel picks (the stale one, often, and then blame a CA mismatch)."""
+    import errno
+    import socket
+
+    for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 on this machine: try IPv4
+            continue
+        with probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are not "taken"
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise ConfigError(f"port {port} (the plan's network.settings.agg_port) is taken on this machine: "
+                                      "another process listens on it (an aggregator still running?); stop it, or "
+                                      "make the plan with another --port") from None
+                continue  # e.g. IPv6 disabled: the other family decides
+            return
 
 
 def check_initial_model(path: str | Path, global_specs: list) -> None:
@@ -695,12 +723,13 @@ def _bounded_send_local_task_results(self, request, context):
 
 
 def _bounded_grpc_server(*args: Any, **kwargs: Any):
-    """OpenFL's server, with its largest accepted message bounded by :data:`MAX_MESSAGE_BYTES`."""
-    if MAX_MESSAGE_BYTES is None:
-        return _stock_create_grpc_server(*args, **kwargs)
+    """OpenFL's server, with its largest accepted message bounded by :data:`MAX_MESSAGE_BYTES`, and
+    without SO_REUSEPORT: a port another process holds fails to bind instead of being shared."""
     stock = grpc_common.DEFAULT_CHANNEL_OPTIONS
-    grpc_common.DEFAULT_CHANNEL_OPTIONS = [o for o in stock if o[0] != "grpc.max_receive_message_length"] + [
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+    options = {"grpc.so_reuseport": 0}
+    if MAX_MESSAGE_BYTES is not None:
+        options["grpc.max_receive_message_length"] = MAX_MESSAGE_BYTES
+    grpc_common.DEFAULT_CHANNEL_OPTIONS = [o for o in stock if o[0] not in options] + list(options.items())
     try:
         return _stock_create_grpc_server(*args, **kwargs)
     finally:
