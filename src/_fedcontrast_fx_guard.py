@@ -33,7 +33,7 @@ def _guard():
     try:
         guard_collaborator_start(argv, os.getcwd())
     except FedContrastError as exc:
-        sys.stderr.write(f"fedcontrast collaborator: error: this workspace is refused before anything runs: {exc}\n")
+        sys.stderr.write(f"fedcontrast collaborator: error: {exc}\n")
         sys.stderr.flush()
         os._exit(1)
     except Exception as exc:

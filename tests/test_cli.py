@@ -22,6 +22,7 @@ TINY = ["--dataset", "synthetic", "--image-size", "16", "--clients", "2", "--rou
     (["simulate", "--set", "mu=-3"], "mu"),
     (["simulate", "--set", "moon.tau=1"], "no setting"),
     (["simulate", "--set", "mu=["], "--set 'mu=[' is not valid YAML"),
+    (["simulate", "--set", "temperature=1.0e-320"], "temperature must be a finite number ≥ 0.0001"),
     (["simulate", "--robustness", "max_samples={site_0: 9"], "--robustness 'max_samples={site_0: 9' is not valid YAML"),
     (["simulate", "--robustness", "max_samples={site_0: 1, site_0: 2}"], "the key 'site_0' is given twice"),
     (["simulate", "--lr", "0"], "lr"),

@@ -291,7 +291,8 @@ def cmd_workspace_create(args: argparse.Namespace) -> int:
         raise ConfigError("say how many sites: --sites NAME,NAME,... (institutions) or --collaborators N")
     ws = create_workspace(args.directory, config, collaborators=args.collaborators, address=args.address,
                           port=args.port or DEFAULT_PORT, tls=not args.no_tls, round_timeout=args.round_timeout,
-                          min_sites=args.min_sites, public_source=public_source)
+                          min_sites=args.min_sites, wait_for_aggregator=args.wait_for_aggregator,
+                          public_source=public_source)
     if args.pki_from:
         from .openfl.deploy import reuse_pki
 
@@ -320,9 +321,19 @@ def cmd_workspace_create(args: argparse.Namespace) -> int:
 def cmd_workspace_export(args: argparse.Namespace) -> int:
     from .openfl.deploy import export_workspace
 
+    from .openfl.plan import read_workspace_config
+
     archive = export_workspace(args.workspace)
-    print(f"wrote {archive} (the plan, the initial model and what the sites need; no key, no data)")
-    print(f"send it to every institution; each runs: fedcontrast site join {archive.name} --name NAME --data FOLDER")
+    config = read_workspace_config(args.workspace)
+    print(f"wrote {archive} (the plan, the initial model and what the sites need; no key, no data, no code)")
+    join = f"fedcontrast site join {archive.name} --name NAME --data FOLDER"
+    if config.public_data is not None:
+        join += f" --public PUBLIC_FOLDER (fingerprint {config.public_data.sha256[:16]}…)"
+    print(f"send it to every institution; each runs: {join}")
+    enrolled = sorted((Path(args.workspace) / "cert" / "client").glob("col_*.crt"))
+    if enrolled:  # the PKI of an earlier experiment: those sites keep their keys and certificates
+        print(f"sites already enrolled in this federation ({', '.join(p.stem[4:] for p in enrolled)}) add "
+              "--cert-from THEIR_EARLIER_WORKSPACE (no new request); the others send the request it makes")
     return 0
 
 
@@ -484,13 +495,14 @@ def site_start_command(workspace: str | Path, name: str, *, plan: str | None = N
             raise ConfigError(f"{missing} {'are' if ' and ' in missing else 'is'} missing, and the plan uses TLS: "
                               "install the certificate the operator signed with `fedcontrast site import-cert "
                               f"agg_to_col_{name}_signed_cert.zip --workspace {ws}`")
-        # What would make every handshake fail, said now rather than after fx's start-up and retries: the
-        # doctor's checks of this site's certificate and (when it already listens) the aggregator's.
-        from .openfl.doctor import FAIL, check_aggregator, check_certificate
+    # Everything the collaborator would stop on later (after fx's start-up and ~130 lines of plan), said now:
+    # every check of the doctor — certificates and (when it already listens) the aggregator's, the data
+    # line and folder, the policy, the public folder and shared files, the code, the transport.
+    from .openfl.doctor import FAIL, run_checks
 
-        for check in (check_certificate(ws, name), check_aggregator(ws, name, network)):
-            if check.status == FAIL:
-                raise ConfigError(check.message)
+    for check in run_checks(ws, name, plan_path=plan_path, data_path=data_path):
+        if check.status == FAIL:
+            raise ConfigError(check.message)
     fx = fx_executable()
     if not Path(fx).is_absolute():
         import shutil
@@ -561,7 +573,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(format_round(record))
     out = Path(args.out) if args.out else ws / "report"
     summary = export_results(ws, out)
-    print(f"{summary['rounds_completed']} rounds; accuracy.png, rounds.csv and summary.json in {out}")
+    files = "accuracy.png, rounds.csv and summary.json" if summary["plot"] else "rounds.csv and summary.json"
+    print(f"{summary['rounds_completed']} rounds; {files} in {out}")
+    for key, reason in summary["why_null"].items():  # also in summary.json: why a value is null
+        print(f"{'no accuracy.png' if key == 'plot' else f'{key} is null'}: {reason}")
     return 0
 
 
@@ -674,7 +689,8 @@ def cmd_federation(args: argparse.Namespace) -> int:
     acc, sites = summary["final_accuracy"], summary["final_site_accuracy_mean"]
     final = (f"final model (torch state_dict): {summary['final_model']}" if summary["final_model"]
              else f"final global tensors: {summary['final_downlink']}")
-    print(f"final global test accuracy {'n/a (no global model)' if acc is None else f'{acc:.4f}'}, at the sites "
+    no_acc = f"n/a ({summary['why_null'].get('final_accuracy', 'no global model')})"
+    print(f"final global test accuracy {no_acc if acc is None else f'{acc:.4f}'}, at the sites "
           f"{'n/a' if sites is None else f'{sites:.4f}'} (weighted mean of their own held-out data) after "
           f"{summary['rounds_completed']} rounds ({time.perf_counter() - t0:.0f} s); {final}; results in {run_dir}")
     return 0
@@ -794,6 +810,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a round may take before the federation stops naming the silent sites (1800)")
     w.add_argument("--min-sites", type=int, help="go on without silent sites when at least this many answered "
                                                  "(default: every site is needed)")
+    w.add_argument("--wait-for-aggregator", type=float, default=600.0, metavar="SECONDS",
+                   help="how long a site keeps trying to reach the aggregator, at start or after losing it (e.g. "
+                        "while it restarts), before it gives up (600)")
     w.add_argument("--address", default="localhost", help="the aggregator's host name (its certificate's name)")
     w.add_argument("--port", type=int)
     w.add_argument("--no-tls", action="store_true", help="plain gRPC (testing only)")

@@ -55,7 +55,7 @@ def test_gradient_pulls_toward_global_and_away_from_previous():
     assert moon_contrastive_loss(z2, zg, zp, temperature=0.5) < before
 
 
-@pytest.mark.parametrize("tau", [0, -1.0, float("nan"), float("inf")])
+@pytest.mark.parametrize("tau", [0, -1.0, float("nan"), float("inf"), 1.0e-320, 1e-5])
 def test_bad_temperature_raises(tau):
     z = torch.randn(2, 3)
     with pytest.raises(ValueError, match="temperature"):

@@ -107,7 +107,7 @@ def test_gradient_matches_finite_differences():
     assert torch.autograd.gradcheck(lambda a, b: nt_xent(a, b, temperature=0.3), (z1, z2))
 
 
-@pytest.mark.parametrize("tau", [0, -1.0, float("nan"), float("inf")])
+@pytest.mark.parametrize("tau", [0, -1.0, float("nan"), float("inf"), 1.0e-320, 1e-5])
 def test_bad_temperature_raises(tau):
     z = torch.randn(2, 3)
     with pytest.raises(ValueError, match="temperature"):

@@ -362,3 +362,24 @@ def test_a_site_does_not_install_a_certificate_issued_for_another_name(tmp_path)
         verify_site_certificate(ws, "hosp1")
     check = check_certificate(ws, "hosp1")  # `fedcontrast site start` and the doctor
     assert check.status == FAIL and "is issued for hosp2, not for hosp1" in check.message
+
+
+def test_a_certificate_refused_after_the_import_is_not_left_installed(tmp_path):
+    """Issue 21 point 9: the certificate fits the site's name but not its key (signed from another
+    request): fx installs it, the check refuses it, and the site's files are as they were."""
+    from fedcontrast.openfl.deploy import import_certificate
+
+    ca = make_ca("federation CA")
+    key, own = issue(ca, "hosp1")
+    ws = site_workspace(tmp_path, ca[1], key, own)
+    (ws / "cert" / "client" / "col_hosp1.crt").unlink()  # hosp1 waits for its certificate
+    chain_before = (ws / "cert" / "cert_chain.crt").read_bytes()
+    _, other_key_cert = issue(ca, "hosp1")  # CN=hosp1, but for a key this site does not hold
+    signed = tmp_path / "agg_to_col_hosp1_signed_cert.zip"
+    with zipfile.ZipFile(signed, "w") as z:
+        z.writestr("client/col_hosp1.crt", pem(other_key_cert))
+        z.writestr("cert_chain.crt", pem(make_ca("another CA")[1]))
+    with pytest.raises(DeploymentError, match="does not belong to the private key"):
+        import_certificate(ws, signed, log=lambda m: None)
+    assert not (ws / "cert" / "client" / "col_hosp1.crt").exists()
+    assert (ws / "cert" / "cert_chain.crt").read_bytes() == chain_before

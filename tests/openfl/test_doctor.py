@@ -28,9 +28,10 @@ def test_a_good_workspace_passes_and_an_absent_aggregator_is_a_warning(tmp_path,
     ws = site_workspace(tmp_path, pki)
     code, lines, err = doctor(ws, capsys, "--name", "site_0")
     assert code == 0 and err == ""
-    assert [line.split()[0] for line in lines] == ["OK", "OK", "WARN", "OK", "OK", "OK", "OK"]
-    assert lines[5].startswith("OK    code: no code in the workspace; the plan runs only installed code: fedcontrast ")
-    assert lines[6] == "OK    transport: mutual TLS (the aggregator and this site each prove who they are)"
+    assert [line.split()[0] for line in lines] == ["OK", "OK", "WARN", "OK", "OK", "OK", "OK", "OK"]
+    assert lines[5] == "OK    shared files: the plan shares no files among the sites"
+    assert lines[6].startswith("OK    code: no code in the workspace; the plan runs only installed code: fedcontrast ")
+    assert lines[7] == "OK    transport: mutual TLS (the aggregator and this site each prove who they are)"
     assert lines[1].startswith("OK    certificate: cert/client/col_site_0.crt (CN=site_0) fits its key, is signed by "
                                "the federation's CA")
     assert "run the doctor again once the operator has started the aggregator" in lines[2]

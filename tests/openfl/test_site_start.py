@@ -177,3 +177,29 @@ def test_an_aggregator_from_another_federation_is_named_before_fx_starts(site_ws
         server.close()
     assert said.startswith(f"the aggregator at localhost:{port} presents a certificate (CN=localhost) issued by "
                            "CN=other ca, not by the federation's CA in")
+
+
+def test_every_check_the_collaborator_would_make_runs_before_site_start_says_it_passed(site_ws, execv, capsys,
+                                                                                          tmp_path):
+    """Issue 21 point 7: the policy, the data line and the public folder were checked only inside fx,
+    after its start-up; now `site start` refuses at once, and `doctor` names the same problem."""
+    from fedcontrast.data.schema import folder_fingerprint
+    from fedcontrast.privacy.policy import POLICY_FILE
+
+    (site_ws / POLICY_FILE).write_text("max_epsilon: 5.0\n")  # MOON's weights leave without DP: ε unbounded
+    message = refused(capsys, execv, str(site_ws), "--name", "site_0")
+    assert message.startswith(f"this site's policy {site_ws / POLICY_FILE} refuses the plan before any data is read")
+    (site_ws / POLICY_FILE).unlink()
+    # a public folder whose files differ from the plan's fingerprint: the doctor's (and so site start's) check
+    from fedcontrast.openfl.doctor import FAIL, OK, check_shared
+    from fedcontrast.openfl.plan import read_workspace_config
+
+    from .test_deploy import deployment, images
+
+    public = images(tmp_path / "public", {"neg": 2, "pos": 2}, seed=5)
+    ws = create_workspace(tmp_path / "pub", deployment(public_data={"sha256": folder_fingerprint(public),
+                                                                     "folder": str(public)}), log=lambda m: None)
+    assert check_shared(ws, read_workspace_config(ws)).status == OK
+    images(public, {"neg": 3}, seed=6)  # one more file
+    check = check_shared(ws, read_workspace_config(ws))
+    assert check.status == FAIL and "fingerprint" in check.message and str(public) in check.message

@@ -32,6 +32,9 @@ def folder_fingerprint(folder: str | Path) -> str:
     machine; one changed, added, removed or renamed file changes it."""
     base = Path(folder)
     if not base.is_dir():
+        if base.exists():
+            raise DataError(f"{base} is a file, not a folder: give the public data set's folder (its fingerprint "
+                            "covers every file in it)")
         raise DataError(f"folder {base} does not exist")
     digest = hashlib.sha256()
     files = sorted(p for p in base.rglob("*") if p.is_file()

@@ -13,10 +13,16 @@ import torch
 import torch.nn.functional as F
 
 
+MIN_TEMPERATURE = 1e-4  # similarities in [-1, 1] are divided by τ: far below this, float32 logits overflow
+
+
 def check_temperature(temperature: float) -> None:
-    """Raise ``ValueError`` unless ``temperature`` is a finite number > 0."""
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    """Raise ``ValueError`` unless ``temperature`` is a finite number ≥ :data:`MIN_TEMPERATURE` (a
+    temperature of 1e-320 passed "> 0" and ended every loss in NaN, which was then blamed on a site)."""
+    if not (isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and math.isfinite(temperature)
+            and temperature >= MIN_TEMPERATURE):
+        raise ValueError(f"temperature must be a finite number ≥ {MIN_TEMPERATURE:g} (similarities are divided by it; "
+                         f"smaller ones overflow), got {temperature!r}")
 
 
 def info_nce(similarities: torch.Tensor, positive: torch.Tensor | int = 0, *,

@@ -5,7 +5,8 @@ unreachable aggregator forever and saves ``last.pbuf`` from the model that went 
 round. These subclasses change only that: a failed round, a round that outlives the plan's
 ``round_timeout`` (unless ``min_sites`` lets it go on without the silent sites) or a site that
 reports a failed task ends the federation (aggregator exit code 3, every live collaborator told to
-stop with a reason); collaborators give up after a bounded number of retries, and a failing
+stop with a reason); a collaborator that cannot reach the aggregator keeps trying, with back-off,
+for the plan's ``wait_for_aggregator`` (an aggregator's restart fits in it), and a failing
 collaborator exits with one sentence. Every round the sites evaluate what they received on their
 own held-out data (the engine's ``evaluate`` task, plus one evaluation-only round at the end), and
 the aggregator writes one record per round with every site's figures (``save/rounds.jsonl``).
@@ -33,7 +34,7 @@ from openfl.component.assigner import Assigner
 from openfl.component.collaborator.collaborator import Collaborator
 from openfl.transport.grpc import aggregator_server as grpc_server
 from openfl.transport.grpc import common as grpc_common
-from openfl.utilities import TensorKey
+from openfl.utilities import TaskResultKey, TensorKey, change_tags
 
 from ..algorithms import Downlink, ServerContext, load_weights
 from ..algorithms.base import WEIGHT_PREFIX
@@ -49,13 +50,16 @@ from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, packed_size, unpack
 from .pki import (EnrolledCertificates, check_aggregator_certificate, check_certificate_dates, check_certificate_name,
                   check_enrolled_certificates, check_own_certificate, check_server_files)
 from .tls_log import HandshakeLog, StderrTap, enable_handshake_trace
-from .plan import DEFAULT_ROUND_TIMEOUT, EVALUATE_TASK, fx_plan_path, load_plan_file
+from .plan import (DEFAULT_RECONNECT_INTERVAL_MAX, DEFAULT_ROUND_TIMEOUT, DEFAULT_WAIT_FOR_AGGREGATOR, EVALUATE_TASK,
+                   check_wait_settings, fx_plan_path, load_plan_file)
 from .runner import EVAL_SAMPLES, PERSONAL_TAG, WEIGHT_METRIC
 
 logger = logging.getLogger(__name__)
 
 FAILURE_SLEEP_CODE = 97  # sent in GetTasksResponse.sleep_time with quit: "the federation failed"
 FAILURE_EXIT_CODE = 3
+STOPPED = "the aggregator stopped the federation: "  # the details of the ABORTED status every site is answered with
+STOP_GRACE_S = 3.0  # after the last site was told why the federation stopped, the reason is still served this long
 WAITING_NOTICE_S = 60.0  # how often the aggregator names the sites that have not connected yet
 FAILURE_METRIC = "fedcontrast_task_failed"  # a collaborator's last word: its task failed (reason: its own log)
 ROUNDS_FILE = "rounds.jsonl"
@@ -64,6 +68,11 @@ FINAL_MODEL = "final_model.pt"
 FINAL_DOWNLINK = "final_downlink.pt"
 
 UPLOAD_MARGIN = 1 << 20  # bytes allowed around the declared packed upload: header, names, metrics
+# gRPC refuses a message over its max_receive_message_length before Python sees it: the sender would
+# learn why, the aggregator nothing (the round would wait out its timeout). Its limit is set one of
+# OpenFL's upload messages (2 MiB chunks, utils.proto_to_datastream) above the bound, so that every
+# message of an over-bound upload reaches _bounded_stream, which names the sender and the size.
+MESSAGE_ALLOWANCE = (2 << 20) + (64 << 10)
 # OpenFL calls Aggregator._get_sleep_time() through the class name, so a subclass override would be
 # ignored; it tells an idle collaborator to sleep 10 s. One second keeps rounds moving (an int is
 # required: it travels in an int32 protobuf field).
@@ -145,12 +154,61 @@ def weighted_site_mean(sites: dict[str, dict[str, Any]], key: str = "accuracy") 
     return sum(a * n for a, n in pairs) / total if total else None
 
 
+NO_TEST_DATA = "the aggregator holds no test data"  # why a record has no global accuracy (record["no_global_accuracy"])
+
+
+def withheld_metrics(sent: dict[str, dict[str, list[str]]],
+                     declared: dict[str, tuple[str, ...]]) -> dict[str, list[str]]:
+    """Which site withheld which metric, from what each site sent with its results (``{task: {site:
+    metric names}}``) and the metrics each task declares (``declared``, OpenFL names such as
+    ``evaluate_accuracy``): a site that sent a task's results withheld every metric of that task that
+    another site sent, and, when it sent none of the task's declared metrics, those too (its policy
+    keeps them, the default under DP). ``{site: sorted names}``; a site that withheld nothing is absent."""
+    out: dict[str, set[str]] = {}
+    for task, by_site in sent.items():
+        anyone = set().union(*map(set, by_site.values())) if by_site else set()
+        names = set(declared.get(task, ()))
+        for site, own in by_site.items():
+            own = set(own)
+            expected = anyone | (names if not own & names else set())
+            missing = expected - own - {WEIGHT_METRIC}
+            if missing:
+                out.setdefault(site, set()).update(missing)
+    return {site: sorted(names) for site, names in sorted(out.items())}
+
+
+def metric_kind(name: str) -> str:
+    """What a site's metric is about, for a sentence: ``evaluation`` (``evaluate_*``), ``ε``
+    (``*_dp_epsilon*``) or ``training``."""
+    if name.startswith(EVALUATE_TASK + "_"):
+        return "evaluation"
+    return "ε" if "dp_epsilon" in name else "training"
+
+
+def describe_withheld(withheld: dict[str, list[str]]) -> str:
+    """One clause per group of sites that withheld the same kinds of metrics, e.g. ``site_1
+    withheld its evaluation and training metrics``; empty when no site withheld any."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    order = ("evaluation", "training", "ε")
+    for site, names in sorted(withheld.items()):
+        kinds = tuple(k for k in order if any(metric_kind(n) == k for n in names))
+        if kinds:
+            groups.setdefault(kinds, []).append(site)
+    clauses = []
+    for kinds, sites in groups.items():
+        what = " and ".join(kinds) if len(kinds) < 3 else f"{kinds[0]}, {kinds[1]} and {kinds[2]}"
+        clauses.append(f"{', '.join(sites)} withheld {'its' if len(sites) == 1 else 'their'} {what} metrics")
+    return "; ".join(clauses)
+
+
 class RoundReport(Callback):
     """After each round: export the new global model (a torch state_dict), evaluate it on the
     aggregator's own test split when this machine has one, and write one JSON line per finished
     round to ``rounds.jsonl``: round ``k``'s line holds the training metrics of the round that made
     model ``k`` and every site's evaluation of model ``k`` on its own held-out data (measured at the
-    start of the next round, or in the final evaluation-only round)."""
+    start of the next round, or in the final evaluation-only round). Sites may release different
+    metrics (their policies): a record lists under ``withheld`` which site kept which metric, and
+    says why it has no global accuracy (``no_global_accuracy``) when the aggregator holds no test data."""
 
     def __init__(self, config: RunConfig, model_shape: dict[str, int], out_dir: str | Path, rounds: int) -> None:
         super().__init__()
@@ -168,6 +226,7 @@ class RoundReport(Callback):
         self.server = ServerContext(model=self.model, round_num=0, seed=server_seed(config, 0), device=device,
                                     num_classes=model_shape["num_classes"])
         self.test = None
+        self.no_test: str | None = None  # why the records have no global accuracy (written into each)
         if config.data_schema is None or config.data_root is not None:
             try:  # the embedded demo, or an operator who holds data of its own
                 self.test = load_splits(config).test
@@ -175,13 +234,51 @@ class RoundReport(Callback):
             except FedContrastError as exc:
                 logger.warning("no test data on the aggregator (%s): rounds are evaluated at the sites only", exc)
                 self.test = None
+                self.no_test = f"the aggregator could not load its test data ({exc})"
         else:
             logger.info("the aggregator holds no data: every round is evaluated at the sites, on their own data")
-        self.written = max((r["round"] for r in read_records(self.out_dir)), default=0)
+            self.no_test = NO_TEST_DATA
+        # {round: {task: {site: names of the metrics it sent}}}, filled by the aggregator as results come in
+        # (and as a restart replays them): who withheld what (sites may release different metrics)
+        self.sent: dict[int, dict[str, dict[str, list[str]]]] = {}
         pending_path = self.out_dir / PENDING_FILE
         self.pending: dict[str, Any] = json.loads(pending_path.read_text()) if pending_path.exists() else {}
+        self.reopened: int | None = None  # the round of an incomplete record that its whole record replaces
+        self.resume(read_records(self.out_dir))
         self.absent: list[str] = []  # set by the aggregator: sites left out of the round just ended
         self.exported: int | None = None  # the last round whose results export_round wrote
+
+    def resume(self, records: list[dict[str, Any]]) -> None:
+        """Go on from the records already written: the last round's is done, unless the federation
+        stopped before every site's evaluation of its model arrived (``incomplete``, written by a stopping
+        aggregator so that a stopped federation still shows it). That round is reopened: a resumed
+        federation redoes it (OpenFL replays the round, the sites evaluate the model again) and its
+        whole record replaces the incomplete one (:meth:`write_record`)."""
+        self.written = max((r["round"] for r in records), default=0)
+        last = records[-1] if records else None
+        if last is None or not last.get("incomplete") or last["round"] != self.written:
+            return
+        self.written, self.reopened = last["round"] - 1, last["round"]
+        if self.pending.get("round") != last["round"]:  # no pending file of that round: its training half
+            self.pending = training_half(last)
+        logger.info("round %d's record is incomplete (the federation stopped before %s evaluated its model): the "
+                    "resumed round writes it whole", last["round"], ", ".join(last.get("not_evaluated", [])) or "every site")
+
+    def note_sent(self, round_num: int, site: str, task: str, names: list[str]) -> None:
+        """``site`` sent its results of ``task`` in OpenFL round ``round_num``, with these metrics."""
+        for old in [r for r in self.sent if r < round_num - 1]:
+            del self.sent[old]
+        self.sent.setdefault(round_num, {}).setdefault(task, {})[site] = sorted(names)
+
+    def withheld(self, round_num: int, tasks: list[str]) -> dict[str, list[str]]:
+        """``{site: metric names}`` that sites withheld from ``tasks`` of OpenFL round ``round_num``
+        (:func:`withheld_metrics`)."""
+        sent = getattr(self, "sent", {}).get(round_num, {})
+        algorithm = getattr(self, "algorithm", None)
+        declared = {} if algorithm is None else {
+            EVALUATE_TASK: tuple(f"{EVALUATE_TASK}_{m}" for m in (*algorithm.evaluation_metrics, EVAL_SAMPLES)),
+            **{t: tuple(f"{t}_{m}" for m in algorithm.task_metrics.get(t, ())) for t in algorithm.tasks}}
+        return withheld_metrics({t: sent[t] for t in tasks if t in sent}, declared)
 
     def on_round_end(self, round_num: int, logs: dict | None = None) -> None:
         self.export_round(round_num)  # normally done already, before OpenFL committed the round
@@ -194,7 +291,8 @@ class RoundReport(Callback):
         if round_num == self.exported:
             return
         if round_num >= 1:
-            self.write_record(round_num)  # the sites' evaluations of model `round_num`, if not written yet
+            self.write_record(round_num, round_ended=True)  # the sites' evaluations of model `round_num`, if not
+            # written yet (a site that sent none did not answer in time)
         self._export_model(round_num)
         self.exported = round_num
 
@@ -225,18 +323,31 @@ class RoundReport(Callback):
         record["sites"] = {site: {"samples": m.get("", {}).get("samples"),
                                   "training": {f"{t}_{k}": v for t in self.algorithm.tasks for k, v in m.get(t, {}).items()}}
                            for site, m in sorted(training.items())}
+        withheld = self.withheld(round_num, self.algorithm.tasks)
+        if withheld:  # sites may release different metrics (their policies): who kept which
+            record["withheld"] = withheld
+        if self.no_test is not None:
+            record["no_global_accuracy"] = self.no_test
         self.pending = record = json_safe(record, f"round {round_num + 1}")
         write_json(self.out_dir / PENDING_FILE, record)  # atomic: a kill leaves the previous one
-        logger.info("round %d/%d aggregated%s", round_num + 1, self.rounds,
-                    f"; global test accuracy {record['accuracy']:.4f}" if record.get("accuracy") is not None else "")
+        notes = [f"global test accuracy {record['accuracy']:.4f}" if record.get("accuracy") is not None else
+                 f"no global test accuracy: {self.no_test}" if self.no_test is not None else "",
+                 describe_withheld(withheld)]
+        logger.info("round %d/%d aggregated%s", round_num + 1, self.rounds, "".join(f"; {n}" for n in notes if n))
 
     def evaluations_complete(self, round_num: int, sites: list[str]) -> bool:
-        metrics = site_metrics(self.tensor_db.tensor_db, round_num, sites, [EVALUATE_TASK])
-        return all(EVALUATE_TASK in metrics.get(s, {}) for s in sites)
+        """Every one of ``sites`` has sent its evaluation of round ``round_num`` (its metrics, or none
+        when its policy withholds them)."""
+        sent = self.sent.get(round_num, {}).get(EVALUATE_TASK, {})
+        return all(s in sent for s in sites)
 
-    def write_record(self, round_num: int) -> None:
+    def write_record(self, round_num: int, round_ended: bool = False) -> None:
         """Round ``round_num``'s line: the pending training half plus every site's evaluation of the
-        model it made, as reported in OpenFL round ``round_num``. Written once."""
+        model it made, as reported in OpenFL round ``round_num``. Written once, with every site in it: a
+        site that sent no evaluation is named under ``not_evaluated`` (at the end of OpenFL round
+        ``round_num``, ``round_ended``: it did not answer in time). Written before that round ended (the
+        federation stopped), such a record is ``incomplete``: a resumed federation redoes the round and
+        replaces it with the whole record (:meth:`resume`)."""
         if round_num <= self.written:
             return
         record = dict(self.pending) if self.pending.get("round") == round_num else {"round": round_num,
@@ -247,26 +358,69 @@ class RoundReport(Callback):
             if EVALUATE_TASK in m:
                 sites.setdefault(site, {})["evaluation"] = m[EVALUATE_TASK]
         record["sites"] = dict(sorted(sites.items()))
-        mean = weighted_site_mean(record["sites"])
+        sent = getattr(self, "sent", {}).get(round_num, {}).get(EVALUATE_TASK, {})  # released or withheld
+        missing = [s for s in self.sites if s not in sent and "evaluation" not in sites.get(s, {})]
+        if missing:
+            record["not_evaluated"] = missing
+            if not round_ended:
+                record["incomplete"] = ("the federation stopped before every site's evaluation of this model arrived; "
+                                        "a resumed federation replaces this record with the whole one")
+        withheld = {site: list(names) for site, names in record.get("withheld", {}).items()}  # the training half's
+        for site, names in self.withheld(round_num, [EVALUATE_TASK]).items():
+            withheld[site] = sorted(set(withheld.get(site, [])) | set(names))
+        if withheld:
+            record["withheld"] = dict(sorted(withheld.items()))
+        if getattr(self, "no_test", None) is not None:
+            record.setdefault("no_global_accuracy", self.no_test)
+        mean = weighted_site_mean(record["sites"])  # over the sites that released their accuracy
         if mean is not None:
             record["site_accuracy"] = mean
         record["time"] = time.time()
         record = json_safe(record, f"round {round_num}")
-        with open(self.out_dir / ROUNDS_FILE, "a") as f:
-            f.write(json.dumps(record, allow_nan=False) + "\n")
+        from ..jsonl import append_jsonl, rewrite_jsonl
+
+        if getattr(self, "reopened", None) == round_num:  # the incomplete record of this round, replaced
+            kept = [r for r in read_records(self.out_dir) if not (r["round"] == round_num and r.get("incomplete"))]
+            rewrite_jsonl(self.out_dir / ROUNDS_FILE, [*kept, record])  # atomic: the old file or the new one
+            self.reopened = None
+        else:
+            append_jsonl(self.out_dir / ROUNDS_FILE, record)  # whole, on disk; a line an earlier crash cut is dropped
         self.written = round_num
+        if "incomplete" in record:
+            logger.warning("round %d/%d: the federation stopped before %s evaluated its model: its record is "
+                           "incomplete until a resumed federation redoes the round", round_num, self.rounds,
+                           ", ".join(missing))
         shown = ", ".join(f"{s} {v['evaluation']['accuracy']:.4f}" for s, v in record["sites"].items()
                           if "accuracy" in v.get("evaluation", {}))
-        logger.info("round %d/%d: accuracy at the sites on their own held-out data: %s%s", round_num, self.rounds,
-                    shown or "n/a", f" (weighted mean {mean:.4f})" if mean is not None else "")
+        kept = describe_withheld({s: [m for m in n if metric_kind(m) == "evaluation"] for s, n in withheld.items()})
+        logger.info("round %d/%d: accuracy at the sites on their own held-out data: %s%s%s", round_num, self.rounds,
+                    shown or "n/a", f" (weighted mean {mean:.4f})" if mean is not None else "",
+                    f"; {kept}" if kept else "")
+
+
+def training_half(record: dict[str, Any]) -> dict[str, Any]:
+    """What the aggregator knew of a round before the sites evaluated its model (the pending record):
+    ``record`` without the sites' evaluations and what was derived from them."""
+    half = {k: v for k, v in record.items()
+            if k not in ("site_accuracy", "time", "incomplete", "not_evaluated", "withheld")}
+    sites = {s: {k: v for k, v in values.items() if k != "evaluation"} for s, values in record.get("sites", {}).items()}
+    half["sites"] = {s: values for s, values in sites.items() if values}
+    withheld = {s: [n for n in names if metric_kind(n) != "evaluation"] for s, names in record.get("withheld", {}).items()}
+    if any(withheld.values()):
+        half["withheld"] = {s: names for s, names in withheld.items() if names}
+    return half
 
 
 def read_records(directory: str | Path) -> list[dict[str, Any]]:
     """The per-round records of ``rounds.jsonl`` in ``directory`` (empty when there are none yet)."""
-    path = Path(directory) / ROUNDS_FILE
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    from ..jsonl import read_jsonl
+
+    return read_jsonl(Path(directory) / ROUNDS_FILE, "the aggregator's round records")
+
+
+class FederationStopped(Exception):
+    """Raised to the aggregator's gRPC server by a call that came after the federation stopped; its
+    message is the one sentence the caller is answered with (an ABORTED status)."""
 
 
 class SafeAggregator(Aggregator):
@@ -305,7 +459,7 @@ class SafeAggregator(Aggregator):
             print(f"fedcontrast aggregator: error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
         global MAX_MESSAGE_BYTES
-        MAX_MESSAGE_BYTES = min(self.max_upload_bytes, grpc_common.MAX_MESSAGE_LENGTH_BYTES)
+        MAX_MESSAGE_BYTES = min(self.max_upload_bytes + MESSAGE_ALLOWANCE, grpc_common.MAX_MESSAGE_LENGTH_BYTES)
         self.round_timeout = float(round_timeout) if round_timeout else None
         self.min_sites = min_sites
         callbacks = list(kwargs.pop("callbacks", None) or [])  # the stock default is a shared list
@@ -384,15 +538,69 @@ class SafeAggregator(Aggregator):
                 self._fail(f"collaborator {collaborator_name} reported that its task {task_name!r} failed in round "
                            f"{round_number}; the reason is in that site's own log")
             return
+        notice = self.stop_notice(collaborator_name)
+        if notice is not None:  # the federation stopped before this upload came: not taken; the sender is told why
+            raise FederationStopped(notice)
         super().send_local_task_results(collaborator_name, round_number, task_name, data_size, named_tensors)
 
     def process_task_results(self, collaborator_name, round_number, task_name, data_size, named_tensors):
         with self.lock:
+            if (not self._time_to_quit() and collaborator_name not in self.stragglers  # results OpenFL takes
+                    and round_number == self.round_number
+                    and not self._collaborator_task_completed(collaborator_name, task_name, round_number)):
+                # which metrics this site released (its policy may withhold some): noted before the round can end
+                self.report.note_sent(round_number, collaborator_name, task_name,
+                                      [t.name for t in named_tensors if t.report and "metric" in t.tags])
             super().process_task_results(collaborator_name, round_number, task_name, data_size, named_tensors)
             if (task_name == EVALUATE_TASK and round_number == self.round_number and round_number >= 1
                     and self.failure is None
                     and self.report.evaluations_complete(round_number, list(self.authorized_cols))):
                 self.report.write_record(round_number)  # every site has measured the model: report it now
+
+    def _compute_validation_related_task_metrics(self, task_name) -> dict:
+        """OpenFL's, except for the metrics: each is the weighted mean over the sites that sent it, with
+        their weights of today renormalised over them, and absent when none did. OpenFL averages the first
+        site's metrics over every site, so a metric that another site withheld (sites release what their
+        policies allow) came back as None and ``float(None)`` ended the round, and again on every restart
+        that replayed the round's saved results; a metric the first site withheld was dropped. Who withheld
+        what is in the round's record (:meth:`RoundReport.withheld`)."""
+        round_number = self.round_number
+        sites = [c for c in self.assigner.get_collaborators_for_task(task_name, round_number)
+                 if c in self.collaborators_done]
+        keys = {c: TaskResultKey(task_name, c, round_number) for c in sites}
+        results = self.collaborator_tasks_results
+        if not sites:
+            return {}
+        self.collaborator_tasks_results = {k: ([t for t in v if "metric" not in t.tags] if k in keys.values() else v)
+                                           for k, v in results.items()}
+        try:  # the tensors that are not metrics (the uploads), as OpenFL aggregates them
+            logs = super()._compute_validation_related_task_metrics(task_name)
+        finally:
+            self.collaborator_tasks_results = results
+        released: dict[TensorKey, dict[str, float]] = {}
+        for site, key in keys.items():
+            for tensor_key in results.get(key, []):
+                if "metric" not in tensor_key.tags or not tensor_key.report:
+                    continue
+                value = self.tensor_db.get_tensor_from_cache(tensor_key)
+                value = None if value is None else np.asarray(value, dtype=float)
+                if value is None or value.size != 1 or not np.isfinite(value).all():
+                    logger.warning("round %d: site %s sent %s = %s, not a finite number; left out of its average",
+                                   round_number, site, tensor_key.tensor_name, value)
+                    continue
+                name, origin, fl_round, report, tags = tensor_key
+                overall = TensorKey(name, origin, fl_round, report, change_tags(tags, remove_field=site))
+                released.setdefault(overall, {})[site] = float(value.reshape(()))
+        for overall, values in released.items():
+            weights = {s: float(self.collaborator_task_weight[keys[s]]) for s in values}
+            total = sum(weights.values())
+            value = (sum(values[s] * weights[s] for s in values) / total if total
+                     else float(np.mean(list(values.values()))))
+            self.tensor_db.cache_tensor({overall: np.array(value)})
+            self.metric_queue.put({"metric_origin": "aggregator", "task_name": task_name,
+                                   "metric_name": overall.tensor_name, "metric_value": value, "round": round_number})
+            logs[f"aggregator/{task_name}/{overall.tensor_name}"] = value
+        return logs
 
     def _end_of_round_check(self):
         if self.failure is not None:
@@ -477,20 +685,30 @@ class SafeAggregator(Aggregator):
                 logger.error("%s (connection from %s)", reason, peer)
         return reason
 
-    def refuse_upload(self, sender: str, received: int) -> str:
+    def refuse_upload(self, sender: str, received: int, context: Any = None) -> str:
         """An upload over :attr:`max_upload_bytes`, refused while it streams in (nothing of it is
         stored): stop the federation naming the sender, even under ``on_rejected: exclude`` (the sender's
-        collaborator ends on the refusal, so the round could only wait for it until its timeout). The reason."""
+        collaborator ends on the refusal, so the round could only wait for it until its timeout). The reason.
+        A certificate that is not an admitted site's (not in cols.yaml, or refused by
+        :meth:`refuse_certificate`) is refused without stopping the federation."""
         reason = (f"{sender}'s upload of more than {received} bytes exceeds the {self.max_upload_bytes} bytes "
                   "that the plan's declared upload allows; refused before it was stored")
+        name = certificate_name(context)
+        refuse = getattr(self, "refuse_certificate", None)
+        if name is not None and (name not in self.authorized_cols or (refuse is not None and refuse(name, context))):
+            logger.error("%s (not an admitted site of this federation, which goes on)", reason)
+            return reason
         with self.lock:
             self._fail(reason)
+            if name is not None:  # the refusal is its stop notice (its collaborator ends on it): not waited for
+                self.stop_notice(name)
         return reason
 
     def _fail(self, reason: str) -> None:
         if self.failure is not None:
             return
         self.failure = reason
+        self.stop_told_at = time.monotonic()
         logger.error("federation stopped: %s", reason)
         self.rounds_to_train = self.round_number  # every collaborator is now told to quit
         pending = self.report.pending.get("round")
@@ -506,6 +724,17 @@ class SafeAggregator(Aggregator):
             self.round_started, self.round_open = time.monotonic(), True
         return tasks, round_number, sleep_time, time_to_quit
 
+    def stop_notice(self, collaborator_name: str) -> str | None:
+        """Once the federation has stopped: the sentence ``collaborator_name`` is answered with (the
+        details of an ABORTED status, see :func:`_get_tasks_or_stop_notice`: OpenFL's quit answer has no
+        field for a reason), and it counts as told; None while the federation goes on."""
+        if self.failure is None:
+            return None
+        if collaborator_name not in self.quit_job_sent_to:
+            self.quit_job_sent_to.append(collaborator_name)
+        self.stop_told_at = time.monotonic()
+        return STOPPED + self.failure
+
     def all_quit_jobs_sent(self) -> bool:  # polled by the server's main thread
         """Every site that is still there has been told to quit (a site that did not answer in the
         last round is not waited for: it may be gone for good)."""
@@ -516,7 +745,9 @@ class SafeAggregator(Aggregator):
         live = set(self.authorized_cols) - self.absent
         done = set(self.quit_job_sent_to) >= live or time.monotonic() - self.quit_since > 60
         if done and self.failure is not None:
-            time.sleep(1)  # let the last quit message reach its collaborator
+            # Every live site has been told why; go on answering with the reason a little longer, for a site
+            # between two calls (one that was silent is not waited for: it may be gone for good).
+            time.sleep(max(1.0, STOP_GRACE_S - (time.monotonic() - self.stop_told_at)))
             print(f"fedcontrast aggregator: error: federation stopped: {self.failure}", file=sys.stderr, flush=True)
             raise SystemExit(FAILURE_EXIT_CODE)
         return done
@@ -688,30 +919,44 @@ def check_settings_in_effect(task_runner: Any, client: Any) -> None:
 # --- uploads bounded while they stream in -------------------------------------------------------
 # OpenFL reads a whole upload (2 MiB chunks) into memory and the tensor database before anything
 # checks its size; the aggregator's gRPC server here stops reading at the declared size instead,
-# and takes no single message larger than that.
+# naming the sender and the size, and gRPC takes no single message much larger than that (see
+# MESSAGE_ALLOWANCE: a message over gRPC's own limit is refused before Python sees it, unnamed).
 MAX_MESSAGE_BYTES: int | None = None  # set by SafeAggregator, read when the server is created
+
+
+def certificate_name(context: Any) -> str | None:
+    """The common name of the caller's client certificate (mutual TLS), else None."""
+    try:
+        names = context.auth_context().get("x509_common_name") or []
+    except Exception:  # no context, or one without authentication
+        names = []
+    return names[0].decode() if names else None
 
 
 def peer_name(context: Any) -> str:
     """The sender as its client certificate names it (mutual TLS), else its network address."""
-    try:
-        names = context.auth_context().get("x509_common_name") or []
-    except Exception:  # a context without authentication
-        names = []
-    return f"collaborator {names[0].decode()}" if names else f"the client at {context.peer()}"
+    name = certificate_name(context)
+    return f"collaborator {name}" if name is not None else f"the client at {context.peer()}"
 
 
 def _bounded_stream(stream, limit: int, context: Any, aggregator: Any):
     received = 0
-    for chunk in stream:
-        received += len(chunk.npbytes)
-        if received > limit:
-            reason = aggregator.refuse_upload(peer_name(context), received)
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
-        yield chunk
+    try:
+        for chunk in stream:
+            received += len(chunk.npbytes)
+            if received > limit:
+                reason = aggregator.refuse_upload(peer_name(context), received, context)
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
+            yield chunk
+    except grpc.RpcError:  # the call ended under the stream: the sender went away, or gRPC refused a message
+        logger.warning("%s's upload broke off after %d bytes: its connection ended, or it sent a single message over "
+                       "gRPC's limit of %s bytes (OpenFL's client never does)", peer_name(context), received,
+                       MAX_MESSAGE_BYTES if MAX_MESSAGE_BYTES is not None else grpc_common.MAX_MESSAGE_LENGTH_BYTES)
+        raise
 
 
 _stock_send_local_task_results = grpc_server.AggregatorGRPCServer.SendLocalTaskResults
+_stock_get_tasks = grpc_server.AggregatorGRPCServer.GetTasks
 _stock_create_grpc_server = grpc_server.create_grpc_server
 
 
@@ -719,7 +964,21 @@ def _bounded_send_local_task_results(self, request, context):
     limit = getattr(self.aggregator, "max_upload_bytes", None)
     if limit is not None:
         request = _bounded_stream(request, limit, context, self.aggregator)
-    return _stock_send_local_task_results(self, request, context)
+    try:
+        return _stock_send_local_task_results(self, request, context)
+    except FederationStopped as stop:  # an upload after the federation stopped: the sender learns why
+        context.abort(grpc.StatusCode.ABORTED, str(stop))
+
+
+def _get_tasks_or_stop_notice(self, request, context):
+    """OpenFL's GetTasks (the caller validated first); once the aggregator has stopped the federation,
+    its quit answer becomes an ABORTED status whose details say why (:meth:`SafeAggregator.stop_notice`)."""
+    response = _stock_get_tasks(self, request, context)
+    notice = getattr(self.aggregator, "stop_notice", None)
+    reason = notice(request.header.sender) if response.quit and notice is not None else None
+    if reason is not None:
+        context.abort(grpc.StatusCode.ABORTED, reason)
+    return response
 
 
 def _bounded_grpc_server(*args: Any, **kwargs: Any):
@@ -737,6 +996,7 @@ def _bounded_grpc_server(*args: Any, **kwargs: Any):
 
 
 grpc_server.AggregatorGRPCServer.SendLocalTaskResults = _bounded_send_local_task_results
+grpc_server.AggregatorGRPCServer.GetTasks = _get_tasks_or_stop_notice
 grpc_server.create_grpc_server = _bounded_grpc_server
 
 # --- one certificate per name -------------------------------------------------------------------
@@ -764,6 +1024,8 @@ def explain_rpc_error(error: grpc.RpcError, uri: str) -> tuple[str, bool]:
     """One sentence for a failed call to the aggregator, and whether retrying can help."""
     code = error.code() if hasattr(error, "code") else None
     details = (error.details() if hasattr(error, "details") else "") or ""
+    if code == grpc.StatusCode.ABORTED and details.startswith(STOPPED):  # SafeAggregator.stop_notice's sentence
+        return details.strip(), False
     if code == grpc.StatusCode.UNAUTHENTICATED and details.startswith("refused "):  # refuse_certificate's sentence
         return f"the aggregator at {uri} {details.strip()}", False
     if code == grpc.StatusCode.UNAUTHENTICATED:
@@ -800,15 +1062,45 @@ def diagnose_handshake(client: Any) -> str | None:
     return None
 
 
-class BoundedRetry:
-    """Replaces the client's endless retry sleep: gives up after ``max_attempts`` failures in a row,
-    and at once when retrying cannot help (refused identity, another federation, or a certificate
-    that ``diagnose`` finds wrong after a failed connection)."""
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
-    def __init__(self, interval: float, uri: str, max_attempts: int,
-                 diagnose: Callable[[], str | None] | None = None) -> None:
+
+class BoundedRetry:
+    """Replaces the client's retry sleep (OpenFL retries a failed call forever, 1 s apart): keeps
+    trying for ``wait`` seconds from the first failure in a row (the plan's ``wait_for_aggregator``:
+    an aggregator's restart fits in it), waiting ``interval`` seconds after the first failure and
+    twice as long after each next one, up to ``max_interval``; says why at the first failure and
+    then once a minute; gives up after ``wait`` seconds (or ``max_attempts`` failures in a row, when
+    given), and at once when retrying cannot help (refused identity, another federation, or a
+    certificate that ``diagnose`` finds wrong after a failed connection). ``succeeded()`` ends a
+    run of failures; ``clock``/``sleeper`` are for tests."""
+
+    def __init__(self, interval: float, uri: str, max_attempts: int | None = None,
+                 diagnose: Callable[[], str | None] | None = None, *, wait: float = DEFAULT_WAIT_FOR_AGGREGATOR,
+                 max_interval: float = DEFAULT_RECONNECT_INTERVAL_MAX, notice_every: float = WAITING_NOTICE_S,
+                 clock: Callable[[], float] = time.monotonic, sleeper: Callable[[float], None] = time.sleep) -> None:
         self.reconnect_interval, self.uri, self.max_attempts = interval, uri, max_attempts
         self.diagnose = diagnose  # a sentence when the TLS handshake cannot succeed, else None
+        self.wait, self.max_interval, self.notice_every = wait, max_interval, notice_every
+        self.clock, self.sleeper = clock, sleeper
+        self.failures = 0
+        self.first_failure = self.last_notice = 0.0
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the aggregator is out of reach (the last call failed and none succeeded since)."""
+        return self.failures > 0
+
+    def next_delay(self) -> float:
+        """Seconds before the next attempt: ``interval`` × 2^(failures-1), at most ``max_interval``."""
+        return min(self.max_interval, self.reconnect_interval * 2.0 ** min(self.failures - 1, 30))
+
+    def succeeded(self) -> None:
+        """A call went through: the next failure starts a new wait."""
+        if self.failures:
+            logger.info("reached the aggregator at %s again after %s", self.uri,
+                        _duration(self.clock() - self.first_failure))
         self.failures = 0
 
     def sleep(self) -> None:
@@ -820,20 +1112,84 @@ class BoundedRetry:
             reason = self.diagnose()
             if reason is not None:
                 message, retryable = reason, False
+        if not retryable:
+            raise CollaboratorStopped(f"fedcontrast collaborator: error: {message}")
+        now = self.clock()
         self.failures += 1
-        if not retryable or self.failures > self.max_attempts:
-            suffix = "" if not retryable else f" (gave up after {self.max_attempts} retries)"
-            raise CollaboratorStopped(f"fedcontrast collaborator: error: {message}{suffix}")
-        logger.warning("%s; retry %d/%d", message, self.failures, self.max_attempts)
-        time.sleep(self.reconnect_interval)
+        if self.failures == 1:
+            self.first_failure = self.last_notice = now
+        elapsed = now - self.first_failure
+        if self.max_attempts is not None and self.failures > self.max_attempts:
+            raise CollaboratorStopped(f"fedcontrast collaborator: error: {message} (gave up after "
+                                      f"{self.max_attempts} retries)")
+        if elapsed >= self.wait:
+            raise CollaboratorStopped(f"fedcontrast collaborator: error: {message} (gave up after {_duration(elapsed)}: "
+                                      f"the plan's wait_for_aggregator is {_duration(self.wait)})")
+        if self.failures == 1:
+            logger.warning("%s; trying again for up to %s (the plan's wait_for_aggregator)", message,
+                           _duration(self.wait))
+        elif now - self.last_notice >= self.notice_every:
+            self.last_notice = now
+            logger.warning("waiting for the aggregator at %s: not reachable for %s (gives up after %s)", self.uri,
+                           _duration(elapsed), _duration(self.wait))
+        self.sleeper(min(self.next_delay(), self.wait - elapsed))
+
+
+class QuietClientLog(logging.Filter):
+    """OpenFL's client logs every call for tasks ("Requesting tasks...": 20 lines a second while a
+    site waits for its next round, see ``poll_interval``) and four lines per reconnection attempt.
+    Installed on its logger: the first at most once a minute; the reconnection lines not at all
+    (:class:`BoundedRetry` says once a minute that the site is waiting, and why)."""
+
+    LOGGER = "openfl.transport.grpc.aggregator_client"
+    RATE_LIMITED = ("Requesting tasks",)
+    RECONNECTING = ("Failed to send data request", "Reconnecting to aggregator", "Disconnecting from gRPC server",
+                    "Connecting to gRPC at", "Refetching server certificate")
+
+    def __init__(self, every: float = WAITING_NOTICE_S, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.every, self.clock = every, clock
+        self.last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        if text.startswith(self.RECONNECTING):
+            return False
+        if text.startswith(self.RATE_LIMITED):
+            now, last = self.clock(), self.last.get(text)
+            if last is not None and now - last < self.every:
+                return False
+            self.last[text] = now
+        return True
+
+    @classmethod
+    def install(cls) -> None:
+        target = logging.getLogger(cls.LOGGER)
+        if not any(isinstance(f, cls) for f in target.filters):
+            target.addFilter(cls())
+
+
+def _ends_waiting(method: Callable[..., Any], retry: BoundedRetry) -> Callable[..., Any]:
+    """``method`` of the client, telling ``retry`` when a call went through."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        result = method(*args, **kwargs)
+        retry.succeeded()
+        return result
+
+    return call
 
 
 class SafeCollaborator(Collaborator):
-    """The stock collaborator with bounded retries and an explained exit when the federation fails."""
+    """The stock collaborator that waits a bounded time for an unreachable aggregator (the plan's
+    ``wait_for_aggregator``, with back-off; see :class:`BoundedRetry`), logs its polling at most once
+    a minute, and exits with an explanation when the federation fails."""
 
-    def __init__(self, max_retries: int = 30, poll_interval: float = 0.05, **kwargs: Any) -> None:
+    def __init__(self, max_retries: int | None = None, poll_interval: float = 0.05,
+                 wait_for_aggregator: float = DEFAULT_WAIT_FOR_AGGREGATOR,
+                 reconnect_interval_max: float = DEFAULT_RECONNECT_INTERVAL_MAX, **kwargs: Any) -> None:
         client = kwargs.get("client")
         try:
+            check_wait_settings(wait_for_aggregator, reconnect_interval_max, max_retries)
             if getattr(client, "use_tls", False):  # a certificate that cannot work: say so now, not after every retry
                 if client.require_client_auth:  # in date, fits its key, signed by the CA in cert_chain.crt
                     check_own_certificate(client.certificate, getattr(client, "private_key", None),
@@ -852,13 +1208,18 @@ class SafeCollaborator(Collaborator):
         self.poll_interval = poll_interval
         policy = self.client.sleeping_policy
         diagnose = (lambda: diagnose_handshake(self.client)) if getattr(self.client, "use_tls", False) else None
-        self.client.sleeping_policy = BoundedRetry(policy.reconnect_interval, policy.uri, max_retries, diagnose)
+        retry = BoundedRetry(policy.reconnect_interval, policy.uri, max_retries, diagnose,
+                             wait=float(wait_for_aggregator), max_interval=float(reconnect_interval_max))
+        self.client.sleeping_policy = retry
+        for name in ("ping", "get_tasks", "get_aggregated_tensor", "send_local_task_results"):  # a call that
+            if callable(getattr(self.client, name, None)):  # went through ends a wait, whichever it was
+                setattr(self.client, name, _ends_waiting(getattr(self.client, name), retry))
+        QuietClientLog.install()
 
     def run(self) -> None:  # Collaborator.run of OpenFL 1.9, plus the lines marked below
         self.callbacks.on_experiment_begin()
         while True:
             tasks, round_number, sleep_time, time_to_quit = self.client.get_tasks()
-            self.client.sleeping_policy.failures = 0  # added: a successful call resets the budget
             if time_to_quit:
                 if sleep_time == FAILURE_SLEEP_CODE:  # added: the aggregator stopped the federation
                     raise CollaboratorStopped("fedcontrast collaborator: error: the aggregator stopped the "
@@ -897,7 +1258,8 @@ class SafeCollaborator(Collaborator):
         try:
             key = TensorKey(FAILURE_METRIC, self.collaborator_name, round_number, True, ("metric",))
             self.client.send_local_task_results(round_number, name, -1, [self.nparray_to_named_tensor(key, np.array(1.0))])
-        except Exception:  # the aggregator may be gone too; its round timeout covers that
+        except (Exception, CollaboratorStopped):  # the aggregator may be gone, or stopped already: this site's own
+            # failure is what it reports (a gone aggregator's round timeout covers the rest)
             logger.debug("could not tell the aggregator about the failure", exc_info=True)
         reason = str(exc) if isinstance(exc, FedContrastError) else f"{type(exc).__name__}: {exc}"
         raise CollaboratorStopped(f"fedcontrast collaborator: error: task {name!r} of round {round_number} failed: "

@@ -490,9 +490,20 @@ def import_certificate(workspace: str | Path, signed_zip: str | Path, *, log: Ca
         raise DeploymentError(f"{archive.name} holds a certificate issued for {issued_for} ({subject(cert)}), but this "
                               f"site is {name} (its key {key}): not installed; a site may only use a certificate for "
                               f"its own name — ask the operator for the certificate signed from {name}'s own request")
+    # what the import overwrites, restored if the certificate is refused: a refused one is never left installed
+    installed = [ws / "cert" / "client" / f"col_{name}.crt", ws / "cert" / "cert_chain.crt"]
+    before = {path: path.read_bytes() if path.is_file() else None for path in installed}
     log(f"  $ fx collaborator certify --import {archive}")
-    run_fx(ws, ["collaborator", "certify", "--import", str(archive)])
-    verify_site_certificate(ws, name)
+    try:
+        run_fx(ws, ["collaborator", "certify", "--import", str(archive)])
+        verify_site_certificate(ws, name)
+    except BaseException:
+        for path, data in before.items():
+            if data is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(data)
+        raise
     return name
 
 

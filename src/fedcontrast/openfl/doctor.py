@@ -47,10 +47,19 @@ def site_name(workspace: Path, name: str | None) -> str:
     return names[0]
 
 
-def run_checks(workspace: str | Path, name: str | None = None) -> list[Check]:
-    """Every check, in order; a workspace without a readable plan raises :class:`ConfigError`."""
+def run_checks(workspace: str | Path, name: str | None = None, *, plan_path: str | Path | None = None,
+               data_path: str | Path | None = None) -> list[Check]:
+    """Every check, in order; a workspace without a readable plan raises :class:`ConfigError`.
+    ``plan_path``/``data_path``: the plan and data file the collaborator will be started with (default
+    the workspace's ``plan/plan.yaml`` and ``plan/data.yaml``)."""
     ws = Path(workspace)
-    plan, config = read_workspace_plan(ws)
+    if plan_path is None:
+        plan, config = read_workspace_plan(ws)
+    else:
+        from .plan import load_plan_file
+
+        plan = load_plan_file(plan_path)
+        config = RunConfig.from_dict(plan["task_runner"]["settings"]["run_config"])
     name = site_name(ws, name)
     network = dict(plan.get("network", {}).get("settings") or {})
     checks = [_check_name(config, name)]
@@ -58,11 +67,13 @@ def run_checks(workspace: str | Path, name: str | None = None) -> list[Check]:
         checks.append(check_certificate(ws, name))
     checks.append(check_aggregator(ws, name, network))
     try:
-        data, unreadable = data_lines(ws).get(name), None
+        lines = data_lines(ws) if data_path is None else read_data_lines(Path(data_path))
+        data, unreadable = lines.get(name), None
     except ConfigError as exc:  # a line fx would stop on
         data, unreadable = None, Check("data", FAIL, str(exc))
     checks.append(unreadable or _check_data(ws, config, name, data))
     checks.append(_check_policy(ws, config, plan, data))
+    checks.append(check_shared(ws, config))
     checks += [check_code(ws, plan, config), check_transport(ws, plan)]
     return checks
 
@@ -74,6 +85,27 @@ def _check_name(config: RunConfig, name: str) -> Check:
                                    "operator enrolled you under, or ask for a plan that names this site")
     return Check("site", OK, f"{name} is site {sites.index(name) + 1} of {len(sites)} in the plan ({config.algorithm}, "
                              f"{config.rounds} rounds)")
+
+
+def check_shared(ws: Path, config: RunConfig) -> Check:
+    """What every site must hold identically, as the collaborator will check it at start: the plan's
+    public folder (its fingerprint) and the plugin's shared files (e.g. FedPCL's backbones, by hash)."""
+    from ..construction import build_algorithm
+    from ..data.schema import verify_public_folder
+
+    held = []
+    try:
+        if config.public_data is not None:
+            verify_public_folder(config.public_data, ws)
+            held.append(f"the public folder {config.public_data.folder} matches the plan's fingerprint "
+                        f"{config.public_data.sha256[:16]}…")
+        build_algorithm(config).check_shared_files(ws)
+    except FedContrastError as exc:
+        return Check("shared files", FAIL, str(exc))
+    pinned = [k for k in config.hyperparameters.get(config.algorithm, {}) if "sha256" in k or "hash" in k]
+    if pinned:
+        held.append(f"{config.algorithm}'s shared files match the plan's hashes")
+    return Check("shared files", OK, "; ".join(held) if held else "the plan shares no files among the sites")
 
 
 def check_code(ws: Path, plan: dict, config: RunConfig) -> Check:

@@ -165,11 +165,18 @@ class CrossSiloLab:
         threads = threads or max(1, (os.cpu_count() or 1) // len(self.sites))
         env = {**self.env, "OMP_NUM_THREADS": str(threads)}
         exp.started = time.time()
-        ws = exp.workspace(self, OPERATOR)
-        exp.processes[OPERATOR] = self.net.popen(OPERATOR, [executable("fx"), "aggregator", "start"], cwd=ws, env=env,
-                                                 log_path=ws / "logs" / "aggregator.log")
+        self.start_aggregator(exp, env=env)
         for site in sites if sites is not None else self.sites:
             self.start_site(exp, site, env=env)
+
+    def start_aggregator(self, exp: Experiment, *, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """``fx aggregator start`` on the operator's host (also: again, after it was killed), its log
+        appended to its workspace's ``logs/aggregator.log``."""
+        ws = exp.workspace(self, OPERATOR)
+        proc = self.net.popen(OPERATOR, [executable("fx"), "aggregator", "start"], cwd=ws, env=env or self.env,
+                              log_path=ws / "logs" / "aggregator.log")
+        exp.processes[OPERATOR] = proc
+        return proc
 
     def start_site(self, exp: Experiment, site: str, *, env: dict[str, str] | None = None) -> subprocess.Popen:
         """``fedcontrast site start WS --name SITE`` (its checks, then ``fx collaborator start -n SITE``

@@ -8,7 +8,6 @@ is reported in one sentence.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FedContrastError
-from .components import FINAL_DOWNLINK, FINAL_MODEL, ROUNDS_FILE
+from .components import FINAL_DOWNLINK, FINAL_MODEL, ROUNDS_FILE, describe_withheld, metric_kind
 from .plan import collaborator_names, read_workspace_config
 from .pki import fx_executable
 
@@ -30,8 +29,8 @@ class FederationFailed(FedContrastError):
     exit_code = 1
 
 
-def _env(threads: int | None = None) -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+def _env(threads: int | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(extra or {})}
     if threads is not None and "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(threads)
     return env
@@ -58,10 +57,9 @@ def initialize_plan(workspace: Path) -> None:
 
 
 def read_rounds(workspace: Path) -> list[dict[str, Any]]:
-    path = workspace / "save" / ROUNDS_FILE
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    from ..jsonl import read_jsonl
+
+    return read_jsonl(workspace / "save" / ROUNDS_FILE, "the aggregator's round records")
 
 
 def failure_reason(log_path: Path) -> str:
@@ -83,9 +81,12 @@ def failure_reason(log_path: Path) -> str:
     return lines[-1] if lines else "its log is empty"
 
 
-def start(workspace: Path, args: list[str], log_name: str, threads: int | None = None) -> subprocess.Popen:
+def start(workspace: Path, args: list[str], log_name: str, threads: int | None = None,
+          env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``fx ARGS`` in ``workspace``, logging to ``logs/LOG_NAME``; ``env``: variables added to this one
+    process's environment (e.g. a site's own ``FEDCONTRAST_SITE_POLICY``)."""
     with open(workspace / "logs" / log_name, "a") as log:
-        return subprocess.Popen([fx_executable(), *args], cwd=workspace, env=_env(threads), stdout=log,
+        return subprocess.Popen([fx_executable(), *args], cwd=workspace, env=_env(threads, env), stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
@@ -189,19 +190,59 @@ def site_curves(records: list[dict[str, Any]], key: str = "accuracy") -> dict[st
 
 
 def format_round(record: dict[str, Any]) -> str:
-    """One progress line: the aggregator's own test accuracy (when it has test data) and every
-    site's accuracy on its own held-out data, with their weighted mean."""
+    """One progress line: the aggregator's own test accuracy (when it has test data, else why not) and
+    every site's accuracy on its own held-out data, with their weighted mean (over the sites that
+    released theirs), and which sites withheld which kinds of metrics."""
     parts = [f"round {record['round']}/{record['rounds']}"]
     if record.get("accuracy") is not None:
         parts.append(f"global test accuracy {record['accuracy']:.4f}")
+    elif record.get("no_global_accuracy"):
+        parts.append(f"no global accuracy ({record['no_global_accuracy']})")
     sites = {s: v["evaluation"]["accuracy"] for s, v in record.get("sites", {}).items()
              if "accuracy" in v.get("evaluation", {})}
     if sites:
         parts.append("sites' held-out accuracy " + " ".join(f"{s} {a:.4f}" for s, a in sites.items())
                      + f" (weighted mean {record['site_accuracy']:.4f})")
+    elif record.get("sites"):
+        parts.append("no site released its held-out accuracy")
+    if record.get("withheld"):
+        parts.append(describe_withheld(record["withheld"]))
     if record.get("absent"):
         parts.append(f"without {', '.join(record['absent'])}")
     return "  ".join(parts)
+
+
+def null_reasons(records: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, str]:
+    """Why each null value of ``summary`` (see :func:`export_results`) is null, one sentence each:
+    ``final_site_accuracy.SITE`` for a site's, ``plot`` for a missing accuracy.png."""
+    if not records:
+        return {k: "no round has finished yet" for k in ("final_accuracy", "best_accuracy", "final_site_accuracy_mean",
+                                                           "final_model", "plot")}
+    last, why = records[-1], {}
+    no_global = next((r["no_global_accuracy"] for r in reversed(records) if r.get("no_global_accuracy")), None)
+    if summary["final_accuracy"] is None:
+        why["final_accuracy"] = (last.get("no_global_accuracy")
+                                 or "the last round's record holds no global test accuracy")
+    if summary["best_accuracy"] is None:
+        why["best_accuracy"] = no_global or "no round's record holds a global test accuracy"
+    kept = {s: [n for n in names if metric_kind(n) == "evaluation"] for s, names in last.get("withheld", {}).items()}
+    kept = {s: names for s, names in kept.items() if names}
+    for site, value in summary["final_site_accuracy"].items():
+        if value is None:
+            why[f"final_site_accuracy.{site}"] = (
+                f"{site} withheld its evaluation metrics (its policy; under DP the default)" if site in kept else
+                f"{site} did not answer in the last round" if site in last.get("absent", []) else
+                f"{site} sent no accuracy for the final model")
+    if summary["final_site_accuracy_mean"] is None:
+        why["final_site_accuracy_mean"] = "no site released its held-out accuracy for the final model" + (
+            f" ({describe_withheld(kept)})" if kept else "")
+    if summary["final_model"] is None:
+        why["final_model"] = ("the global downlink holds no model weights (the plugin shares other tensors: see "
+                              "final_downlink)")
+    if summary["plot"] is None:
+        why["plot"] = "nothing to plot: no global test accuracy ({}) and no site released its held-out accuracy".format(
+            no_global or "none recorded")
+    return why
 
 
 def export_results(workspace: str | Path, out_dir: str | Path) -> dict[str, Any]:
@@ -235,11 +276,15 @@ def export_results(workspace: str | Path, out_dir: str | Path) -> dict[str, Any]
         curves["sites, weighted mean"] = mean_curve
         styles["sites, weighted mean"] = {"color": "black", "linestyle": "--", "linewidth": 2.2}
     for s, values in per_site.items():
-        curves[s] = values
-        styles[s] = {"linewidth": 1.0, "alpha": 0.8}
+        if any(a is not None for a in values):  # a site that withheld every evaluation has no line
+            curves[s] = values
+            styles[s] = {"linewidth": 1.0, "alpha": 0.8}
+    plot = out / "accuracy.png"
     if curves:
-        plot_curves(out / "accuracy.png", curves, styles=styles, ylabel="accuracy",
+        plot_curves(plot, curves, styles=styles, ylabel="accuracy",
                     title=f"{config.algorithm}: {config.clients} sites, OpenFL with mutual TLS")
+    else:  # an empty plot says nothing; summary.json says why there is none
+        plot.unlink(missing_ok=True)
     final_sites = {s: v[-1] for s, v in per_site.items()} if records else {}
     summary = {"algorithm": config.algorithm, "dataset": config.dataset, "collaborators": config.clients,
                "rounds_completed": len(records), "final_accuracy": curve[-1] if curve else None,
@@ -247,6 +292,7 @@ def export_results(workspace: str | Path, out_dir: str | Path) -> dict[str, Any]
                "final_site_accuracy": final_sites, "final_site_accuracy_mean": mean_curve[-1] if records else None,
                "final_model": str(out / FINAL_MODEL) if (out / FINAL_MODEL).exists() else None,
                "final_downlink": str(out / FINAL_DOWNLINK), "accuracy_curve": curve,
-               "site_accuracy_curve": mean_curve}
+               "site_accuracy_curve": mean_curve, "plot": str(plot) if curves else None}
+    summary["why_null"] = null_reasons(records, summary)
     write_json(out / "summary.json", summary)
     return summary

@@ -223,7 +223,7 @@ def check_workspace(workspace: Path, plan: Any, policy: Any = None, *, plan_sour
     problems += template_problems(plan, source)
     problems += transport_problems(plan, policy, source)
     if problems:
-        raise PackageRefused("; ".join(problems))
+        raise PackageRefused("this workspace is refused before anything runs: " + "; ".join(problems))
 
 
 def check_policy_for_workspace(workspace: Path) -> Any:
@@ -237,16 +237,56 @@ def check_policy_for_workspace(workspace: Path) -> Any:
 def guard_collaborator_start(argv: list[str], cwd: str | Path) -> None:
     """What ``fx collaborator start`` must pass before OpenFL imports anything from the workspace
     (called by ``_fedcontrast_fx_guard``): raises :class:`FedContrastError` in one sentence."""
-    from ..yamlio import load_yaml_file
-    from .plan import fx_plan_path
+    from .plan import fx_plan_path, load_plan_file
 
     path = fx_plan_path("collaborator", argv, cwd)
     if path is None:
         return
     if not path.is_file():
         return  # fx names the missing plan itself
-    plan = load_yaml_file(path, "plan")
-    check_workspace(Path(cwd), plan, check_policy_for_workspace(Path(cwd)), plan_source=str(path))
+    plan = load_plan_file(path)  # one copy of every setting (a split plan is refused here, before any code runs)
+    ws = Path(cwd)
+    check_workspace(ws, plan, check_policy_for_workspace(ws), plan_source=str(path))
+    name = _fx_option(argv, ("-n", "--collaborator_name"))
+    if name is not None:
+        _check_site_files(ws, plan, name, ws / (_fx_option(argv, ("-d", "--data_config")) or "plan/data.yaml"))
+
+
+def _fx_option(argv: list[str], flags: tuple[str, str]) -> str | None:
+    """The value of ``-x VALUE``, ``-xVALUE``, ``--long VALUE`` or ``--long=VALUE`` (the last one given)."""
+    short, long = flags
+    value = None
+    for i, arg in enumerate(argv):
+        if arg in flags and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(long + "="):
+            value = arg.split("=", 1)[1]
+        elif arg.startswith(short) and not arg.startswith("--") and len(arg) > len(short):
+            value = arg[len(short):]
+    return value
+
+
+def _check_site_files(ws: Path, plan: Any, name: str, data_config: Path) -> None:
+    """What ``fx collaborator start -n NAME`` would otherwise stop on with a traceback: no data line for
+    the site, and (under TLS) its certificate, key or the CA chain not installed yet."""
+    from .plan import read_data_lines
+
+    if data_config.is_file() and name not in read_data_lines(data_config):
+        shown = data_config.relative_to(ws) if data_config.is_relative_to(ws) else data_config
+        raise PackageRefused(f"{shown} has no line for collaborator {name}: add one ({name},PATH to its data), e.g. "
+                             "with `fedcontrast site join`")
+    network = (plan.get("network") or {}).get("settings") or {} if isinstance(plan, dict) else {}
+    if not network.get("use_tls", True):
+        return
+    cert = ws / "cert"
+    missing = [p for p in (cert / "client" / f"col_{name}.key", cert / "client" / f"col_{name}.crt",
+                           cert / "cert_chain.crt") if not p.is_file()]
+    if missing:
+        first = ("make this site's key and request with `fedcontrast site join`, then " if missing[0].suffix == ".key"
+                 else "")
+        raise PackageRefused(f"{', '.join(map(str, missing))} missing, and the plan uses TLS: {first}install the "
+                             f"certificate the operator signed with `fedcontrast site import-cert "
+                             f"agg_to_col_{name}_signed_cert.zip --workspace {ws}`")
 
 
 def guard_installed() -> Path | None:

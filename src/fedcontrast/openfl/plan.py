@@ -24,12 +24,39 @@ PACKAGE = "fedcontrast.openfl"
 EVALUATE_TASK = "evaluate"
 DEFAULT_ROUND_TIMEOUT = 1800.0  # seconds a round may take (aggregator.settings.round_timeout)
 DEFAULT_PORT = 50551
+# How long a site keeps trying to reach the aggregator (at start, or after losing it mid-federation)
+# before it gives up: long enough for an aggregator's restart (collaborator.settings.wait_for_aggregator).
+DEFAULT_WAIT_FOR_AGGREGATOR = 600.0
+DEFAULT_RECONNECT_INTERVAL_MAX = 5.0  # seconds: the back-off between attempts doubles up to this
 WORKSPACE_DIRS = ("plan", "save", "local_state", "logs", "cert", "src")
 
 
+def check_wait_settings(wait_for_aggregator: Any, reconnect_interval_max: Any = DEFAULT_RECONNECT_INTERVAL_MAX,
+                        max_retries: Any = None) -> None:
+    """Refuse, in one sentence, settings a site could not wait for the aggregator with."""
+    def seconds(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
+
+    if not seconds(wait_for_aggregator):
+        raise ConfigError(f"wait_for_aggregator must be a number of seconds > 0 (how long a site keeps trying to "
+                          f"reach the aggregator), got {wait_for_aggregator!r}")
+    if not seconds(reconnect_interval_max):
+        raise ConfigError(f"reconnect_interval_max must be a number of seconds > 0, got {reconnect_interval_max!r}")
+    if max_retries is not None and not (isinstance(max_retries, int) and not isinstance(max_retries, bool)
+                                        and max_retries >= 0):
+        raise ConfigError(f"max_retries must be a whole number >= 0 or absent, got {max_retries!r}")
+
+
 def deployment_defaults(*, address: str = "localhost", port: int = DEFAULT_PORT, tls: bool = True,
-                        max_retries: int = 30) -> dict[str, Any]:
-    """The parts of a plan that do not depend on the algorithm: components, network, persistence."""
+                        wait_for_aggregator: float = DEFAULT_WAIT_FOR_AGGREGATOR,
+                        max_retries: int | None = None) -> dict[str, Any]:
+    """The parts of a plan that do not depend on the algorithm: components, network, persistence.
+
+    ``wait_for_aggregator``: seconds a site keeps trying to reach the aggregator (at start, or after
+    losing it) before it gives up, with back-off from the network's ``client_reconnect_interval`` up to
+    ``reconnect_interval_max``; ``max_retries`` (tests): also give up after that many failed attempts."""
+    check_wait_settings(wait_for_aggregator, DEFAULT_RECONNECT_INTERVAL_MAX, max_retries)
+    retries = {} if max_retries is None else {"max_retries": max_retries}
     return {
         "aggregator": {"template": f"{PACKAGE}.components.SafeAggregator", "settings": {
             "init_state_path": "save/init.pbuf", "best_state_path": "save/best.pbuf",
@@ -38,7 +65,8 @@ def deployment_defaults(*, address: str = "localhost", port: int = DEFAULT_PORT,
             "persist_checkpoint": True, "persistent_db_path": "local_state/tensor.db",
         }},
         "collaborator": {"template": f"{PACKAGE}.components.SafeCollaborator", "settings": {
-            "max_retries": max_retries, "poll_interval": 0.05, "use_delta_updates": False, "opt_treatment": "RESET",
+            "wait_for_aggregator": float(wait_for_aggregator), "reconnect_interval_max": DEFAULT_RECONNECT_INTERVAL_MAX,
+            **retries, "poll_interval": 0.05, "use_delta_updates": False, "opt_treatment": "RESET",
         }},
         "network": {"settings": {
             "agg_addr": address, "agg_port": port, "use_tls": tls, "require_client_auth": tls,

@@ -54,14 +54,9 @@ CSV_COLUMNS = ("round", "rounds", "held_out_samples", "accuracy", "personal_accu
 
 def read_rows(folder: str | Path) -> list[dict[str, Any]]:
     """The rows of ``rounds.jsonl`` in ``folder``, in round order (empty when there are none)."""
-    path = Path(folder) / ROWS_FILE
-    if not path.exists():
-        return []
-    rows = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            rows[row["round"]] = row
+    from ..jsonl import read_jsonl
+
+    rows = {row["round"]: row for row in read_jsonl(Path(folder) / ROWS_FILE, "the site's round report")}
     return [rows[r] for r in sorted(rows)]
 
 

@@ -16,12 +16,32 @@ parameters directly) is dropped by Opacus, which is why FedProx does not declare
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError
+
+
+_NOISE_SAID: set[tuple[bool, bool]] = set()
+
+
+def _say_how_noise_is_sampled(secure: bool, csprng: bool) -> None:
+    """One log line per process (and kind) saying how DP-SGD's noise is sampled, as the audit says it."""
+    if (secure, csprng) in _NOISE_SAID:
+        return
+    _NOISE_SAID.add((secure, csprng))
+    if csprng:
+        how = "secure: Opacus secure_mode with torchcsprng (batches and noise from a CSPRNG)"
+    elif secure:
+        how = ("secure against floating-point attacks: Opacus's safe Gaussian sampling from an OS-seeded generator "
+               "(torchcsprng, which Opacus's full secure_mode needs, is not installed)")
+    else:
+        how = "not secure (privacy.secure_mode: false, or a seeded simulation): plain Gaussian sampling"
+    logging.getLogger(__name__).info("DP-SGD noise: %s", how)
 
 
 def make_dp_compatible(model: nn.Module) -> nn.Module:
@@ -57,7 +77,10 @@ class DPSGDSession:
         # secure: Opacus's full secure_mode (a CSPRNG for batches and noise) where torchcsprng is
         # installed; otherwise its floating-point-safe noise sampling with our OS-seeded generator.
         self.csprng = secure and secure_csprng_available()
-        self.engine = PrivacyEngine(accountant="rdp", secure_mode=self.csprng)  # its history is all we read
+        with warnings.catch_warnings():  # Opacus's "Secure RNG turned off" (untrue when secure): one true line instead
+            warnings.filterwarnings("ignore", message="Secure RNG turned off")
+            self.engine = PrivacyEngine(accountant="rdp", secure_mode=self.csprng)  # its history is all we read
+        _say_how_noise_is_sampled(secure, self.csprng)
         indices = torch.utils.data.TensorDataset(torch.arange(num_samples))
         plain = torch.utils.data.DataLoader(indices, batch_size=batch_size)
         if self.csprng:  # Opacus draws the Poisson batches and the noise from its CSPRNG (no seed allowed)
