@@ -1,5 +1,6 @@
 """Loaded at every interpreter start in an environment where fedcontrast is installed (by the file
-``fedcontrast_fx_guard.pth``); does nothing unless this process is ``fx collaborator start``.
+``fedcontrast_fx_guard.pth``); does nothing unless this process is ``fx collaborator start`` (or
+``fx aggregator start``, whose plan file is read first so that a broken one is one sentence).
 
 Then, before OpenFL puts the workspace first on ``sys.path`` and imports the plan's components, the
 workspace and its plan are checked (:func:`fedcontrast.openfl.package_trust.guard_collaborator_start`):
@@ -11,16 +12,34 @@ import os
 import sys
 
 
-def _is_collaborator_start(argv):
+def _starting(argv):
+    """"collaborator" or "aggregator" when this process is ``fx collaborator|aggregator start``, else None."""
     if not argv or os.path.basename(argv[0]) != "fx":
-        return False
+        return None
     args = argv[1:]
-    return "collaborator" in args and args[args.index("collaborator") + 1:args.index("collaborator") + 2] == ["start"]
+    for party in ("collaborator", "aggregator"):
+        if party in args and args[args.index(party) + 1:args.index(party) + 2] == ["start"]:
+            return party
+    return None
 
 
 def _guard():
     argv = list(getattr(sys, "argv", None) or [])
-    if not _is_collaborator_start(argv):
+    party = _starting(argv)
+    if party is None:
+        return
+    if party == "aggregator":  # the operator's own code: only a plan fx would stop on with a traceback is named
+        try:
+            from fedcontrast.errors import FedContrastError
+            from fedcontrast.openfl.package_trust import guard_aggregator_start
+
+            guard_aggregator_start(argv, os.getcwd())
+        except FedContrastError as exc:
+            sys.stderr.write(f"fedcontrast aggregator: error: {exc}\n")
+            sys.stderr.flush()
+            os._exit(1)
+        except Exception:  # anything else is left to fx and fedcontrast's aggregator, which say it themselves
+            pass
         return
     try:
         from fedcontrast.errors import FedContrastError

@@ -237,3 +237,15 @@ def test_the_audit_names_the_code_every_party_runs(tmp_path):
     assert any("data_loader.template names 'src.evil.EvilLoader'" in v for v in violations)
     assert any("requirements.txt pins fedcontrast==99.0 but this machine runs" in v for v in violations)
     assert "NOT INSTALLED CODE" in format_report(report) and "MISMATCH" in format_report(report)
+
+
+def test_raw_fx_aggregator_start_with_a_broken_plan_is_one_sentence(tmp_path):
+    ws = create_workspace(tmp_path / "fed", small_config())
+    plan = ws / "plan" / "plan.yaml"
+    plan.write_text(plan.read_text() + "network:\n  settings: {agg_port: 1}\n")  # a key given twice
+    fx = Path(sys.executable).with_name("fx")
+    proc = subprocess.run([str(fx), "aggregator", "start"], cwd=ws, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    err = proc.stderr.strip()
+    assert err.startswith(f"fedcontrast aggregator: error: plan {plan}") and "network" in err, err
+    assert len(err.splitlines()) == 1

@@ -252,6 +252,16 @@ def guard_collaborator_start(argv: list[str], cwd: str | Path) -> None:
         _check_site_files(ws, plan, name, ws / (_fx_option(argv, ("-d", "--data_config")) or "plan/data.yaml"))
 
 
+def guard_aggregator_start(argv: list[str], cwd: str | Path) -> None:
+    """``fx aggregator start``: its plan file read as fedcontrast reads it, so that one OpenFL would stop
+    on with a traceback (not YAML, a key given twice, split copies of a setting) is one sentence."""
+    from .plan import fx_plan_path, load_plan_file
+
+    path = fx_plan_path("aggregator", argv, cwd)
+    if path is not None and path.is_file():
+        load_plan_file(path)
+
+
 def _fx_option(argv: list[str], flags: tuple[str, str]) -> str | None:
     """The value of ``-x VALUE``, ``-xVALUE``, ``--long VALUE`` or ``--long=VALUE`` (the last one given)."""
     short, long = flags
