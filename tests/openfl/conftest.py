@@ -146,6 +146,46 @@ class DiskFullOnce(FedAvg):
         return super().aggregate(uploads, weights, server)
 
 
+class DiskFullAtCheckpoint(FedAvg):
+    """Test only: the aggregator's disk fills after round 1's model and pending record were written, while
+    OpenFL writes its last.pbuf (before any site has evaluated that model), once per workspace."""
+    name = "disk_full_at_checkpoint"
+
+    def aggregate(self, uploads, weights, server):
+        import errno
+        import os
+
+        from openfl.protocols import utils
+
+        if server.round_num == 0 and os.path.isdir("save") and not os.path.exists("save/disk_was_full"):
+            open("save/disk_was_full", "w").close()
+            stock = utils.dump_proto
+
+            def full(model_proto, fpath):
+                utils.dump_proto = stock
+                raise OSError(errno.ENOSPC, "No space left on device", str(fpath))
+
+            utils.dump_proto = full
+        return super().aggregate(uploads, weights, server)
+
+
+class KilledAtCheckpoint(FedAvg):
+    """Test only: the aggregator is killed (SIGKILL) where DiskFullAtCheckpoint's disk fills: after round 1's
+    pending record was written, before any site evaluated its model; once per workspace."""
+    name = "killed_at_checkpoint"
+
+    def aggregate(self, uploads, weights, server):
+        import os
+        import signal
+
+        from openfl.protocols import utils
+
+        if server.round_num == 0 and os.path.isdir("save") and not os.path.exists("save/was_killed"):
+            open("save/was_killed", "w").close()
+            utils.dump_proto = lambda model_proto, fpath: os.kill(os.getpid(), signal.SIGKILL)
+        return super().aggregate(uploads, weights, server)
+
+
 class FailingTask(FedAvg):
     """site_1's training raises in the second round."""
     name = "failing_task"
@@ -162,6 +202,19 @@ class BrokenAggregator(FedAvg):
 
     def aggregate(self, uploads, weights, server):
         raise RuntimeError("deliberate failure in the aggregator task")
+
+
+class OversizedUpload(FedAvg):
+    """Hostile (test only): site_1's upload in the second round carries 3 MiB more than its declaration;
+    its first message (OpenFL sends 2 MiB each) alone is larger than a digits model's declared bound."""
+    name = "oversized_upload"
+
+    def task_train(self, site, received):
+        result = super().task_train(site, received)
+        if site.name == "site_1" and site.round_num == 1:
+            key = next(iter(result.uploads))
+            result.uploads[key] = torch.cat([result.uploads[key].reshape(-1), torch.zeros(3 << 18)])
+        return result
 
 
 class PersonalEcho(FedAvg):
@@ -205,7 +258,10 @@ def test_plugins(tmp_path, monkeypatch):
                                            "poison_scale = test_only_plugins:PoisonScale\n"
                                            "claims_huge = test_only_plugins:ClaimsHuge\n"
                                            "disk_full_once = test_only_plugins:DiskFullOnce\n"
-                                           "personal_echo = test_only_plugins:PersonalEcho\n")
+                                           "disk_full_at_checkpoint = test_only_plugins:DiskFullAtCheckpoint\n"
+                                           "killed_at_checkpoint = test_only_plugins:KilledAtCheckpoint\n"
+                                           "personal_echo = test_only_plugins:PersonalEcho\n"
+                                           "oversized_upload = test_only_plugins:OversizedUpload\n")
     monkeypatch.setenv("PYTHONPATH", str(pkg))
     monkeypatch.syspath_prepend(str(pkg))
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))

@@ -108,18 +108,29 @@ def test_killed_aggregator_and_collaborator_resume_without_loss(make_workspace):
     assert_same_weights(exported, simulated)
 
 
-def test_aggregator_whose_disk_filled_redoes_the_round_on_resume(make_workspace, test_plugins):
+@pytest.mark.parametrize("algorithm, said, kept", [
+    ("disk_full_once", ["No space left on device", "round 1 could not be aggregated"], [1]),
+    ("disk_full_at_checkpoint", ["No space left on device", "round 0 could not be aggregated"], [1]),
+    ("killed_at_checkpoint", ["the aggregator exited with code -9"], [])])
+def test_aggregator_whose_disk_filled_redoes_the_round_on_resume(make_workspace, test_plugins, algorithm, said, kept):
     # The round's files are written before OpenFL commits the round: a full disk leaves it uncommitted,
     # and the restarted aggregator redoes its end from the saved uploads (no round lost, no stale model).
-    ws = make_workspace(small_config(algorithm="disk_full_once", rounds=2))
+    # disk_full_at_checkpoint: the disk fills after round 1's model was exported, before any site evaluated
+    # it; the record the stopping aggregator kept is incomplete, and the resumed round writes it whole
+    # (issue 21.6). killed_at_checkpoint: a kill -9 there, between the pending record and the record.
+    ws = make_workspace(small_config(algorithm=algorithm, rounds=2))
     with pytest.raises(FederationFailed) as info:
         run_federation(ws, timeout=FEDERATION_TIMEOUT)
-    assert "No space left on device" in str(info.value) and "round 1 could not be aggregated" in str(info.value)
-    assert [r["round"] for r in read_rounds(ws)] == [1]
+    assert all(part in str(info.value) for part in said), str(info.value)
+    assert [r["round"] for r in read_rounds(ws)] == kept
     run_federation(ws, timeout=FEDERATION_TIMEOUT)  # what `fedcontrast federation --resume` runs
     records = read_rounds(ws)
     assert [r["round"] for r in records] == [1, 2] and all(r["sites"] for r in records)
     assert all("training" in v for v in records[1]["sites"].values())
+    for record in records:  # written whole: every site's evaluation of the round's model, across the failure
+        assert sorted(record["sites"]) == ["site_0", "site_1"] and not record.get("withheld"), record
+        assert not record.get("incomplete") and not record.get("not_evaluated"), record
+        assert all(0.0 <= v.get("evaluation", {}).get("accuracy", -1) <= 1.0 for v in record["sites"].values()), record
     exported = torch.load(ws / "save" / "final_model.pt", weights_only=True)
     simulated, _ = simulator_final_weights(read_workspace_config(ws))
     assert_same_weights(exported, simulated)

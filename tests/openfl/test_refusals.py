@@ -71,7 +71,8 @@ def test_missing_client_certificate_is_named(aggregator, tmp_path):
         (ws / "cert" / "client" / f"col_site_1.{suffix}").unlink()
     code, reason = run_collaborator(ws, "site_1")
     assert code != 0
-    assert "certificate or key file is missing" in reason and "col_site_1" in reason
+    # said before fx starts (the guard), not a FileNotFoundError traceback after its start-up
+    assert "col_site_1.key" in reason and "missing, and the plan uses TLS" in reason and "site import-cert" in reason
 
 
 def aggregator_says(aggregator, words, timeout=20.0):
@@ -182,6 +183,28 @@ def test_a_second_aggregator_on_a_port_in_use_is_refused_naming_the_port(aggrega
     check_port_free(free)
 
 
+def test_an_oversized_upload_from_a_certificate_not_admitted_does_not_stop_the_federation(aggregator):
+    """Refused by size, named, but only an admitted site's oversized upload stops the federation: a
+    certificate of the CA that is not in cols.yaml (or revoked) cannot end it for the others."""
+    from openfl.protocols import aggregator_pb2, aggregator_pb2_grpc, base_pb2, utils
+
+    client = aggregator["ws"] / "cert" / "client"
+    credentials = grpc.ssl_channel_credentials((aggregator["ws"] / "cert" / "cert_chain.crt").read_bytes(),
+                                               (client / "col_intruder.key").read_bytes(),
+                                               (client / "col_intruder.crt").read_bytes())
+    header = aggregator_pb2.MessageHeader(sender="intruder")
+    results = aggregator_pb2.TaskResults(header=header, task_name="train", tensors=[
+        base_pb2.NamedTensor(name="fedcontrast.global", data_bytes=b"\1" * (3 << 20))])
+    with grpc.secure_channel(f"localhost:{aggregator['port']}", credentials) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            aggregator_pb2_grpc.AggregatorStub(channel).SendLocalTaskResults(utils.proto_to_datastream(results),
+                                                                               timeout=30)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert info.value.details().startswith(f"collaborator intruder's upload of more than {2 << 20} bytes exceeds the ")
+    assert "(not an admitted site of this federation, which goes on)" in aggregator_says(aggregator, "which goes on")
+    assert aggregator["proc"].poll() is None
+
+
 def test_refusals_left_the_aggregator_unharmed(aggregator):
     # Runs after the refusals above (file order): the aggregator is still up and still waiting for round 0.
     assert aggregator["proc"].poll() is None
@@ -243,6 +266,10 @@ def test_exception_in_aggregator_task_stops_the_federation(make_workspace, test_
     assert "deliberate failure in the aggregator task" in str(info.value)
     assert "round 0 could not be aggregated" in str(info.value)
     assert time.monotonic() - started < FEDERATION_TIMEOUT / 2  # stopped, did not hang
+    for site in ("site_0", "site_1"):  # every site is told why, in the aggregator's words (issue 21)
+        assert ("fedcontrast collaborator: error: the aggregator stopped the federation: round 0 could not be "
+                "aggregated: RuntimeError: deliberate failure in the aggregator task"
+                ) in (ws / "logs" / f"{site}.log").read_text()
 
 
 def test_a_failing_task_ends_the_federation_at_once_naming_the_site(make_workspace, test_plugins):
@@ -257,6 +284,8 @@ def test_a_failing_task_ends_the_federation_at_once_naming_the_site(make_workspa
             "in site_1's task (traceback in logs/site_1_error.txt)") in log
     assert "Traceback" not in log and "Traceback" in (ws / "logs" / "site_1_error.txt").read_text()
     assert [r["round"] for r in read_rounds(ws)] == [1]  # what finished before is kept
+    assert ("fedcontrast collaborator: error: the aggregator stopped the federation: collaborator site_1 reported that "
+            "its task 'train' failed in round 1") in (ws / "logs" / "site_0.log").read_text()  # the other site: why
 
 
 def test_a_silent_site_is_left_out_where_min_sites_allows(make_workspace):

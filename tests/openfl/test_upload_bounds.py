@@ -10,7 +10,8 @@ from openfl.transport.grpc.aggregator_server import AggregatorGRPCServer
 
 from fedcontrast.construction import attach_public, build_algorithm, initial_model, load_public
 from fedcontrast.openfl import components
-from fedcontrast.openfl.components import UPLOAD_MARGIN, SafeAggregator, explain_rpc_error, upload_limit
+from fedcontrast.openfl.components import (MESSAGE_ALLOWANCE, UPLOAD_MARGIN, SafeAggregator, explain_rpc_error,
+                                           upload_limit)
 from fedcontrast.openfl.packing import packed_size
 from fedcontrast.openfl.plan import build_plan, create_workspace
 
@@ -46,8 +47,49 @@ def test_the_aggregator_openfl_builds_takes_its_bound_from_the_plan(tmp_path, mo
     plan = Plan.parse(plan_config_path=ws / "plan" / "plan.yaml", cols_config_path=ws / "plan" / "cols.yaml")
     aggregator = plan.get_aggregator()
     expected = upload_limit(config, build_plan(config)["aggregator"]["settings"]["model_shape"])
-    assert aggregator.max_upload_bytes == expected and components.MAX_MESSAGE_BYTES == expected
+    assert aggregator.max_upload_bytes == expected
+    assert components.MAX_MESSAGE_BYTES == expected + MESSAGE_ALLOWANCE  # one of OpenFL's messages above: see below
     aggregator.rounds_to_train = 0  # ends its round-timeout watchdog
+
+
+def test_an_upload_whose_first_message_exceeds_the_bound_is_named_at_once(tmp_path, monkeypatch):
+    """A digits model's bound (≈ 1.4 MB) is smaller than one of the 2 MiB messages OpenFL's client
+    sends: gRPC, limited to the bound, refused such a message before Python saw it, so the aggregator
+    learnt nothing and waited out its round_timeout. Now the sender and the size are named at once,
+    the federation stops (robustness.on_rejected: stop), and every site asking next is told why."""
+    from openfl.federated import Plan
+
+    from fedcontrast.openfl.launch import initialize_plan
+
+    monkeypatch.setattr(components, "MAX_MESSAGE_BYTES", None)  # restored afterwards: the server's option
+    ws = create_workspace(tmp_path / "ws", small_config(algorithm="fedavg"))
+    initialize_plan(ws)
+    monkeypatch.chdir(ws)
+    aggregator = Plan.parse(plan_config_path=ws / "plan" / "plan.yaml",
+                            cols_config_path=ws / "plan" / "cols.yaml").get_aggregator()
+    assert aggregator.max_upload_bytes < 2 * MiB
+    grpc_server, port = serve(aggregator)
+    try:
+        with grpc.insecure_channel(f"localhost:{port}") as channel:
+            stub = aggregator_pb2_grpc.AggregatorStub(channel)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.SendLocalTaskResults(upload(3 * MiB, aggregator), timeout=30)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            details = info.value.details()
+            assert details.startswith("the client at ") and f"'s upload of more than {2 * MiB} bytes exceeds the " \
+                f"{aggregator.max_upload_bytes} bytes that the plan's declared upload allows" in details
+            assert aggregator.failure == details
+            header = aggregator_pb2.MessageHeader(sender="site_0", receiver=aggregator.uuid,
+                                                  federation_uuid=aggregator.federation_uuid)
+            with pytest.raises(grpc.RpcError) as info:  # the next call of any site: why the federation stopped
+                stub.GetTasks(aggregator_pb2.GetTasksRequest(header=header), timeout=30)
+            assert info.value.code() == grpc.StatusCode.ABORTED
+            assert info.value.details() == f"the aggregator stopped the federation: {details}"
+            assert explain_rpc_error(info.value, "localhost:1") == (info.value.details(), False)
+            assert "site_0" in aggregator.quit_job_sent_to
+    finally:
+        grpc_server.stop(0)
+        aggregator.rounds_to_train = 0
 
 
 class FakeAggregator:
@@ -91,8 +133,9 @@ def server():
     grpc_server.stop(0)
 
 
-def upload(nbytes):
-    header = aggregator_pb2.MessageHeader(sender="site_0", receiver="agg", federation_uuid="fed")
+def upload(nbytes, aggregator=None):
+    header = aggregator_pb2.MessageHeader(sender="site_0", receiver=getattr(aggregator, "uuid", "agg"),
+                                          federation_uuid=getattr(aggregator, "federation_uuid", "fed"))
     proto = aggregator_pb2.TaskResults(header=header, round_number=0, task_name="train", data_size=10,
                                        tensors=[base_pb2.NamedTensor(name="fedcontrast.global", data_bytes=b"\1" * nbytes)])
     return utils.proto_to_datastream(proto)  # 2 MiB chunks, as OpenFL's client sends them
@@ -127,3 +170,44 @@ def test_a_single_message_over_the_bound_is_refused_by_grpc(monkeypatch):
         assert fake.stored == []
     finally:
         bounded.stop(0)
+
+
+def test_an_oversized_upload_in_a_federation_stops_it_at_once_and_every_site_says_why(make_workspace, test_plugins):
+    """site_1 uploads 3 MiB more than its plugin declares, under the default round_timeout (30 min, far
+    beyond FEDERATION_TIMEOUT): the aggregator names it and the size at once and stops (exit code 3),
+    site_1 says its upload was refused, and site_0 says why the federation stopped: the aggregator's
+    sentence, not "see its log"."""
+    import time
+
+    from fedcontrast.openfl.components import FAILURE_EXIT_CODE
+    from fedcontrast.openfl.launch import start, stop_all
+
+    from .conftest import FEDERATION_TIMEOUT
+
+    ws = make_workspace(small_config(algorithm="oversized_upload", rounds=2))
+    started = time.monotonic()
+    procs = {"aggregator": start(ws, ["aggregator", "start"], "aggregator.log")}
+    for name in ("site_0", "site_1"):
+        procs[name] = start(ws, ["collaborator", "start", "-n", name], f"{name}.log")
+    ended = {}
+    try:
+        while len(ended) < len(procs) and time.monotonic() < started + FEDERATION_TIMEOUT:
+            ended.update({party: time.monotonic() for party, proc in procs.items()
+                          if party not in ended and proc.poll() is not None})
+            time.sleep(0.2)
+    finally:
+        stop_all(procs)
+    codes = {party: proc.poll() for party, proc in procs.items()}
+    assert set(ended) == set(procs), codes
+    # told and gone at once: the aggregator does not wait for the refused site to ask for its next task
+    assert ended["aggregator"] - ended["site_1"] < 30
+    logs = {party: " ".join((ws / "logs" / f"{party}.log").read_text(errors="replace").split()) for party in procs}
+    shape = build_plan(small_config())["aggregator"]["settings"]["model_shape"]
+    bound = upload_limit(small_config(algorithm="fedavg"), shape)  # the test plugin declares FedAvg's upload
+    reason = (f"collaborator site_1's upload of more than {2 * MiB} bytes exceeds the {bound} bytes that the plan's "
+              "declared upload allows; refused before it was stored")
+    assert codes["aggregator"] == FAILURE_EXIT_CODE and reason in logs["aggregator"], logs["aggregator"][-3000:]
+    assert codes["site_1"] != 0 and f"refused this collaborator's upload: {reason}" in logs["site_1"]
+    assert codes["site_0"] != 0
+    assert f"fedcontrast collaborator: error: the aggregator stopped the federation: {reason}" in logs["site_0"]
+    assert logs["site_0"].count("the aggregator stopped the federation") == 1  # once, not retried

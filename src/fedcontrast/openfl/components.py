@@ -53,6 +53,7 @@ from .tls_log import HandshakeLog, StderrTap, enable_handshake_trace
 from .plan import (DEFAULT_RECONNECT_INTERVAL_MAX, DEFAULT_ROUND_TIMEOUT, DEFAULT_WAIT_FOR_AGGREGATOR, EVALUATE_TASK,
                    check_wait_settings, fx_plan_path, load_plan_file)
 from .runner import EVAL_SAMPLES, PERSONAL_TAG, WEIGHT_METRIC
+from .sitecheck import CollaboratorStopped  # defined without OpenFL: the site's pre-flight raises it too
 
 logger = logging.getLogger(__name__)
 
@@ -380,8 +381,8 @@ class RoundReport(Callback):
         from ..jsonl import append_jsonl, rewrite_jsonl
 
         if getattr(self, "reopened", None) == round_num:  # the incomplete record of this round, replaced
-            kept = [r for r in read_records(self.out_dir) if not (r["round"] == round_num and r.get("incomplete"))]
-            rewrite_jsonl(self.out_dir / ROUNDS_FILE, [*kept, record])  # atomic: the old file or the new one
+            others = [r for r in read_records(self.out_dir) if not (r["round"] == round_num and r.get("incomplete"))]
+            rewrite_jsonl(self.out_dir / ROUNDS_FILE, [*others, record])  # atomic: the old file or the new one
             self.reopened = None
         else:
             append_jsonl(self.out_dir / ROUNDS_FILE, record)  # whole, on disk; a line an earlier crash cut is dropped
@@ -1040,10 +1041,6 @@ def explain_rpc_error(error: grpc.RpcError, uri: str) -> tuple[str, bool]:
         return (f"cannot reach the aggregator at {uri}: it is not running, the address is wrong, or the TLS "
                 "handshake failed (for example a certificate signed by another CA, or no client certificate)", True)
     return f"the aggregator at {uri} answered {code}: {details.strip()}", True
-
-
-class CollaboratorStopped(SystemExit):
-    """Ends ``fx collaborator start`` with a message and a non-zero code."""
 
 
 def diagnose_handshake(client: Any) -> str | None:

@@ -203,12 +203,16 @@ def format_round(record: dict[str, Any]) -> str:
     if sites:
         parts.append("sites' held-out accuracy " + " ".join(f"{s} {a:.4f}" for s, a in sites.items())
                      + f" (weighted mean {record['site_accuracy']:.4f})")
-    elif record.get("sites"):
+    elif record.get("sites") and not record.get("incomplete"):
         parts.append("no site released its held-out accuracy")
     if record.get("withheld"):
         parts.append(describe_withheld(record["withheld"]))
     if record.get("absent"):
         parts.append(f"without {', '.join(record['absent'])}")
+    if record.get("not_evaluated"):  # RoundReport.write_record: a site whose evaluation of the model is not in it
+        missing = ", ".join(record["not_evaluated"])
+        parts.append(f"incomplete: the federation stopped before {missing} evaluated this model" if record.get("incomplete")
+                     else f"not evaluated by {missing} (no answer in time)")
     return "  ".join(parts)
 
 
