@@ -23,7 +23,7 @@ from ..evaluation import linear_probe, local_model_accuracy
 from ..config import RunConfig, site_names
 from ..construction import (attach_public, build_algorithm, derive_seed, initial_model, load_splits, partition,
                             resolve_device, server_seed, site_privacy, task_seed, upload_screen)
-from ..robust import RejectedUpload, all_rejected_hint
+from ..robust import RejectedUpload
 from .outputs import GLOBAL_SITE, metric_row
 
 __all__ = ["Federation", "build_algorithm", "derive_seed"]
@@ -126,14 +126,16 @@ class Federation:
         return local_model_accuracy(self.site_model, uploads, self.test, self.device, class_counts=counts)
 
     def _rejected(self, round_num: int, rejected: dict[str, str], accepted: dict) -> None:
-        """Rejected uploads: the run stops naming them (``robustness.on_rejected: stop``), or the round
-        goes on without them (``exclude``; a ``rejected`` row per site in metrics.csv)."""
+        """Rejected uploads, with the likely cause named where the global model may explain them
+        (:meth:`UploadScreen.explain`): the run stops naming them (``robustness.on_rejected: stop``),
+        or the round goes on without them (``exclude``; a ``rejected`` row per site in metrics.csv, a
+        ``likely_cause`` row per site named as the cause)."""
         if not rejected:
             return
+        rejected, hint = self.screen.explain(round_num + 1, rejected, bool(accepted))
         reasons = "; ".join(rejected[s] for s in sorted(rejected))
         if self.config.robustness.on_rejected == "stop" or not accepted:
-            raise RejectedUpload(reasons + ("" if accepted else "; no upload left to aggregate" +
-                                            all_rejected_hint(rejected)))
+            raise RejectedUpload(reasons + ("" if accepted else "; no upload left to aggregate" + hint))
         logger.warning("round %d aggregated without rejected upload(s): %s", round_num + 1, reasons)
 
     def run_round(self, round_num: int) -> list[dict[str, Any]]:
@@ -176,6 +178,10 @@ class Federation:
                                                       accepted, kept, self.server.state, round_num + 1)
         self._rejected(round_num, blamed, accepted)
         rows.extend(metric_row(round_num + 1, site, "rejected", 0, {}) for site in sorted({**rejected, **blamed}))
+        rows.extend(metric_row(round_num + 1, site, "likely_cause", 0,
+                               {"moved_round": m.round, "update_ratio": m.update_ratio, "spread": m.spread,
+                                "share": m.share, "move_ratio": m.move_ratio})
+                    for site, m in sorted(self.screen.causes.get(round_num + 1, {}).items()))
         uploads = {s: u for s, u in accepted.items() if s not in blamed}
         evaluation = self.algorithm.evaluate(self.downlink, self.server, self.test)
         if self.algorithm.personalized:
