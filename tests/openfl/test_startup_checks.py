@@ -153,3 +153,31 @@ def test_a_collaborator_without_a_data_line_is_told_how_to_add_one(tmp_path):
     assert code != 0
     assert reason == ("plan/data.yaml has no line for collaborator site_2: add one "
                       "(site_2,PATH to its data), e.g. with `fedcontrast site join`")
+
+
+def test_a_checkpoint_database_killed_mid_transaction_is_not_called_corrupt(tmp_path):
+    """kill -9 of the aggregator in the middle of a write leaves a hot journal; SQLite rolls it back
+    on the next open with write access. A read-only check failed on it ("attempt to write a readonly
+    database") and refused the restart, calling the database corrupt."""
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+
+    from fedcontrast.openfl.components import check_tensor_db
+
+    path = tmp_path / "tensor.db"
+    script = ("import os, sqlite3, sys\n"
+              "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+              "db.execute('pragma cache_size=2')\n"
+              "db.execute('create table t(x blob)')\n"
+              "db.execute('insert into t values (randomblob(4000))')\n"
+              "db.execute('begin')\n"
+              "for _ in range(200): db.execute('insert into t values (randomblob(4000))')\n"
+              "os._exit(0)\n")  # no commit, no close: as a SIGKILL leaves it
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True)
+    assert (tmp_path / "tensor.db-journal").exists()
+    check_tensor_db(path)
+    with sqlite3.connect(path) as db:
+        assert db.execute("select count(*) from t").fetchone()[0] == 1  # the open transaction rolled back
+    assert not os.path.exists(tmp_path / "tensor.db-journal") or os.path.getsize(tmp_path / "tensor.db-journal") == 0

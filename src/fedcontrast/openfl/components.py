@@ -867,8 +867,12 @@ def check_tensor_db(path: str | Path) -> None:
     path = Path(path)
     if not path.exists():
         return
+    # A kill in the middle of a transaction leaves a hot journal: SQLite rolls it back on the next open
+    # with write access (what OpenFL's open would do), and a read-only open fails ("attempt to write a
+    # readonly database") although nothing is corrupt. Open it as OpenFL will, then.
+    hot = any(path.with_name(path.name + suffix).exists() for suffix in ("-journal", "-wal"))
     try:
-        with closing(sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)) as db:
+        with closing(sqlite3.connect(path.resolve().as_uri() + ("?mode=rw" if hot else "?mode=ro"), uri=True)) as db:
             status = db.execute("PRAGMA quick_check").fetchone()[0]
     except sqlite3.Error as exc:
         status = str(exc)
