@@ -8,7 +8,8 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-GUARD_PTH = Path(__file__).parent / "src" / "fedcontrast_fx_guard.pth"
+GUARD_PTH_NAME = "fedcontrast_fx_guard.pth"
+GUARD_PTH_TEXT = b"import _fedcontrast_fx_guard\n"  # one line: site-packages runs it at interpreter start
 
 
 class BuildPyWithGuard(build_py):
@@ -16,10 +17,12 @@ class BuildPyWithGuard(build_py):
 
     def run(self):
         super().run()
-        self.copy_file(str(GUARD_PTH), str(Path(self.build_lib) / GUARD_PTH.name), preserve_mode=False)
+        target = Path(self.build_lib) / GUARD_PTH_NAME
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(GUARD_PTH_TEXT)
 
     def get_outputs(self, include_bytecode=True):
-        return [*super().get_outputs(include_bytecode), str(Path(self.build_lib) / GUARD_PTH.name)]
+        return [*super().get_outputs(include_bytecode), str(Path(self.build_lib) / GUARD_PTH_NAME)]
 
 
 cmdclass = {"build_py": BuildPyWithGuard}
@@ -35,7 +38,7 @@ try:  # an editable install (pip install -e .) is a wheel of path hooks: add the
             class WithGuard(type(strategy)):
                 def __call__(self, wheel, files, mapping):
                     original(wheel, files, mapping)
-                    wheel.writestr(GUARD_PTH.name, GUARD_PTH.read_bytes())
+                    wheel.writestr(GUARD_PTH_NAME, GUARD_PTH_TEXT)
 
             strategy.__class__ = WithGuard
             return strategy

@@ -210,7 +210,7 @@ def check_aggregator(ws: Path, name: str, network: dict) -> Check:
 
 
 def _check_data(ws: Path, config: RunConfig, name: str, data: str | None) -> Check:
-    from .loader import SHARD_PREFIX, _shard_index
+    from .sitecheck import SHARD_PREFIX, _shard_index  # not .loader: it imports OpenFL, which fx imports again
 
     if data is None:
         return Check("data", FAIL, f"plan/data.yaml has no line for {name}: add one ({name},PATH to its data), e.g. "
@@ -237,8 +237,7 @@ def _check_data(ws: Path, config: RunConfig, name: str, data: str | None) -> Che
 
 def _check_policy(ws: Path, config: RunConfig, plan: dict, data: str | None) -> Check:
     from ..privacy.policy import site_policy_path
-    from .components import CollaboratorStopped
-    from .loader import enforce_site_policy
+    from .sitecheck import CollaboratorStopped, enforce_site_policy  # without OpenFL (see .sitecheck)
 
     path = site_policy_path(ws)
     if path is None:

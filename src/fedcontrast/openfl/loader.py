@@ -24,8 +24,8 @@ from ..construction import data_shape, load_public, load_splits, partition, site
 from ..data import ArrayDataset
 from ..errors import ConfigError, DataError, FedContrastError
 from .plan import OPENFL_NETWORK_KEYS, fx_plan_path, load_plan_file
-
-SHARD_PREFIX = "shard:"
+# defined without OpenFL (site start and the doctor run them before fx): kept importable from here
+from .sitecheck import SHARD_PREFIX, _shard_index, enforce_site_policy  # noqa: F401
 
 
 class SiteDataLoader(DataLoader):
@@ -131,49 +131,3 @@ def _resolved(value: Any, running: Any = None) -> Any:
         if out.get(key) == "auto" and isinstance(running, dict) and key in running:
             out[key] = running[key]
     return out
-
-
-def enforce_site_policy(config: RunConfig, network: dict[str, Any] | None, model_shape: dict[str, int] | None,
-                        data_path: str, cwd: str | Path = ".") -> Any:
-    """Stop the collaborator (exit 1, one sentence) when the plan violates this site's policy file
-    (``$FEDCONTRAST_SITE_POLICY`` or ``site_policy.yaml`` in the workspace); no file, no check but
-    TLS and client authentication, which are required unless a policy allows them off.
-    Returns the policy (None without one): it also says what this site lets leave besides its uploads."""
-    from ..privacy.audit import audit_plan
-    from ..privacy.policy import SitePolicy, check_policy, site_policy_path
-    from .components import CollaboratorStopped
-    from .package_trust import transport_problems
-
-    path = site_policy_path(cwd)
-    try:
-        policy = SitePolicy.from_yaml(path) if path is not None else None
-    except FedContrastError as exc:
-        raise CollaboratorStopped(f"fedcontrast collaborator: error: cannot check this site's policy {path}: {exc}") from None
-    if policy is None:  # TLS and client authentication are required without a policy too (a policy checks them below)
-        refused = transport_problems({"network": {"settings": network or {}}}, None, "the plan")
-        if refused:
-            raise CollaboratorStopped(f"fedcontrast collaborator: error: {'; '.join(refused)}")
-        return None
-    try:
-        if network is None or model_shape is None:
-            raise ConfigError("the plan does not give the data loader its network settings and model shape "
-                              "(made by an older fedcontrast); regenerate it with `fedcontrast workspace create`")
-        plan = {"task_runner": {"settings": {"run_config": config.to_dict()}}, "network": {"settings": network},
-                "aggregator": {"settings": {"model_shape": model_shape, "rounds_to_train": config.rounds}}}
-        samples = policy.site_samples or config.min_samples  # known to the site, else the plan's worst case
-        report = audit_plan(plan, source="plan", sites=[("this site", data_path)], site_samples={"this site": samples},
-                            policy=policy)
-        violations = check_policy(report, policy)
-    except FedContrastError as exc:
-        raise CollaboratorStopped(f"fedcontrast collaborator: error: cannot check this site's policy {path}: {exc}") from None
-    if violations:
-        raise CollaboratorStopped(f"fedcontrast collaborator: error: this site's policy {path} refuses the plan "
-                                  f"before any data is read: {'; '.join(violations)}")
-    return policy
-
-
-def _shard_index(data_path: str, clients: int) -> int:
-    text = data_path[len(SHARD_PREFIX):].strip()
-    if not text.isdigit() or not 0 <= int(text) < clients:
-        raise DataError(f"data path {data_path!r} in plan/data.yaml must be shard:N with 0 <= N < {clients}")
-    return int(text)

@@ -248,8 +248,29 @@ def guard_collaborator_start(argv: list[str], cwd: str | Path) -> None:
     ws = Path(cwd)
     check_workspace(ws, plan, check_policy_for_workspace(ws), plan_source=str(path))
     name = _fx_option(argv, ("-n", "--collaborator_name"))
+    data_config = ws / (_fx_option(argv, ("-d", "--data_config")) or "plan/data.yaml")
+    _check_policy_first(ws, plan, name, data_config)
     if name is not None:
-        _check_site_files(ws, plan, name, ws / (_fx_option(argv, ("-d", "--data_config")) or "plan/data.yaml"))
+        _check_site_files(ws, plan, name, data_config)
+
+
+def _check_policy_first(ws: Path, plan: Any, name: str | None, data_config: Path) -> None:
+    """The site's policy, as its data loader will check it, before anything else can stop the start:
+    a plan the privacy officer's policy refuses is refused as that, whatever else is missing."""
+    from ..config import RunConfig
+    from .plan import read_data_lines
+    from .sitecheck import CollaboratorStopped, enforce_site_policy
+
+    loader = ((plan.get("data_loader") or {}).get("settings") or {}) if isinstance(plan, dict) else {}
+    if "run_config" not in loader:
+        return  # not a plan fedcontrast wrote (the template check above names that)
+    lines = read_data_lines(data_config) if name is not None and data_config.is_file() else {}
+    try:
+        enforce_site_policy(RunConfig.from_dict(loader["run_config"]), loader.get("network"),
+                            loader.get("model_shape"), lines.get(name, ""),
+                            cwd="." if ws.resolve() == Path.cwd().resolve() else ws)  # named as fx's loader names it
+    except CollaboratorStopped as exc:
+        raise PackageRefused(str(exc.code).removeprefix("fedcontrast collaborator: error: ")) from None
 
 
 def guard_aggregator_start(argv: list[str], cwd: str | Path) -> None:

@@ -174,7 +174,7 @@ def _site_data(workspace: Path | None, config: RunConfig) -> list[tuple[str, str
     line for (a site's workspace holds its own line only); without lines (no workspace, or an
     operator's, who holds no data) the plan's sites with their shards, or "its own folder"."""
     from ..config import site_names
-    from ..openfl.loader import SHARD_PREFIX
+    from ..openfl.sitecheck import SHARD_PREFIX
     from ..openfl.plan import read_data_lines
 
     path = workspace / "plan" / "data.yaml" if workspace is not None else None
@@ -196,7 +196,7 @@ def _sites_here(rows: list[tuple[str, str]], workspace: Path, config: RunConfig,
     """The sites whose data is on this machine: ``site`` (checked), else every line whose folder exists.
     Shard lines of the embedded demo count only when named: anyone can compute them from the plan."""
     from ..config import site_names
-    from ..openfl.loader import SHARD_PREFIX
+    from ..openfl.sitecheck import SHARD_PREFIX
 
     if site is None:
         return [name for name, data in rows if not data.startswith(SHARD_PREFIX) and data != NOT_HERE
@@ -218,7 +218,7 @@ def _own_data(config: RunConfig, data: str, workspace: Path) -> tuple[dict[str, 
     its accountant and its per-class uploads count) and held-out samples — no image is decoded."""
     import numpy as np
 
-    from ..openfl.loader import SHARD_PREFIX, _shard_index
+    from ..openfl.sitecheck import SHARD_PREFIX, _shard_index
 
     if data.startswith(SHARD_PREFIX):  # the embedded demo's shard N
         from ..construction import load_splits, partition
@@ -280,7 +280,7 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
     At a site (its data line's folder exists here, or ``site`` names it) that site is counted from
     its own data, and nothing is computed for the others: their data is not on this machine."""
     from ..construction import build_algorithm, initial_model
-    from ..openfl.loader import SHARD_PREFIX
+    from ..openfl.sitecheck import SHARD_PREFIX
 
     if site is not None and workspace is None:
         raise ConfigError(f"--site {site}: {source} is not in a workspace (WORKSPACE/plan/plan.yaml), so no "
