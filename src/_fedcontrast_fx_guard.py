@@ -23,6 +23,13 @@ def _starting(argv):
     return None
 
 
+def _refuse(party, message):
+    """One sentence on standard error and exit code 1, before fx has done anything."""
+    sys.stderr.write(f"fedcontrast {party}: error: {message}\n")
+    sys.stderr.flush()
+    os._exit(1)
+
+
 def _guard():
     argv = list(getattr(sys, "argv", None) or [])
     party = _starting(argv)
@@ -35,9 +42,7 @@ def _guard():
 
             guard_aggregator_start(argv, os.getcwd())
         except FedContrastError as exc:
-            sys.stderr.write(f"fedcontrast aggregator: error: {exc}\n")
-            sys.stderr.flush()
-            os._exit(1)
+            _refuse(party, str(exc))
         except Exception:  # anything else is left to fx and fedcontrast's aggregator, which say it themselves
             pass
         return
@@ -45,21 +50,13 @@ def _guard():
         from fedcontrast.errors import FedContrastError
         from fedcontrast.openfl.package_trust import guard_collaborator_start
     except Exception as exc:  # fedcontrast half-installed: refuse rather than run unchecked
-        sys.stderr.write(f"fedcontrast collaborator: error: the workspace cannot be checked ({exc}); reinstall "
-                         "fedcontrast\n")
-        sys.stderr.flush()
-        os._exit(1)
+        _refuse(party, f"the workspace cannot be checked ({exc}); reinstall fedcontrast")
     try:
         guard_collaborator_start(argv, os.getcwd())
     except FedContrastError as exc:
-        sys.stderr.write(f"fedcontrast collaborator: error: {exc}\n")
-        sys.stderr.flush()
-        os._exit(1)
+        _refuse(party, str(exc))
     except Exception as exc:
-        sys.stderr.write(f"fedcontrast collaborator: error: the workspace could not be checked ({type(exc).__name__}: "
-                         f"{exc}); nothing was run\n")
-        sys.stderr.flush()
-        os._exit(1)
+        _refuse(party, f"the workspace could not be checked ({type(exc).__name__}: {exc}); nothing was run")
 
 
 _guard()

@@ -417,20 +417,15 @@ def cmd_site_import_cert(args: argparse.Namespace) -> int:
     return 0
 
 
-FX_START_OPTIONS = {"-p": "plan", "--plan": "plan", "-d": "data_config", "--data_config": "data_config"}
+FX_START_OPTIONS = {"plan": ("-p", "--plan"), "data_config": ("-d", "--data_config")}
 
 
 def _fx_option(extra: list[str], option: str) -> str | None:
     """The value ``fx collaborator start`` would take for ``option`` ("plan" or "data_config") from
-    the extra arguments (click keeps the last one given); None when they do not give it."""
-    value = None
-    for i, arg in enumerate(extra):
-        flag, eq, inline = arg.partition("=")
-        if FX_START_OPTIONS.get(flag) == option:
-            value = inline if eq else (extra[i + 1] if i + 1 < len(extra) else None)
-        elif FX_START_OPTIONS.get(arg[:2]) == option and len(arg) > 2 and not arg.startswith("--"):
-            value = arg[2:]  # -pPATH
-    return value
+    the extra arguments; None when they do not give it."""
+    from .openfl.plan import fx_option
+
+    return fx_option(extra, FX_START_OPTIONS[option])
 
 
 def site_data_names(path: Path) -> list[str]:

@@ -124,25 +124,33 @@ class ClaimsHuge(FedAvg):
         return result
 
 
+def fail_once(module, attribute, marker):
+    """The aggregator's disk is "full" the next time ``module.attribute`` writes a file, once per
+    workspace (``save/MARKER`` records that it happened); the stock function comes back at once."""
+    import errno
+    import os
+
+    if not os.path.isdir("save") or os.path.exists(f"save/{marker}"):
+        return
+    open(f"save/{marker}", "w").close()
+    stock = getattr(module, attribute)
+
+    def full(*args):
+        setattr(module, attribute, stock)
+        raise OSError(errno.ENOSPC, "No space left on device", str(args[-1]))
+
+    setattr(module, attribute, full)
+
+
 class DiskFullOnce(FedAvg):
     """Test only: the aggregator's disk is full when it writes round 2's results, once per workspace."""
     name = "disk_full_once"
 
     def aggregate(self, uploads, weights, server):
-        import errno
-        import os
-
         from fedcontrast.openfl import components
 
-        if server.round_num == 1 and os.path.isdir("save") and not os.path.exists("save/disk_was_full"):
-            open("save/disk_was_full", "w").close()
-            stock = components.atomic_torch_save
-
-            def full(obj, path):
-                components.atomic_torch_save = stock
-                raise OSError(errno.ENOSPC, "No space left on device", str(path))
-
-            components.atomic_torch_save = full
+        if server.round_num == 1:
+            fail_once(components, "atomic_torch_save", "disk_was_full")
         return super().aggregate(uploads, weights, server)
 
 
@@ -152,37 +160,10 @@ class DiskFullAtCheckpoint(FedAvg):
     name = "disk_full_at_checkpoint"
 
     def aggregate(self, uploads, weights, server):
-        import errno
-        import os
-
         from openfl.protocols import utils
 
-        if server.round_num == 0 and os.path.isdir("save") and not os.path.exists("save/disk_was_full"):
-            open("save/disk_was_full", "w").close()
-            stock = utils.dump_proto
-
-            def full(model_proto, fpath):
-                utils.dump_proto = stock
-                raise OSError(errno.ENOSPC, "No space left on device", str(fpath))
-
-            utils.dump_proto = full
-        return super().aggregate(uploads, weights, server)
-
-
-class KilledAtCheckpoint(FedAvg):
-    """Test only: the aggregator is killed (SIGKILL) where DiskFullAtCheckpoint's disk fills: after round 1's
-    pending record was written, before any site evaluated its model; once per workspace."""
-    name = "killed_at_checkpoint"
-
-    def aggregate(self, uploads, weights, server):
-        import os
-        import signal
-
-        from openfl.protocols import utils
-
-        if server.round_num == 0 and os.path.isdir("save") and not os.path.exists("save/was_killed"):
-            open("save/was_killed", "w").close()
-            utils.dump_proto = lambda model_proto, fpath: os.kill(os.getpid(), signal.SIGKILL)
+        if server.round_num == 0:
+            fail_once(utils, "dump_proto", "disk_was_full")
         return super().aggregate(uploads, weights, server)
 
 
@@ -259,7 +240,6 @@ def test_plugins(tmp_path, monkeypatch):
                                            "claims_huge = test_only_plugins:ClaimsHuge\n"
                                            "disk_full_once = test_only_plugins:DiskFullOnce\n"
                                            "disk_full_at_checkpoint = test_only_plugins:DiskFullAtCheckpoint\n"
-                                           "killed_at_checkpoint = test_only_plugins:KilledAtCheckpoint\n"
                                            "personal_echo = test_only_plugins:PersonalEcho\n"
                                            "oversized_upload = test_only_plugins:OversizedUpload\n")
     monkeypatch.setenv("PYTHONPATH", str(pkg))

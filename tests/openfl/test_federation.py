@@ -111,14 +111,12 @@ def test_killed_aggregator_and_collaborator_resume_without_loss(make_workspace):
 @pytest.mark.parametrize("algorithm, said, kept", [
     ("disk_full_once", ["No space left on device", "round 1 could not be aggregated"], [1]),
     ("disk_full_at_checkpoint", ["No space left on device", "round 0 could not be aggregated"], [1])])
-# (a SIGKILL at the same point, `killed_at_checkpoint`, was already safe: the pending file and the records
-# on disk cover it; it is left out of the suite to keep its time, and the plugin stays for manual checks)
 def test_aggregator_whose_disk_filled_redoes_the_round_on_resume(make_workspace, test_plugins, algorithm, said, kept):
     # The round's files are written before OpenFL commits the round: a full disk leaves it uncommitted,
     # and the restarted aggregator redoes its end from the saved uploads (no round lost, no stale model).
     # disk_full_at_checkpoint: the disk fills after round 1's model was exported, before any site evaluated
     # it; the record the stopping aggregator kept is incomplete, and the resumed round writes it whole
-    # (issue 21.6). killed_at_checkpoint: a kill -9 there, between the pending record and the record.
+    # (issue 21.6). (A kill -9 at that point was already safe: the pending file covers it.)
     ws = make_workspace(small_config(algorithm=algorithm, rounds=2))
     with pytest.raises(FederationFailed) as info:
         run_federation(ws, timeout=FEDERATION_TIMEOUT)

@@ -237,7 +237,7 @@ def check_policy_for_workspace(workspace: Path) -> Any:
 def guard_collaborator_start(argv: list[str], cwd: str | Path) -> None:
     """What ``fx collaborator start`` must pass before OpenFL imports anything from the workspace
     (called by ``_fedcontrast_fx_guard``): raises :class:`FedContrastError` in one sentence."""
-    from .plan import fx_plan_path, load_plan_file
+    from .plan import fx_option, fx_plan_path, load_plan_file
 
     path = fx_plan_path("collaborator", argv, cwd)
     if path is None:
@@ -247,8 +247,8 @@ def guard_collaborator_start(argv: list[str], cwd: str | Path) -> None:
     plan = load_plan_file(path)  # one copy of every setting (a split plan is refused here, before any code runs)
     ws = Path(cwd)
     check_workspace(ws, plan, check_policy_for_workspace(ws), plan_source=str(path))
-    name = _fx_option(argv, ("-n", "--collaborator_name"))
-    data_config = ws / (_fx_option(argv, ("-d", "--data_config")) or "plan/data.yaml")
+    name = fx_option(argv, ("-n", "--collaborator_name"))
+    data_config = ws / (fx_option(argv, ("-d", "--data_config")) or "plan/data.yaml")
     _check_policy_first(ws, plan, name, data_config)
     if name is not None:
         _check_site_files(ws, plan, name, data_config)
@@ -281,20 +281,6 @@ def guard_aggregator_start(argv: list[str], cwd: str | Path) -> None:
     path = fx_plan_path("aggregator", argv, cwd)
     if path is not None and path.is_file():
         load_plan_file(path)
-
-
-def _fx_option(argv: list[str], flags: tuple[str, str]) -> str | None:
-    """The value of ``-x VALUE``, ``-xVALUE``, ``--long VALUE`` or ``--long=VALUE`` (the last one given)."""
-    short, long = flags
-    value = None
-    for i, arg in enumerate(argv):
-        if arg in flags and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(long + "="):
-            value = arg.split("=", 1)[1]
-        elif arg.startswith(short) and not arg.startswith("--") and len(arg) > len(short):
-            value = arg[len(short):]
-    return value
 
 
 def _check_site_files(ws: Path, plan: Any, name: str, data_config: Path) -> None:

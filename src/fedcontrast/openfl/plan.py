@@ -339,15 +339,22 @@ def fx_plan_path(command: str, argv: list[str] | None = None, cwd: str | Path = 
         return None
     if command not in args or args.index(command) + 1 >= len(args) or args[args.index(command) + 1] != "start":
         return None
-    plan = "plan/plan.yaml"
-    for i, arg in enumerate(args):
-        if arg in ("-p", "--plan") and i + 1 < len(args):
-            plan = args[i + 1]
-        elif arg.startswith("--plan="):
-            plan = arg.split("=", 1)[1]
-        elif arg.startswith("-p") and len(arg) > 2 and not arg.startswith("--"):
-            plan = arg[2:]
-    return Path(cwd) / plan
+    return Path(cwd) / (fx_option(args, ("-p", "--plan")) or "plan/plan.yaml")
+
+
+def fx_option(argv: list[str], flags: tuple[str, str]) -> str | None:
+    """An ``fx`` option's value in ``argv``: of ``-x VALUE``, ``-xVALUE``, ``--long VALUE`` or
+    ``--long=VALUE``, the last one given (as click takes it); None when none is."""
+    short, long = flags
+    value = None
+    for i, arg in enumerate(argv):
+        if arg in flags and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(long + "="):
+            value = arg.split("=", 1)[1]
+        elif arg.startswith(short) and not arg.startswith("--") and len(arg) > len(short):
+            value = arg[len(short):]
+    return value
 
 
 def collaborator_names(workspace: str | Path) -> list[str]:
