@@ -50,7 +50,7 @@ def weighted_average(uploads: Mapping[str, Mapping[str, torch.Tensor]],
             if t.shape != ref.shape:
                 raise UploadError(f"site {site!r} uploaded {name!r} with shape {tuple(t.shape)}, "
                                   f"expected {tuple(ref.shape)}")
-            acc += share[site] * t.to(torch.float64)
+            acc += share[site] * t.to(device=acc.device, dtype=torch.float64)
         result[name] = acc.to(ref.dtype)
     return result
 
@@ -67,11 +67,11 @@ def global_prototypes(prototypes: Mapping[str, torch.Tensor], counts: Mapping[st
         raise ValueError(f"prototype weighting must be count or paper_eq6, got {weighting!r}")
     sites = sorted(prototypes)
     total = torch.zeros_like(prototypes[sites[0]], dtype=torch.float64)
-    n = torch.zeros(total.shape[0], dtype=torch.float64)
+    n = torch.zeros(total.shape[0], dtype=torch.float64, device=total.device)
     holders = torch.zeros_like(n)
     for s in sites:
-        c = counts[s].to(torch.float64)
-        total += c[:, None] * prototypes[s].to(torch.float64)
+        c = counts[s].to(device=total.device, dtype=torch.float64)
+        total += c[:, None] * prototypes[s].to(device=total.device, dtype=torch.float64)
         n += c
         holders += (c > 0).to(torch.float64)
     present = n > 0
@@ -83,7 +83,7 @@ def global_prototypes(prototypes: Mapping[str, torch.Tensor], counts: Mapping[st
 
 def fill_missing_prototypes(local: torch.Tensor, counts: torch.Tensor, global_protos: torch.Tensor) -> torch.Tensor:
     """A site's local prototype set with ``G^c`` in place of every class it lacks (``count == 0``)."""
-    return torch.where((counts > 0)[:, None], local, global_protos)
+    return torch.where((counts > 0).to(local.device)[:, None], local, global_protos.to(local.device))
 
 
 def dual_aggregation(uploads: Mapping[str, Mapping[str, torch.Tensor]], weights: Mapping[str, float], *,
@@ -103,7 +103,7 @@ def dual_aggregation(uploads: Mapping[str, Mapping[str, torch.Tensor]], weights:
     flat0 = torch.cat([w0[n].reshape(-1).to(torch.float64) for n in names])
     cosines = {}
     for s in sites:
-        flat = torch.cat([uploads[s][n].reshape(-1).to(torch.float64) for n in names])
+        flat = torch.cat([uploads[s][n].reshape(-1).to(device=flat0.device, dtype=torch.float64) for n in names])
         denom = flat.norm() * flat0.norm()
         cosines[s] = max(0.0, float(flat @ flat0 / denom)) if denom > 0 else 0.0
     total = sum(cosines.values())

@@ -938,6 +938,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("arguments after -- are passed on to fx by `fedcontrast site start` only")
         args.fx_args = extra
     try:
+        from .devices import cpu_stand_in, stand_in_requested
+
+        if stand_in_requested():  # FEDCONTRAST_DEVICE_STAND_IN=1: device mistakes fail as on CUDA (devices.py)
+            with cpu_stand_in():
+                return args.func(args)
         return args.func(args)
     except FedContrastError as exc:
         print(f"fedcontrast: error: {exc}", file=sys.stderr)

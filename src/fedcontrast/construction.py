@@ -14,6 +14,7 @@ import torch
 
 from .algorithms import Algorithm, get_algorithm
 from .config import RunConfig, site_names
+from .devices import resolve_device  # noqa: F401  (engines import it from here)
 from .data import ArrayDataset, DataSplits, load_dataset, partition_indices
 from .errors import ConfigError
 from .models import ContrastiveNet, build_model
@@ -23,14 +24,6 @@ def site_index(config: RunConfig, name: str) -> int | None:
     """A site's position in the federation (``config.sites``, else ``site_0`` …); None if absent."""
     names = site_names(config)
     return names.index(name) if name in names else None
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {name!r} was requested but CUDA is not available on this machine")
-    return torch.device(name)
 
 
 def derive_seed(*parts: int) -> int:

@@ -77,7 +77,7 @@ def nearest_prototype(z: torch.Tensor, prototypes: torch.Tensor, present: torch.
     else:
         scores = F.normalize(z.double(), dim=1) @ F.normalize(prototypes.double(), dim=1).T
     if present is not None:
-        scores = scores.masked_fill(~present.to(torch.bool), float("-inf"))
+        scores = scores.masked_fill(~present.to(device=scores.device, dtype=torch.bool), float("-inf"))
     return scores.argmax(1)
 
 
@@ -141,10 +141,10 @@ def linear_probe(encode: Callable[[torch.Tensor], torch.Tensor], train, test, de
     train_y, test_y = train.y.to(device), test.y.to(device)
     num_classes = max(int(train.y.max()), int(test.y.max())) + 1
 
-    generator = torch.Generator().manual_seed(seed)
-    probe = nn.Linear(train_f.shape[1], num_classes)
+    generator = torch.Generator(device="cpu").manual_seed(seed)  # the same start on every device
+    probe = nn.Linear(train_f.shape[1], num_classes, device="cpu")
     with torch.no_grad():
-        probe.weight.copy_(0.01 * torch.randn(probe.weight.shape, generator=generator))
+        probe.weight.copy_(0.01 * torch.randn(probe.weight.shape, generator=generator, device="cpu"))
         probe.bias.zero_()
     probe.to(device)
     optimizer = torch.optim.LBFGS(probe.parameters(), lr=lr, max_iter=epochs, history_size=20,

@@ -64,7 +64,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+        return math.prod(self.shape) * getattr(torch, self.dtype).itemsize
 
 
 class InvalidUploadError(FedContrastError):

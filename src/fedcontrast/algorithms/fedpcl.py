@@ -3,6 +3,7 @@ ALGORITHMS.md, FedPCL). Sites share class prototypes and counts only — never w
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -170,7 +171,8 @@ class FedPCL(Algorithm):
         hidden = self.hp.projection_hidden[site.index % len(self.hp.projection_hidden)]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(1000 + site.index)  # the first initialisation is the site's own, reproducible
-            head = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, out_dim))
+            with torch.device("cpu"):  # built on the host: the same first weights on every device
+                head = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, out_dim))
         if HEAD in site.state:
             head.load_state_dict(site.state[HEAD])
         return head.to(site.device)
@@ -258,7 +260,8 @@ class FedPCL(Algorithm):
 
     def initial_downlink(self, server: ServerContext) -> Downlink:
         c, d, k = server.num_classes, server.model.projection_dim, max(self.num_sites, len(server.sites), 1)
-        return Downlink({GLOBAL_PROTOTYPES: torch.zeros(c, d), PRESENT: torch.zeros(c), LOCAL_SETS: torch.zeros(k, c, d)})
+        zeros = functools.partial(torch.zeros, device=server.device)
+        return Downlink({GLOBAL_PROTOTYPES: zeros(c, d), PRESENT: zeros(c), LOCAL_SETS: zeros(k, c, d)})
 
     # --- evaluation -----------------------------------------------------------------------------
     def evaluate(self, downlink: Downlink, server: ServerContext, test: Any) -> dict[str, float]:

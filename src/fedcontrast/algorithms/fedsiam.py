@@ -107,7 +107,9 @@ class FedSiamDA(Algorithm):
             raise ConfigError("fedsiam_da needs training.batch_size >= 2 (BatchNorm in the prediction head)")
 
     def predictor(self, dim: int) -> PredictionHead:
-        return PredictionHead(dim, self.hp.predictor_hidden)
+        """The prediction head ``h``, built on the host (the caller moves it)."""
+        with torch.device("cpu"):
+            return PredictionHead(dim, self.hp.predictor_hidden)
 
     # --- collaborator ---------------------------------------------------------------------------
     def task_train(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> TaskResult:

@@ -82,7 +82,7 @@ def sample_class_representations(means: Mapping[str, torch.Tensor], counts: Mapp
     sites = sorted(means)
     first = means[sites[0]]
     reps = torch.zeros_like(first)
-    present = torch.zeros(first.shape[0], dtype=first.dtype)
+    present = torch.zeros(first.shape[0], dtype=first.dtype, device=first.device)
     for c in range(first.shape[0]):
         senders = [s for s in sites if counts[s][c] > 0]
         if not senders:
@@ -191,8 +191,8 @@ class FedSSC(Moon):
 
     def initial_downlink(self, server: ServerContext) -> Downlink:
         dim = server.model.projection_dim
-        return Downlink({**weight_tensors(server.model), CLASS_REPS: torch.zeros(server.num_classes, dim),
-                         CLASS_PRESENT: torch.zeros(server.num_classes)})
+        return Downlink({**weight_tensors(server.model), CLASS_REPS: torch.zeros(server.num_classes, dim, device=server.device),
+                         CLASS_PRESENT: torch.zeros(server.num_classes, device=server.device)})
 
     # --- declarations ---------------------------------------------------------------------------
     def upload_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:

@@ -64,7 +64,7 @@ def public_fingerprint(public: Any) -> torch.Tensor:
     """SHA-256 of the public set's shape and pixel bytes (float32, in order) as 32 uint8 values."""
     x = public.x.detach().to("cpu", torch.float32).contiguous()
     digest = hashlib.sha256(repr(tuple(x.shape)).encode() + x.numpy().tobytes()).digest()
-    return torch.tensor(list(digest), dtype=torch.uint8)
+    return torch.tensor(list(digest), dtype=torch.uint8, device="cpu")
 
 
 def quantise(values: torch.Tensor, mode: str) -> torch.Tensor:
@@ -445,7 +445,7 @@ def check_gram_matrix(site: str, m: torch.Tensor, tol: float) -> None:
     symmetric = (m64 + m64.T) / 2
     # λ_min ≥ −slack ⇔ M + slack·I has a Cholesky factor (≈ 1/3 of an eigen-decomposition's cost, every
     # round and site); the eigenvalue itself is computed only to word the rejection.
-    shifted = symmetric + (slack + 1e-9) * torch.eye(n, dtype=torch.float64)
+    shifted = symmetric + (slack + 1e-9) * torch.eye(n, dtype=torch.float64, device="cpu")
     if n and int(torch.linalg.cholesky_ex(shifted).info) != 0:
         smallest = float(torch.linalg.eigvalsh(symmetric)[0])
         raise InvalidUploadError(f"site {site!r} uploaded a similarity matrix that is not positive semi-definite "

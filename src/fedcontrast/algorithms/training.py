@@ -42,18 +42,18 @@ def augment(x: torch.Tensor, kind: str, generator: torch.Generator) -> torch.Ten
     """
     if kind == "none":
         return x
-    dx, dy = (int(v) for v in torch.randint(0, 5, (2,), generator=generator))
+    dx, dy = (int(v) for v in torch.randint(0, 5, (2,), generator=generator, device=generator.device))
     h, w = x.shape[-2:]
     x = F.pad(x, (2, 2, 2, 2))[..., dy:dy + h, dx:dx + w]
     if kind == "crop_flip":
-        flip = torch.rand(x.shape[0], generator=generator) < 0.5
+        flip = torch.rand(x.shape[0], generator=generator, device=generator.device) < 0.5
         x = torch.where(flip.to(x.device)[:, None, None, None], x.flip(-1), x)
     return x
 
 
 def batch_indices(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
     """A random permutation cut into batches; a last batch of one sample is dropped (BatchNorm)."""
-    perm = torch.randperm(n, generator=generator)
+    perm = torch.randperm(n, generator=generator, device=generator.device)
     batches = list(perm.split(batch_size))
     if len(batches) > 1 and len(batches[-1]) < 2:
         batches.pop()
@@ -121,6 +121,5 @@ def _train(model: nn.Module, optimizer, data, cfg: TrainingConfig, *, generator:
 
 
 def site_generator(seed: int) -> torch.Generator:
-    g = torch.Generator()
-    g.manual_seed(seed)
-    return g
+    """The CPU generator of a site's task: batches and augmentations are drawn on the host."""
+    return torch.Generator(device="cpu").manual_seed(seed)

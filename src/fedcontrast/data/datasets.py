@@ -59,7 +59,7 @@ class ArrayDataset:
 
     def subset(self, indices: np.ndarray | torch.Tensor | list[int]) -> "ArrayDataset":
         """The samples at ``indices`` (a copy), in the given order, with the same ``num_classes``."""
-        index = torch.as_tensor(np.asarray(indices), dtype=torch.int64)
+        index = torch.as_tensor(np.asarray(indices), dtype=torch.int64, device=self.x.device)
         return ArrayDataset(self.x[index], self.y[index], self.num_classes)
 
     @property
@@ -219,7 +219,7 @@ def load_dataset(
     _check_labels(key, num_classes, train_y, test[1])
     train_t = to_float_images(train_x, size)
     if normalization is not None:
-        mean, std = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) for v in normalization)
+        mean, std = (torch.tensor(v, dtype=torch.float32, device="cpu").view(1, -1, 1, 1) for v in normalization)
     else:
         mean, std = channel_stats(train_t)
 

@@ -136,7 +136,8 @@ def load_public_folder(public: PublicDataConfig, schema: DataSchema, base_dir: s
 
     images = to_float_images(x, schema.image_size)
     if schema.normalization is not None:
-        mean, std = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) for v in schema.normalization)
+        mean, std = (torch.tensor(v, dtype=torch.float32, device="cpu").view(1, -1, 1, 1)
+                     for v in schema.normalization)
     else:
         mean, std = channel_stats(images)
     return ArrayDataset(normalise_(images, mean, std), torch.from_numpy(y.astype(np.int64)), schema.num_classes)

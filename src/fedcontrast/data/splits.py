@@ -67,7 +67,7 @@ def to_float_images(images: np.ndarray, image_size: int) -> torch.Tensor:
     with anti-aliasing when shrinking so that downsampled images do not alias.
     """
     n, channels, height, width = images.shape
-    out = torch.empty((n, channels, image_size, image_size), dtype=torch.float32)
+    out = torch.empty((n, channels, image_size, image_size), dtype=torch.float32, device="cpu")
     resize = (height, width) != (image_size, image_size)
     shrinking = image_size < min(height, width)
     for start in range(0, n, _CHUNK):
@@ -94,8 +94,8 @@ def channel_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     std 1 so that normalising it cannot divide by zero.
     """
     channels = x.shape[1]
-    total = torch.zeros(channels, dtype=torch.float64)
-    total_sq = torch.zeros(channels, dtype=torch.float64)
+    total = torch.zeros(channels, dtype=torch.float64, device=x.device)
+    total_sq = torch.zeros(channels, dtype=torch.float64, device=x.device)
     for start in range(0, x.shape[0], _CHUNK):
         chunk = x[start : start + _CHUNK].double()
         total += chunk.sum(dim=(0, 2, 3))

@@ -120,10 +120,11 @@ def global_class_contrastive_loss(z: torch.Tensor, labels: torch.Tensor, class_r
     check_temperature(temperature)
     if z.dim() != 2 or class_reps.dim() != 2 or z.shape[1] != class_reps.shape[1]:
         raise ValueError(f"z (B, d) and class_reps (C, d) must share d, got {tuple(z.shape)} and {tuple(class_reps.shape)}")
-    mask = present.to(torch.bool)
+    mask = present.to(device=z.device, dtype=torch.bool)
+    labels = labels.to(z.device)
     usable = mask[labels]  # (B,) samples whose class has a representation
     if not bool(usable.any()):
         return z.sum() * 0.0  # keeps the graph: a zero term, zero gradient
-    sims = F.normalize(z[usable], dim=1) @ F.normalize(class_reps, dim=1).T / temperature  # (B', C)
+    sims = F.normalize(z[usable], dim=1) @ F.normalize(class_reps.to(z.device), dim=1).T / temperature  # (B', C)
     sims = sims.masked_fill(~mask, float("-inf"))
     return F.cross_entropy(sims, labels[usable])

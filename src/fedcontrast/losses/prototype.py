@@ -17,11 +17,12 @@ def prototype_contrastive_loss(z: torch.Tensor, labels: torch.Tensor, prototypes
     Shapes: ``z (B, d)``, ``labels (B,)``, ``prototypes (C, d)``, ``present (C,)`` → scalar.
     """
     check_temperature(temperature)
-    mask = present.to(torch.bool)
+    mask = present.to(device=z.device, dtype=torch.bool)
+    labels = labels.to(z.device)
     usable = mask[labels]
     if not bool(usable.any()):
         return z.sum() * 0.0
-    logits = (z[usable] @ prototypes.T / temperature).masked_fill(~mask, float("-inf"))  # (B', C)
+    logits = (z[usable] @ prototypes.to(z.device).T / temperature).masked_fill(~mask, float("-inf"))  # (B', C)
     return F.cross_entropy(logits, labels[usable])
 
 

@@ -39,23 +39,27 @@ def load_backbone(arch: str, path: str | Path, *, in_channels: int, image_size: 
     return encoder
 
 
-def pretrain_backbone(arch: str, public, *, seed: int, epochs: int, lr: float = 1e-3, batch_size: int = 64) -> nn.Module:
+def pretrain_backbone(arch: str, public, *, seed: int, epochs: int, lr: float = 1e-3, batch_size: int = 64,
+                      device: torch.device | str | None = None) -> nn.Module:
     """Supervised pre-training of encoder ``arch`` (with a temporary head) on ``public``; Adam, no
-    augmentation. Returns the encoder."""
+    augmentation. Trains on ``device`` (default: where ``public`` is); returns the encoder, there."""
     if public is None or len(public) == 0:
         raise ConfigError("pre-training backbones needs a public split: set public_fraction > 0 or give backbone files")
+    device = public.x.device if device is None else torch.device(device)
     torch.manual_seed(seed)
     net = build_model(arch, in_channels=public.in_channels, image_size=public.image_size,
-                      num_classes=public.num_classes, projection_dim=64)
+                      num_classes=public.num_classes, projection_dim=64).to(device)
+    x, y = public.x.to(device), public.y.to(device)
     optimizer = torch.optim.Adam(net.parameters(), lr=lr)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(device="cpu").manual_seed(seed)  # the batches: drawn on the host
     net.train()
     for _ in range(epochs):
-        for idx in torch.randperm(len(public), generator=generator).split(batch_size):
+        for idx in torch.randperm(len(public), generator=generator, device="cpu").split(batch_size):
             if len(idx) < 2:
                 continue
-            _, logits = net(public.x[idx])
-            loss = F.cross_entropy(logits, public.y[idx])
+            idx = idx.to(device)
+            _, logits = net(x[idx])
+            loss = F.cross_entropy(logits, y[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -88,7 +92,7 @@ def backbone_set(archs: tuple[str, ...], files: tuple[str, ...], public, *, in_c
     """The configured backbones, built once per process (pre-training is deterministic per seed)."""
     if files and len(files) != len(archs):
         raise ConfigError(f"backbone_files names {len(files)} file(s) for {len(archs)} backbone(s)")
-    fingerprint = (len(public), float(public.x.double().sum())) if public is not None else None
+    fingerprint = (len(public), float(public.x.double().sum()), str(public.x.device)) if public is not None else None
     encoders = []
     for k, arch in enumerate(archs):
         key = (arch, files[k] if files else None, in_channels, image_size, seed + k, pretrain_epochs, fingerprint)

@@ -29,7 +29,7 @@ UPLOAD_PACKED = GLOBAL_PACKED  # a site's upload; aggregated into the next round
 
 
 def _nbytes(spec: TensorSpec) -> int:
-    return math.prod(spec.shape) * torch.empty((), dtype=getattr(torch, spec.dtype)).element_size()
+    return math.prod(spec.shape) * getattr(torch, spec.dtype).itemsize
 
 
 def packed_bytes(specs: Sequence[TensorSpec]) -> int:
@@ -49,11 +49,11 @@ def pack(tensors: Mapping[str, torch.Tensor], specs: Sequence[TensorSpec]) -> np
     parts = []
     for s in specs:
         t = tensors[s.name].detach().to("cpu", getattr(torch, s.dtype)).contiguous().reshape(-1)
-        parts.append(t.view(torch.uint8) if t.numel() else torch.zeros(0, dtype=torch.uint8))
+        parts.append(t.view(torch.uint8) if t.numel() else torch.zeros(0, dtype=torch.uint8, device="cpu"))
     payload = torch.cat(parts)
     pad = (-len(payload)) % 4
     if pad:
-        payload = torch.cat([payload, torch.zeros(pad, dtype=torch.uint8)])
+        payload = torch.cat([payload, torch.zeros(pad, dtype=torch.uint8, device="cpu")])
     return payload.numpy().view(np.float32).copy()
 
 

@@ -68,7 +68,10 @@ class DPSGDSession:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, num_samples: int, batch_size: int,
                  noise_multiplier: float, max_grad_norm: float, generator: torch.Generator,
-                 on_close: Callable[[list], None] | None = None, secure: bool = False) -> None:
+                 noise_generator: torch.Generator | None = None, on_close: Callable[[list], None] | None = None,
+                 secure: bool = False) -> None:
+        """``generator`` (on the CPU) draws the Poisson batches; ``noise_generator`` (on the model's
+        device; default ``generator``, for a model on the CPU) the gradient noise."""
         from opacus import PrivacyEngine
         from opacus.data_loader import DPDataLoader
 
@@ -81,7 +84,12 @@ class DPSGDSession:
             warnings.filterwarnings("ignore", message="Secure RNG turned off")
             self.engine = PrivacyEngine(accountant="rdp", secure_mode=self.csprng)  # its history is all we read
         _say_how_noise_is_sampled(secure, self.csprng)
-        indices = torch.utils.data.TensorDataset(torch.arange(num_samples))
+        device = next(model.parameters()).device
+        noise_generator = generator if noise_generator is None else noise_generator
+        if generator.device.type != "cpu" or noise_generator.device != device:
+            raise ValueError(f"DP-SGD needs its batch generator on the CPU and its noise generator on the model's "
+                             f"device {device}; got {generator.device} and {noise_generator.device}")
+        indices = torch.utils.data.TensorDataset(torch.arange(num_samples, device="cpu"))
         plain = torch.utils.data.DataLoader(indices, batch_size=batch_size)
         if self.csprng:  # Opacus draws the Poisson batches and the noise from its CSPRNG (no seed allowed)
             self.model, self.optimizer, self.loader = self.engine.make_private(
@@ -92,7 +100,7 @@ class DPSGDSession:
             self.model, self.optimizer, self.loader = self.engine.make_private(
                 module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=noise_multiplier,
                 max_grad_norm=max_grad_norm, poisson_sampling=False,  # the loader above already is Poisson
-                noise_generator=generator)
+                noise_generator=noise_generator)
         if secure:
             self.optimizer.secure_mode = True  # Opacus's floating-point-safe noise sampling
         # The true Poisson rate q = 1/⌈n/B⌉. Opacus's accountant records 1/len(loader), and len(loader) =
@@ -107,7 +115,9 @@ class DPSGDSession:
     def epoch_batches(self) -> Iterator[torch.Tensor]:
         """One epoch of Poisson batches of sample indices (an empty batch is skipped but still
         counted by the accountant: conservative; it has probability (1 − q)^n)."""
-        for (idx,) in self.loader:
+        with torch.device("cpu"):  # Opacus draws the batches with torch's default device: the host's
+            batches = list(self.loader)
+        for (idx,) in batches:
             if len(idx) == 0:
                 self.engine.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
                 continue

@@ -59,9 +59,10 @@ def gaussian_noise(shape: tuple[int, ...], std: float, generator: torch.Generato
     draws of N(0, std²) halved — still exactly N(0, std²), but its low-order bits no longer reveal the
     value the noise was added to."""
     if not secure:
-        return (torch.randn(shape, generator=generator, dtype=torch.float64) * std).to(device=device, dtype=dtype)
-    torch.randn((1,), generator=generator, dtype=torch.float64)  # discarded, as Opacus does
-    total = sum(torch.randn(shape, generator=generator, dtype=torch.float64) * std for _ in range(4))
+        return (torch.randn(shape, generator=generator, dtype=torch.float64, device="cpu") * std).to(device=device,
+                                                                                                      dtype=dtype)
+    torch.randn((1,), generator=generator, dtype=torch.float64, device="cpu")  # discarded, as Opacus does
+    total = sum(torch.randn(shape, generator=generator, dtype=torch.float64, device="cpu") * std for _ in range(4))
     return (total / 2).to(device=device, dtype=dtype)
 
 

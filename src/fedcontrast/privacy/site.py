@@ -18,6 +18,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -57,8 +58,18 @@ class SitePrivacy:
         self.representations = config.representations
         self.state = state
         self.round_num = round_num
-        self.generator = torch.Generator()
+        # The host generator: count noise, representation noise (drawn on the CPU, then moved) and
+        # DP-SGD's Poisson batches. DP-SGD's gradient noise is drawn where the model is (noise_generator).
+        self.generator = torch.Generator(device="cpu")
         self.generator.manual_seed(noise_seed if noise_seed is not None else secrets.randbits(63))
+        self._sessions = 0
+
+    def noise_generator(self, device: torch.device) -> torch.Generator:
+        """A generator on ``device`` for one DP-SGD session's gradient noise, seeded from this task's
+        noise seed and the session's number (never the same stream twice; secret when the seed is)."""
+        self._sessions += 1
+        seed = np.random.SeedSequence([self.generator.initial_seed(), self._sessions]).generate_state(2, np.uint64)[0]
+        return torch.Generator(device=device).manual_seed(int(seed >> np.uint64(1)))
 
     # --- accounting -----------------------------------------------------------------------------
     def record(self, entries: list[list[float]]) -> None:
@@ -90,9 +101,11 @@ class SitePrivacy:
                          batch_size: int):
         from .dp_sgd import DPSGDSession
 
+        device = next(model.parameters()).device
         return DPSGDSession(model, optimizer, num_samples=num_samples, batch_size=batch_size,
                             noise_multiplier=self.dp_sgd.noise_multiplier, max_grad_norm=self.dp_sgd.max_grad_norm,
-                            generator=self.generator, on_close=self.record, secure=self.secure)
+                            generator=self.generator, noise_generator=self.noise_generator(device),
+                            on_close=self.record, secure=self.secure)
 
     def class_sums(self, num_classes: int, dim: int, num_samples: int, device: torch.device) -> GaussianClassSums:
         rep = self.representations

@@ -146,7 +146,7 @@ class Federation:
         rows = []
         rejected: dict[str, str] = {}
         for site in self.select_sites(round_num):
-            received = self.downlink.for_site(site.name)
+            received = {k: v.to(self.device) for k, v in self.downlink.for_site(site.name).items()}
             down = nbytes(received)
             merged: dict[str, torch.Tensor] = {}
             for t, task in enumerate(self.algorithm.tasks):
@@ -156,7 +156,7 @@ class Federation:
                 if ctx.privacy is not None:  # the count as a deployment releases it: noised once under DP
                     weight = ctx.privacy.released_count(result.weight)
                     result.metrics.update(ctx.privacy.metrics())
-                merged.update(result.uploads)
+                merged.update({k: v.to(self.device) for k, v in result.uploads.items()})
                 weights[site.name] = weight
                 rows.append(metric_row(round_num + 1, site.name, task, len(site.data), result.metrics,
                                        nbytes(result.uploads), down if t == 0 else 0))

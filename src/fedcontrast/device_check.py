@@ -1,0 +1,213 @@
+"""The device-sensitive paths, as items that run on a given device: what the test suite runs through
+the CPU stand-in (:func:`fedcontrast.devices.cpu_stand_in`) and ``benchmarks/gpu_check.py`` runs on CUDA.
+
+Each item runs a small job (2 sites; synthetic 16×16 images) on ``device`` in a fresh folder and
+returns its :class:`Outcome`: the numbers it produced (compared across runs and devices) and the
+test accuracy where it has one.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import PrivacyConfig, RunConfig, TrainingConfig
+
+# Small settings of the slow parts (pre-training, distillation, probes): the paths run, fast.
+QUICK_HYPERPARAMETERS = {"fedpcl": {"pretrain_epochs": 1}, "flesd": {"distill_epochs": 1, "probe_epochs": 5},
+                         "fedavg_simclr": {"probe_epochs": 5}}
+
+
+@dataclass
+class Outcome:
+    values: dict[str, Any] = field(default_factory=dict)  # every number the item produced, by name
+    accuracy: float | None = None  # the final test accuracy (None: the item has none)
+
+
+def config(algorithm: str, device: str, *, rounds: int = 1, **settings: Any) -> RunConfig:
+    """2 sites, ``rounds`` rounds, one local epoch, on ``device``."""
+    hyper = {algorithm: QUICK_HYPERPARAMETERS[algorithm]} if algorithm in QUICK_HYPERPARAMETERS else {}
+    settings = {"hyperparameters": hyper, "dataset": "synthetic", "image_size": 16, **settings}
+    return RunConfig(algorithm=algorithm, clients=2, rounds=rounds, min_samples=5, projection_dim=32,
+                     public_fraction=0.2, device=device, training=TrainingConfig(local_epochs=1, batch_size=32),
+                     **settings)
+
+
+def _metrics(run_dir: Path) -> dict[str, Any]:
+    """Every metric of a run (``metrics.csv`` as text) and its final downlink, as numbers."""
+    from .sim.checkpoint import load_checkpoint
+
+    state = load_checkpoint(run_dir / "checkpoint.pt")["federation"]["downlink"]
+    tensors = {f"global/{k}": v for k, v in state["global"].items()}
+    tensors.update({f"{s}/{k}": v for s, d in state["personal"].items() for k, v in d.items()})
+    return {"metrics.csv": (run_dir / "metrics.csv").read_text(), **tensors}
+
+
+def _final_accuracy(run_dir: Path) -> float | None:
+    import json
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    value = summary.get("final_accuracy")
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def simulate(cfg: RunConfig) -> Outcome:
+    from .sim.simulator import run_simulation
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run_simulation(cfg, Path(tmp) / "run")
+        return Outcome(_metrics(Path(tmp) / "run"), _final_accuracy(Path(tmp) / "run"))
+
+
+def resume(cfg: RunConfig) -> Outcome:
+    """A run stopped after round 1 and resumed equals the uninterrupted run; returns the resumed one's
+    numbers (the item fails with AssertionError where they differ)."""
+    from .sim.simulator import run_simulation
+
+    with tempfile.TemporaryDirectory() as tmp:
+        whole, parts = Path(tmp) / "whole", Path(tmp) / "parts"
+        run_simulation(cfg, whole)
+        run_simulation(cfg, parts, stop_after=1)
+        run_simulation(cfg, parts, resume=True)
+        a, b = _metrics(whole), _metrics(parts)
+        differing = differences(a, b)
+        if differing:
+            raise AssertionError(f"the resumed run differs from the uninterrupted one in {', '.join(differing[:5])}")
+        return Outcome(b, _final_accuracy(parts))
+
+
+def compare(cfg: RunConfig) -> Outcome:
+    """``fedcontrast compare`` of FedAvg and MOON at one seed."""
+    from .sim.compare import run_comparison
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "cmp"
+        table = run_comparison(cfg, ["fedavg", "moon"], [cfg.seed], out)
+        values = {f"{p.parent.name}/metrics.csv": p.read_text() for p in sorted(out.glob("*/metrics.csv"))}
+        values.update({f"table/{row['algorithm']}/{k}": v for row in table for k, v in row.items() if "time" not in k})
+        return Outcome(values)
+
+
+def probe(cfg: RunConfig) -> Outcome:
+    """``fedcontrast probe``: the linear probe of a trained model's encoder on ``cfg.device``."""
+    from .construction import initial_model, load_splits, resolve_device
+    from .evaluation import linear_probe
+
+    splits = load_splits(cfg)
+    model = initial_model(cfg, in_channels=splits.in_channels, image_size=splits.image_size,
+                          num_classes=splits.num_classes)
+    device = resolve_device(cfg.device)
+    result = linear_probe(model.to(device).encoder, splits.train, splits.test, device, epochs=10, module=model)
+    return Outcome(dict(result), result["probe_accuracy"])
+
+
+def pretrain(cfg: RunConfig) -> Outcome:
+    """FedPCL's backbone pre-training on the public split, on the device."""
+    from .construction import load_splits, resolve_device
+    from .models.backbones import pretrain_backbone
+
+    device = resolve_device(cfg.device)
+    public = load_splits(cfg).public
+    encoder = pretrain_backbone(cfg.model, public, seed=0, epochs=1, device=device)
+    if {p.device for p in encoder.parameters()} != {device}:
+        raise AssertionError(f"the pre-trained backbone is on {sorted({str(p.device) for p in encoder.parameters()})}, "
+                             f"not on {device}")
+    return Outcome({k: v.cpu() for k, v in encoder.state_dict().items()})
+
+
+def openfl_round(cfg: RunConfig) -> Outcome:
+    """One round of the OpenFL task runner in-process: two collaborators train on what the
+    aggregator's initial model is, the aggregation function aggregates their packed uploads, and
+    each site evaluates the result."""
+    import numpy as np
+    import pandas as pd
+
+    from .openfl.aggregation import PluginAggregation
+    from .openfl.loader import SiteDataLoader
+    from .openfl.packing import GLOBAL_PACKED
+    from .openfl.runner import WEIGHT_METRIC, PluginTaskRunner
+
+    settings = {"run_config": cfg.to_dict()}
+    values: dict[str, Any] = {}
+    uploads, rows = {}, []
+    with tempfile.TemporaryDirectory() as tmp:
+        runners = {}
+        for i in range(cfg.clients):
+            loader = SiteDataLoader(data_path=f"shard:{i}", **settings)
+            runners[f"site_{i}"] = PluginTaskRunner(data_loader=loader, state_dir=str(Path(tmp) / f"s{i}"), **settings)
+        first = next(iter(runners.values()))
+        initial = first.initial_packed.copy()
+        for name, runner in runners.items():
+            received = {GLOBAL_PACKED: initial}
+            for task in runner.algorithm.tasks:
+                sent, _ = getattr(runner, task)(col_name=name, round_num=0, input_tensor_dict=received)
+                for key, array in sent.items():
+                    if key.tensor_name == GLOBAL_PACKED:
+                        uploads[name] = array
+                    elif key.tensor_name == WEIGHT_METRIC:
+                        rows.append({"tensor_name": WEIGHT_METRIC, "round": 0, "tags": ("metric", name),
+                                     "nparray": array})  # as OpenFL stores it: tagged with the sender
+                    values[f"{name}/{task}/{key.tensor_name}"] = np.asarray(array).copy()
+        shape = first.data_loader.shape
+        aggregation = PluginAggregation(run_config=cfg.to_dict(), model_shape=shape)
+        db = pd.DataFrame(rows, columns=["tensor_name", "round", "tags", "nparray"])
+        local = [type("Local", (), {"col_name": s, "tensor": a})() for s, a in sorted(uploads.items())]
+        aggregated = aggregation.call(local, db, GLOBAL_PACKED, 0, ("trained",))
+        values["aggregated"] = np.asarray(aggregated).copy()
+        for name, runner in runners.items():
+            metrics, _ = runner.run_site_evaluation(col_name=name, round_num=1,
+                                                    input_tensor_dict={GLOBAL_PACKED: aggregated})
+            values.update({f"{name}/evaluate/{k.tensor_name}": np.asarray(v).copy() for k, v in metrics.items()})
+    return Outcome(values)
+
+
+DP_SGD = PrivacyConfig(dp_sgd={"noise_multiplier": 1.0, "max_grad_norm": 1.0})
+REPRESENTATIONS = PrivacyConfig(representations={"noise_multiplier": 2.0})
+
+
+def items(device: str, *, rounds: int = 1) -> dict[str, Callable[[], Outcome]]:
+    """Every device-sensitive item, by name, ready to run on ``device``."""
+    from .algorithms import available_algorithms
+
+    out: dict[str, Callable[[], Outcome]] = {}
+    for name in available_algorithms():
+        cfg = config(name, device, rounds=rounds)
+        out[name] = lambda cfg=cfg: simulate(cfg)
+    for name, privacy in (("fedavg+dp_sgd", DP_SGD), ("fedssc+dp_sgd", DP_SGD), ("fedssc+representations", REPRESENTATIONS),
+                          ("fedpcl+representations", REPRESENTATIONS), ("flesd+representations", REPRESENTATIONS)):
+        cfg = config(name.split("+")[0], device, rounds=rounds, privacy=privacy)
+        out[name] = lambda cfg=cfg: simulate(cfg)
+    flesd = config("flesd", device, rounds=rounds, hyperparameters={"flesd": {**QUICK_HYPERPARAMETERS["flesd"],
+                                                                               "upload": "similarity", "quantize": "int8"}})
+    out["flesd+similarity"] = lambda: simulate(flesd)
+    out["fedpcl_pretrain"] = lambda: pretrain(config("fedpcl", device))
+    out["resume"] = lambda: resume(config("moon", device, rounds=2))
+    out["resume+dp_sgd"] = lambda: resume(config("fedssc", device, rounds=2, privacy=DP_SGD))
+    out["compare"] = lambda: compare(config("fedavg", device))
+    out["probe"] = lambda: probe(config("fedavg", device))
+    out["openfl_round"] = lambda: openfl_round(config("fedssc", device))
+    return out
+
+
+def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The names whose values differ (exactly: tensors bit for bit, arrays element for element)."""
+    import numpy as np
+
+    out = []
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            same = x.shape == y.shape and x.dtype == y.dtype and torch.equal(x.cpu(), y.cpu())
+        elif isinstance(x, np.ndarray) and isinstance(y, np.ndarray):
+            same = x.shape == y.shape and np.array_equal(x, y)
+        else:
+            same = x == y
+        if not same:
+            out.append(key)
+    return out

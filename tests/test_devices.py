@@ -1,0 +1,166 @@
+"""Device placement: the CPU stand-in for a GPU catches what CUDA would (a tensor, module or generator
+created without a device), every device-sensitive path runs clean through it with the same numbers
+as a plain CPU run, and CUDA runs are made deterministic."""
+
+import os
+
+import pytest
+import torch
+
+from fedcontrast import device_check
+from fedcontrast.devices import (DeviceMistake, cpu_stand_in, device_generator, make_cuda_deterministic,
+                                 resolve_device)
+from fedcontrast.errors import ConfigError
+from fedcontrast.models import backbones
+
+PACKAGE_FILE = os.path.join(os.path.dirname(device_check.__file__), "_stand_in_probe.py")
+
+
+def run_as_package_code(source: str):
+    """Run ``source`` as if it were a line of fedcontrast (the stand-in judges generators by their creator)."""
+    scope = {"torch": torch}
+    exec(compile(source, PACKAGE_FILE, "exec"), scope)
+    return scope
+
+
+def test_the_stand_in_makes_unplaced_tensors_fail_as_on_cuda():
+    with cpu_stand_in() as device:
+        placed = torch.zeros(3, device=device)
+        unplaced = torch.zeros(3)  # no device: would be on the CPU beside CUDA tensors
+        assert unplaced.device.type == "meta"
+        with pytest.raises(RuntimeError, match="meta"):
+            placed + unplaced
+        with pytest.raises((RuntimeError, NotImplementedError)):
+            unplaced.to(device)
+        module = torch.nn.Linear(2, 2)  # built without `with torch.device(...)`
+        with pytest.raises(RuntimeError):
+            module(torch.ones(1, 2, device=device))
+        with torch.device("cpu"):
+            assert torch.nn.Linear(2, 2)(torch.ones(1, 2, device=device)).shape == (1, 2)
+    assert torch.zeros(1).device.type == "cpu"  # torch's defaults are back
+
+
+def test_the_stand_in_refuses_a_generator_the_package_makes_without_a_device():
+    with cpu_stand_in():
+        with pytest.raises(DeviceMistake, match=r"torch.Generator\(\) without a device at .*_stand_in_probe.py:1"):
+            run_as_package_code("g = torch.Generator()")
+        placed = run_as_package_code("g = torch.Generator(device='cpu')")["g"]
+        assert placed.device.type == "cpu" and isinstance(placed, torch.Generator)
+        assert torch.Generator().device.type == "cpu"  # other libraries keep torch's default
+        assert isinstance(torch.default_generator, torch.Generator)
+    assert torch.Generator is torch._C.Generator
+
+
+def test_fedssc_class_representations_and_loss_follow_the_device_of_their_inputs():
+    """The FedSSC crash on CUDA: `present` was made on the CPU beside representations on the GPU."""
+    import numpy as np
+
+    from fedcontrast.algorithms.fedssc import sample_class_representations
+    from fedcontrast.losses.contrastive import global_class_contrastive_loss
+
+    with cpu_stand_in() as device:
+        means = {"a": torch.ones(3, 4, device=device), "b": torch.full((3, 4), 3.0, device=device)}
+        counts = {"a": torch.tensor([5, 0, 5], device=device), "b": torch.tensor([5, 5, 0], device=device)}
+        reps, present = sample_class_representations(means, counts, k=2, rng=np.random.default_rng(0))
+        assert reps.device == present.device == device
+        z = torch.randn(6, 4, device=device, generator=torch.Generator(device="cpu").manual_seed(0))
+        labels = torch.tensor([0, 1, 2, 0, 1, 2], device=device)
+        loss = global_class_contrastive_loss(z, labels, reps, present)
+    assert present.tolist() == [1.0, 1.0, 1.0] and torch.isfinite(loss)
+    assert torch.equal(reps[0], torch.full((4,), 2.0))  # the mean of both sites' class-0 means
+
+
+def test_pretraining_runs_where_the_public_data_is(synthetic_public):
+    """The FedPCL crash on CUDA: pre-training fed the device's data to a model left on the CPU."""
+    with cpu_stand_in() as device:
+        encoder = backbones.pretrain_backbone("simple_cnn", synthetic_public, seed=0, epochs=1)
+    assert {p.device for p in encoder.parameters()} == {device}
+    plain = backbones.pretrain_backbone("simple_cnn", synthetic_public, seed=0, epochs=1)
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), encoder.state_dict().values()))
+
+
+def test_dp_sgd_draws_its_noise_on_the_model_device_and_its_batches_on_the_cpu():
+    """The DP-SGD crash on CUDA: Opacus was handed a CPU generator for a CUDA model's noise."""
+    from fedcontrast.config import PrivacyConfig
+    from fedcontrast.privacy import SitePrivacy
+    from fedcontrast.privacy.dp_sgd import DPSGDSession, make_dp_compatible
+
+    privacy = SitePrivacy(PrivacyConfig(dp_sgd={"noise_multiplier": 1.0}), {}, round_num=0, noise_seed=7)
+    with cpu_stand_in() as device:
+        with torch.device(device):
+            model = make_dp_compatible(torch.nn.Sequential(torch.nn.Linear(4, 2)))
+        session = privacy.training_session(model, torch.optim.SGD(model.parameters(), lr=0.1), num_samples=20,
+                                           batch_size=5)
+        assert session.optimizer.generator.device == device
+        batches = list(session.epoch_batches())
+        session.close()
+    assert batches and all(b.device.type == "cpu" for b in batches)
+    # two sessions of one task never share a noise stream
+    assert privacy.noise_generator(device).initial_seed() != privacy.noise_generator(device).initial_seed()
+    with pytest.raises(ValueError, match="batch generator on the CPU"):
+        DPSGDSession(model, torch.optim.SGD(model.parameters(), lr=0.1), num_samples=4, batch_size=2,
+                     noise_multiplier=1.0, max_grad_norm=1.0, generator=_FakeDeviceGenerator())
+
+
+class _FakeDeviceGenerator:
+    device = torch.device("cuda", 0)  # what a generator on a GPU reports
+
+
+@pytest.fixture(scope="module")
+def synthetic_public():
+    from fedcontrast.data import load_dataset
+
+    return load_dataset("synthetic", image_size=16, synthetic_samples=120, public_fraction=0.3).public
+
+
+ITEMS = sorted(device_check.items("cpu"))
+
+
+@pytest.mark.parametrize("name", ITEMS)
+def test_every_device_sensitive_path_runs_through_the_stand_in_with_the_numbers_of_a_cpu_run(name):
+    backbones._CACHE.clear()  # FedPCL's backbones are pre-trained again, inside the stand-in
+    plain = device_check.items("cpu")[name]()
+    backbones._CACHE.clear()
+    with cpu_stand_in():
+        stood_in = device_check.items("cpu")[name]()
+    assert plain.values, "the item produced no numbers"
+    assert device_check.differences(plain.values, stood_in.values) == []
+    assert plain.accuracy == stood_in.accuracy
+
+
+def test_the_items_cover_every_registered_algorithm_and_the_named_paths():
+    from fedcontrast.algorithms import available_algorithms
+
+    assert set(available_algorithms()) <= set(ITEMS)
+    assert {"fedavg+dp_sgd", "fedssc+representations", "fedpcl_pretrain", "resume", "compare", "probe",
+            "openfl_round"} <= set(ITEMS)
+
+
+def test_cuda_is_refused_by_name_where_there_is_none():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ConfigError, match="'cuda:1' was requested but CUDA is not available"):
+        resolve_device("cuda:1")
+    assert resolve_device("auto") == torch.device("cpu")
+
+
+def test_cuda_runs_use_deterministic_kernels(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(False)
+        make_cuda_deterministic()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.backends.cudnn.benchmark is False
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # an operator's own setting is kept
+    make_cuda_deterministic()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def test_device_generators_are_seeded_where_asked():
+    a, b = device_generator(torch.device("cpu"), 5), device_generator(torch.device("cpu"), 5)
+    assert a.device.type == "cpu" and torch.equal(torch.rand(3, generator=a), torch.rand(3, generator=b))
