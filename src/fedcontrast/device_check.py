@@ -33,10 +33,10 @@ class Outcome:
 def config(algorithm: str, device: str, *, rounds: int = 1, **settings: Any) -> RunConfig:
     """2 sites, ``rounds`` rounds, one local epoch, on ``device``."""
     hyper = {algorithm: QUICK_HYPERPARAMETERS[algorithm]} if algorithm in QUICK_HYPERPARAMETERS else {}
-    settings = {"hyperparameters": hyper, "dataset": "synthetic", "image_size": 16, **settings}
+    settings = {"hyperparameters": hyper, "dataset": "synthetic", "image_size": 16,
+                "training": TrainingConfig(local_epochs=1, batch_size=32), **settings}
     return RunConfig(algorithm=algorithm, clients=2, rounds=rounds, min_samples=5, projection_dim=32,
-                     public_fraction=0.2, device=device, training=TrainingConfig(local_epochs=1, batch_size=32),
-                     **settings)
+                     public_fraction=0.2, device=device, **settings)
 
 
 def _metrics(run_dir: Path) -> dict[str, Any]:
