@@ -3,7 +3,7 @@
     sudo .venv/bin/python benchmarks/startup.py [--sites 3] [--rounds 2] [--algorithm moon] [--repeat 3]
                                                 [--section startup] [--note TEXT]
 
-The README's cross-silo flow in the network-namespace lab (:mod:`fedcontrast.openfl.lab`): an operator
+The cross-silo flow of docs/cross-silo.md in the network-namespace lab (:mod:`fedcontrast.openfl.lab`): an operator
 and ``--sites`` hospitals, each on its own host with its own directory, set up with the documented
 commands; then `fx aggregator start` on the operator's host and `fedcontrast site start` (its checks,
 then `fx collaborator start` in the same process) on each hospital's, all at once. Digits, MOON by

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .tensors import load_weights
+
 
 @torch.no_grad()
 def evaluate_classifier(model: nn.Module, data, device: torch.device, batch_size: int = 1024) -> dict[str, float]:
@@ -42,8 +44,6 @@ def local_model_accuracy(model: nn.Module, local_models, test, device: torch.dev
     into ``model`` in turn) on ``test``: ``local_balanced_accuracy`` on the split as it is and, when
     ``class_counts`` (site → per-class sample counts) is given, ``local_accuracy`` on the split
     re-weighted to each site's own label distribution; mean and sample std (``_std``) over sites."""
-    from .algorithms.base import load_weights
-
     y = test.y.to(device)
     weighted, balanced = [], []
     for site in sorted(local_models):

@@ -1,6 +1,6 @@
 """A real cross-silo federation: an operator and three hospitals, each on its own host (a Linux
 network namespace) with its own directory standing for its own disk, running exactly the documented
-commands (README: "Cross-silo deployment"). The hospitals hold non-IID image folders made from the
+commands (docs/cross-silo.md). The hospitals hold non-IID image folders made from the
 embedded digits; the operator holds no private data. Only the documented files travel between the
 parties' directories (:meth:`CrossSiloLab.send`).
 

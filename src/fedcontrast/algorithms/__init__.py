@@ -5,7 +5,9 @@ from .base import (Algorithm, Downlink, InvalidUploadError, ServerContext, SiteC
 from .registry import ENTRY_POINT_GROUP, available_algorithms, get_algorithm, register_algorithm
 
 # Built-ins: one registration line each (the decorator in each module).
-from . import fedavg, fedpcl, fedprox, fedsiam, fedssc, flesd, moon  # noqa: E402,F401  isort:skip
+from . import fedavg, fedpcl, fedprox, fedsiam, fedssc, flesd, moon, simclr  # noqa: E402  isort:skip
+
+_BUILTIN_MODULES = (fedavg, fedpcl, fedprox, fedsiam, fedssc, flesd, moon, simclr)  # imported to register them
 
 __all__ = ["ENTRY_POINT_GROUP", "Algorithm", "Downlink", "InvalidUploadError", "ServerContext",
            "SiteContext", "TaskResult", "TensorSpec", "available_algorithms", "get_algorithm",

@@ -36,92 +36,15 @@ from torch import nn
 
 from ..aggregation import weighted_average
 from ..config import TrainingConfig
-from ..errors import ConfigError, FedContrastError
+from ..errors import ConfigError
+from ..evaluation import evaluate_classifier
+from ..robust import robust_average
+# What travels, declared and checked (a low-level module, so that evaluation and the aggregator's
+# screen can use it without importing this package); re-exported: plugins import these from here.
+from ..tensors import (TENSOR_KINDS, WEIGHT_PREFIX, InvalidUploadError, TensorSpec, load_weights, nbytes,
+                       validate_uploads, weight_specs, weight_tensors)
 
-WEIGHT_PREFIX = "model."
-TENSOR_KINDS = ("weights", "representation", "count", "metadata")
 DP_KINDS = ("dp_sgd", "representations")
-
-
-# --- what travels ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TensorSpec:
-    """One tensor that crosses the network: its name, shape, dtype, direction and meaning."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    direction: str  # "upload" (site → aggregator) or "download" (aggregator → site)
-    per_site: bool = False  # download only: each site receives its own copy
-    description: str = ""
-    # what it is, for the privacy audit: "weights" (raw model weights), "representation" (derived
-    # from the data through the model: class means, prototypes), "count", "metadata"
-    kind: str = "representation"
-
-    def __post_init__(self) -> None:
-        if self.kind not in TENSOR_KINDS:
-            raise ValueError(f"TensorSpec.kind must be one of {', '.join(TENSOR_KINDS)}, got {self.kind!r}")
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * getattr(torch, self.dtype).itemsize
-
-
-class InvalidUploadError(FedContrastError):
-    """An upload that does not match the plugin's declaration; names the site and the tensor."""
-
-
-def validate_uploads(site: str, uploads: Mapping[str, torch.Tensor], specs: list[TensorSpec]) -> None:
-    """Reject an upload whose names, shapes or dtypes differ from ``specs`` or that holds NaN/inf."""
-    declared = {s.name: s for s in specs if s.direction == "upload"}
-    extra = sorted(set(uploads) - set(declared))
-    if extra:
-        raise InvalidUploadError(f"site {site!r} uploaded undeclared tensor(s) {extra[:3]}; rejected")
-    missing = sorted(set(declared) - set(uploads))
-    if missing:
-        raise InvalidUploadError(f"site {site!r} did not upload declared tensor(s) {missing[:3]}; rejected")
-    for name, t in uploads.items():
-        spec = declared[name]
-        if tuple(t.shape) != spec.shape:
-            raise InvalidUploadError(f"site {site!r} uploaded {name!r} with shape {tuple(t.shape)}, "
-                                     f"declared {spec.shape}; rejected")
-        if str(t.dtype).removeprefix("torch.") != spec.dtype:
-            raise InvalidUploadError(f"site {site!r} uploaded {name!r} as {t.dtype}, declared {spec.dtype}; rejected")
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise InvalidUploadError(f"site {site!r} uploaded {name!r} with NaN or infinite values; rejected")
-
-
-def weight_specs(model: nn.Module, direction: str, description: str) -> list[TensorSpec]:
-    """One spec per floating-point entry of ``model.state_dict()`` (parameters and BN statistics)."""
-    return [TensorSpec(WEIGHT_PREFIX + k, tuple(v.shape), str(v.dtype).removeprefix("torch."),
-                       direction, description=description, kind="weights")
-            for k, v in model.state_dict().items() if v.is_floating_point()]
-
-
-def weight_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Detached copies of the model's floating-point state, named ``model.<key>``.
-
-    Integer buffers (BatchNorm's ``num_batches_tracked``) stay on the site: averaging a counter is
-    meaningless and it does not affect the forward pass when a momentum is set.
-    """
-    return {WEIGHT_PREFIX + k: v.detach().clone() for k, v in model.state_dict().items()
-            if v.is_floating_point()}
-
-
-def load_weights(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Copy every ``model.<key>`` tensor of ``tensors`` into ``model``, in place."""
-    state = model.state_dict()
-    with torch.no_grad():
-        for name, value in tensors.items():
-            if name.startswith(WEIGHT_PREFIX):
-                key = name[len(WEIGHT_PREFIX):]
-                if key not in state:
-                    raise FedContrastError(f"received weight {name!r} that the local model does not have")
-                state[key].copy_(value)
-
-
-def nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 # --- per-class sums ----------------------------------------------------------------------------
@@ -304,8 +227,6 @@ class Algorithm(ABC):
                         weights: Mapping[str, float]) -> dict[str, torch.Tensor]:
         """Combine the sites' model weights: FedAvg's ``Σ n_k/n w_k``, or the plan's robust rule
         (``robustness.rule``: coordinate-wise median or trimmed mean). Weight-sharing plugins call this."""
-        from ..robust import robust_average
-
         rule = self.robustness
         if rule is None:
             return weighted_average(uploads, weights)
@@ -360,8 +281,6 @@ class Algorithm(ABC):
 
     def evaluate(self, downlink: Downlink, server: ServerContext, test: Any) -> dict[str, float]:
         """Test metrics of the global model carried by ``downlink``."""
-        from ..evaluation import evaluate_classifier
-
         load_weights(server.model, downlink.global_tensors)
         return evaluate_classifier(server.model, test, server.device)
 
@@ -374,8 +293,6 @@ class Algorithm(ABC):
         (engines call it before the round's training, and once more after the last round); the
         site's ``state`` is read, never changed. ``accuracy`` is the headline figure. Default: the
         received global model's accuracy and loss."""
-        from ..evaluation import evaluate_classifier
-
         load_weights(site.model, received)
         return evaluate_classifier(site.model, test, site.device)
 
@@ -403,3 +320,8 @@ class Algorithm(ABC):
     def shared_class_minimum(self) -> int | None:
         """The fewest local samples behind a shared per-class feature (None: none are shared)."""
         return None
+
+
+__all__ = ["DP_KINDS", "TENSOR_KINDS", "WEIGHT_PREFIX", "Algorithm", "ClassSums", "Downlink", "InvalidUploadError",
+           "NoHyperparameters", "ServerContext", "SiteContext", "TaskResult", "TensorSpec", "load_weights", "nbytes",
+           "validate_uploads", "weight_specs", "weight_tensors"]

@@ -1,5 +1,6 @@
 """FLESD: federated representation learning by ensemble similarity distillation (Shi et al.;
-ALGORITHMS.md, FLESD), and its weight-averaging baseline with the same local training.
+ALGORITHMS.md, FLESD). Its weight-averaging baseline with the same local training, FedAvg-SimCLR,
+and that training itself are in :mod:`.simclr`.
 
 Collaborator tasks, each round:
 
@@ -34,16 +35,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import TrainingConfig
-from ..data.views import ViewConfig
 from ..errors import ConfigError, FedContrastError
-from ..evaluation import linear_probe
-from ..losses import check_temperature, ensemble_similarity, esd_loss, nt_xent
+from ..losses import check_temperature, ensemble_similarity, esd_loss
 from ..models import MODEL_NAMES, build_model
 from .base import (WEIGHT_PREFIX, Algorithm, Downlink, InvalidUploadError, ServerContext, SiteContext,
                    TaskResult, TensorSpec, load_weights, weight_specs, weight_tensors)
 from .moon import represent_all
 from .registry import register_algorithm
+# The local SimCLR training and the FedAvg-SimCLR baseline; re-exported (imported from here before).
+from .simclr import FedAvgSimCLR, SimCLRHyperparameters, _pair, probe, probe_at_site, train_simclr
 from .training import batch_indices, site_generator
 
 logger = logging.getLogger(__name__)
@@ -82,38 +82,6 @@ def dequantise(values: torch.Tensor) -> torch.Tensor:
     return values.to(torch.float32)
 
 
-def _pair(value: Any) -> tuple:
-    return tuple(value) if isinstance(value, (list, tuple)) else value
-
-
-@dataclass(frozen=True)
-class SimCLRHyperparameters:
-    """Local SimCLR training (FLESD's and the FedAvg-SimCLR baseline's)."""
-
-    temperature: float = 0.5  # NT-Xent τ
-    lr: float = 1e-3  # Adam (the paper's local optimiser); training.lr/momentum are not used
-    crop_scale: tuple[float, float] = (0.6, 1.0)  # views: see fedcontrast.data.views.ViewConfig
-    max_shift: float = 0.1
-    jitter: float = 0.4
-    flip: bool = False
-    noise_std: float = 0.0
-    probe_epochs: int = 100  # linear-probe evaluation: L-BFGS iterations
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "crop_scale", _pair(self.crop_scale))
-        check_temperature(self.temperature)
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
-        if not (isinstance(self.probe_epochs, int) and self.probe_epochs >= 1):
-            raise ValueError(f"probe_epochs must be an integer >= 1, got {self.probe_epochs!r}")
-        self.views  # validates the augmentation settings
-
-    @property
-    def views(self) -> ViewConfig:
-        return ViewConfig(crop_scale=self.crop_scale, max_shift=self.max_shift, flip=self.flip,
-                          jitter=self.jitter, noise_std=self.noise_std)
-
-
 @dataclass(frozen=True)
 class FlesdHyperparameters(SimCLRHyperparameters):
     upload: str = "auto"  # "representations" (N×d), "similarity" (N×N), or "auto": the smaller
@@ -146,73 +114,6 @@ class FlesdHyperparameters(SimCLRHyperparameters):
         unknown = [m for m in self.site_models if m not in MODEL_NAMES]
         if unknown:
             raise ValueError(f"site_models must name architectures among {', '.join(MODEL_NAMES)}, got {unknown}")
-
-
-def train_simclr(model: nn.Module, data: Any, training: TrainingConfig, hp: SimCLRHyperparameters, *,
-                 generator: torch.Generator, device: torch.device) -> dict[str, float]:
-    """``training.local_epochs`` epochs of SimCLR on ``data.x`` (labels unused): NT-Xent between two
-    augmented views of every batch, Adam on the encoder and projection head."""
-    model.train()
-    params = [p for name, p in model.named_parameters() if not name.startswith("classifier.")]
-    optimizer = torch.optim.Adam(params, lr=hp.lr, weight_decay=training.weight_decay)
-    views = hp.views
-    x_all = data.x.to(device)
-    total, steps = torch.zeros((), device=device), 0
-    for _ in range(training.local_epochs):
-        for idx in batch_indices(len(data), training.batch_size, generator):
-            v1, v2 = views.views(x_all[idx.to(device)], generator)
-            loss = nt_xent(model.represent(v1), model.represent(v2), temperature=hp.temperature)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += loss.detach()
-            steps += 1
-    return {"loss": (total / max(steps, 1)).item(), "steps": float(steps)}
-
-
-def probe_at_site(model: nn.Module, site: SiteContext, test: Any, epochs: int) -> dict[str, float]:
-    """A site's linear probe of ``model``'s encoder: trained on the site's own labelled training
-    split, tested on its held-out split (``accuracy`` is the probe's test accuracy)."""
-    result = linear_probe(model.encoder, site.data, test, site.device, epochs=epochs, module=model)
-    return {"accuracy": result["probe_accuracy"], **result}
-
-
-def probe(model: nn.Module, server: ServerContext, test: Any, epochs: int) -> dict[str, float]:
-    """Linear-probe accuracy of ``model``'s encoder (features before the projection head): trained
-    on ``server.labelled`` (the simulator's training split) or, on an aggregator, the public split."""
-    train = server.labelled if server.labelled is not None else server.public
-    if train is None:
-        raise ConfigError("linear probing needs labelled data on the aggregator: a public split (public_fraction > 0)")
-    result = linear_probe(model.encoder, train, test, server.device, epochs=epochs, module=model)
-    return {"accuracy": result["probe_accuracy"], **result}
-
-
-@register_algorithm
-class FedAvgSimCLR(Algorithm):
-    """The weight-averaging baseline of FLESD's paper: SimCLR local training, FedAvg aggregation,
-    linear-probe evaluation (``accuracy`` is the probe's test accuracy)."""
-
-    name = "fedavg_simclr"
-    Hyperparameters = SimCLRHyperparameters
-    task_metrics = {"train": ("loss", "steps")}
-    evaluation_metrics = ("accuracy", "probe_accuracy", "probe_train_accuracy")
-
-    def task_train(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> TaskResult:
-        load_weights(site.model, received)
-        metrics = train_simclr(site.model, site.data, site.training, self.hp,
-                               generator=site_generator(site.seed), device=site.device)
-        return TaskResult(weight_tensors(site.model), float(len(site.data)), metrics)
-
-    def aggregate(self, uploads, weights, server: ServerContext) -> Downlink:
-        return Downlink(self.average_weights(uploads, weights))
-
-    def evaluate_at_site(self, site: SiteContext, received: Mapping[str, torch.Tensor], test: Any) -> dict[str, float]:
-        load_weights(site.model, received)
-        return probe_at_site(site.model, site, test, self.hp.probe_epochs)
-
-    def evaluate(self, downlink: Downlink, server: ServerContext, test: Any) -> dict[str, float]:
-        load_weights(server.model, downlink.global_tensors)
-        return probe(server.model, server, test, self.hp.probe_epochs)
 
 
 @register_algorithm

@@ -29,6 +29,13 @@ from ..errors import ConfigError
 _NOISE_SAID: set[tuple[bool, bool]] = set()
 
 
+def secure_csprng_available() -> bool:
+    """Whether Opacus's full ``secure_mode`` can run here (it needs the ``torchcsprng`` package)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torchcsprng") is not None
+
+
 def _say_how_noise_is_sampled(secure: bool, csprng: bool) -> None:
     """One log line per process (and kind) saying how DP-SGD's noise is sampled, as the audit says it."""
     if (secure, csprng) in _NOISE_SAID:
@@ -74,8 +81,6 @@ class DPSGDSession:
         device; default ``generator``, for a model on the CPU) the gradient noise."""
         from opacus import PrivacyEngine
         from opacus.data_loader import DPDataLoader
-
-        from .site import secure_csprng_available
 
         # secure: Opacus's full secure_mode (a CSPRNG for batches and noise) where torchcsprng is
         # installed; otherwise its floating-point-safe noise sampling with our OS-seeded generator.

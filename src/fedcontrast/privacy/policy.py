@@ -26,10 +26,13 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config import MAX_DELTA, _finite, load_yaml
 from ..errors import ConfigError
-from .audit import AuditReport
+
+if TYPE_CHECKING:  # for annotations only: the audit imports the OpenFL site checks, which import this
+    from .audit import AuditReport
 
 POLICY_ENV = "FEDCONTRAST_SITE_POLICY"
 POLICY_FILE = "site_policy.yaml"  # in the workspace (the collaborator's working directory)

@@ -24,6 +24,8 @@ from torch import nn
 
 from ..config import PrivacyConfig
 from .accounting import RELEASE_MECHANISMS, compact, count_history, epsilon
+# secure_csprng_available lives beside the Opacus code that needs it; re-exported (imported from here before)
+from .dp_sgd import DPSGDSession, secure_csprng_available
 from .representations import (GaussianClassSums, gaussian_noise, gaussian_public_representations,
                               public_release_history)
 
@@ -35,13 +37,6 @@ def history_of(state: dict[str, Any], round_num: int | None = None) -> list[list
     """``[noise_multiplier, sample_rate, steps]`` entries recorded in ``state`` (of one round, if given)."""
     rows = state.get(HISTORY_KEY) or []
     return [list(r[1:]) for r in rows if round_num is None or int(r[0]) == round_num]
-
-
-def secure_csprng_available() -> bool:
-    """Whether Opacus's full ``secure_mode`` can run here (it needs the ``torchcsprng`` package)."""
-    import importlib.util
-
-    return importlib.util.find_spec("torchcsprng") is not None
 
 
 class SitePrivacy:
@@ -99,8 +94,6 @@ class SitePrivacy:
 
     def training_session(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, num_samples: int,
                          batch_size: int):
-        from .dp_sgd import DPSGDSession
-
         device = next(model.parameters()).device
         return DPSGDSession(model, optimizer, num_samples=num_samples, batch_size=batch_size,
                             noise_multiplier=self.dp_sgd.noise_multiplier, max_grad_norm=self.dp_sgd.max_grad_norm,
@@ -120,3 +113,6 @@ class SitePrivacy:
                                                    secure=self.secure)
         self.record(public_release_history(sigma))
         return noisy
+
+
+__all__ = ["COUNT_KEY", "HISTORY_KEY", "SitePrivacy", "history_of", "secure_csprng_available"]

@@ -1,0 +1,75 @@
+"""What leaves a site: audit (against a policy), public fingerprint."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+
+
+def cmd_public_fingerprint(args: argparse.Namespace) -> int:
+    from ..data.schema import folder_fingerprint
+
+    print(folder_fingerprint(args.folder))
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    import json
+
+    from ..privacy.audit import audit_plan, format_report, load_plan
+    from ..privacy.policy import SitePolicy, check_policy, compared_guarantee
+
+    plan, workspace = load_plan(args.target)
+    policy = SitePolicy.from_yaml(args.policy) if args.policy else None
+    report = audit_plan(plan, source=str(args.target), workspace=workspace, policy=policy, site=args.site)
+    # At a site, its policy bounds its own ε: the others' data (and ε) are not known there.
+    violations = check_policy(report, policy, sites=report.here or None) if policy else []
+    compared = compared_guarantee(report, policy) if policy else None
+    if args.json:
+        print(json.dumps({**report.to_dict(), "policy": args.policy, "compared": compared, "violations": violations},
+                         indent=2))
+    else:
+        print(format_report(report), end="")
+        if args.policy:
+            print(f"\npolicy {args.policy}: " + ("compliant" if not violations else f"{len(violations)} violation(s)")
+                  + f" ({compared})")
+            for v in violations:
+                print(f"  VIOLATION: {v}")
+    if violations:
+        print(f"fedcontrast: policy violated: {violations[0]}" + (f" (and {len(violations) - 1} more)"
+                                                                  if len(violations) > 1 else ""), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _add_public(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("public", help="public data folders")
+    psub2 = p.add_subparsers(dest="public_command", required=True)
+    c = psub2.add_parser("fingerprint", help="SHA-256 fingerprint of a folder's files (as the plan records it)")
+    c.add_argument("folder")
+    c.set_defaults(func=cmd_public_fingerprint)
+
+
+def _add_audit(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("audit", help="what leaves each site under a plan, its DP guarantee and transport; "
+                                     "optionally checked against a policy (exit 1 on a violation)")
+    p.add_argument("target", metavar="WORKSPACE_OR_PLAN")
+    p.add_argument("--policy", help="a site policy YAML file (see policies/example-site.yaml)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--site", help="the site whose data is on this machine (default: the data.yaml line whose folder "
+                                  "exists here)")
+    p.set_defaults(func=cmd_audit)
+
+
+# command name → the function adding its sub-parser (build_parser orders them)
+COMMANDS = {
+    "public": _add_public,
+    "audit": _add_audit,
+}
+
+
+def register(subparsers: argparse._SubParsersAction, names: Iterable[str] | None = None) -> None:
+    """Add this group's sub-commands to ``subparsers`` (``names``: only those, in that order)."""
+    for name in COMMANDS if names is None else names:
+        COMMANDS[name](subparsers)

@@ -1,0 +1,125 @@
+"""What several command groups share: the run flags and the configuration they make, the parsing
+of the deployment flags, ports."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..config import RunConfig, load_yaml
+from ..errors import ConfigError
+from ..yamlio import loads_yaml
+
+
+# flag name → config key (None default = "not given": the YAML file or the default applies)
+RUN_FLAGS = {
+    "algorithm": str, "dataset": str, "data_root": str, "image_size": int, "test_fraction": float,
+    "public_fraction": float, "split_seed": int, "partition": str, "clients": int, "beta": float,
+    "shards_per_client": int, "min_samples": int, "model": str, "projection_dim": int, "rounds": int,
+    "sample_fraction": float, "seed": int, "target_accuracy": float, "device": str,
+}
+TRAINING_FLAGS = {"local_epochs": int, "batch_size": int, "lr": float, "momentum": float,
+                  "weight_decay": float, "augmentation": str}
+
+
+def _add_run_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
+    p.add_argument("--config", help="YAML file of settings; flags given on the command line override it")
+    for key, typ in {**RUN_FLAGS, **TRAINING_FLAGS}.items():
+        if key not in skip:
+            p.add_argument("--" + key.replace("_", "-"), dest=key, type=typ, default=None)
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="[ALG.]KEY=VALUE",
+                   help="an algorithm hyper-parameter, e.g. --set mu=1 or --set moon.temperature=0.2")
+    p.add_argument("--robustness", dest="robustness_settings", action="append", default=[], metavar="KEY=VALUE",
+                   help="what the aggregator accepts from a site, e.g. --robustness rule=median, "
+                        "--robustness max_update_ratio=1, --robustness 'max_samples={hosp1: 900, hosp2: 400}', "
+                        "--robustness on_rejected=exclude (README: Hostile sites)")
+
+
+def _parse_setting(text: str, default_algorithm: str | None) -> tuple[str, str, Any]:
+    if "=" not in text:
+        raise ConfigError(f"--set expects KEY=VALUE or ALGORITHM.KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    if "." in key:
+        algorithm, key = key.split(".", 1)
+    elif default_algorithm is None:
+        raise ConfigError(f"--set {text!r} must name its algorithm here, e.g. --set moon.{key}=...")
+    else:
+        algorithm = default_algorithm
+    return algorithm, key, loads_yaml(value, f"--set {text!r}")
+
+
+def _mapping(value: Any, name: str) -> dict[str, Any]:
+    """A copy of the YAML section ``name`` (empty when left out); anything but a mapping is refused."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} must be a mapping of settings, got {value!r}")
+    return dict(value)
+
+
+def config_from_args(args: argparse.Namespace, *, default_algorithm_for_set: bool = True) -> RunConfig:
+    data: dict[str, Any] = load_yaml(args.config) if args.config else {}
+    data = dict(data)
+    training = _mapping(data.get("training"), "training")
+    for key in RUN_FLAGS:
+        if getattr(args, key, None) is not None:
+            data[key] = getattr(args, key)
+    for key in TRAINING_FLAGS:
+        if getattr(args, key, None) is not None:
+            training[key] = getattr(args, key)
+    data["training"] = training
+    hyper = {k: _mapping(v, f"hyperparameters.{k}") for k, v in _mapping(data.get("hyperparameters"),
+                                                                          "hyperparameters").items()}
+    default_alg = data.get("algorithm", RunConfig.algorithm) if default_algorithm_for_set else None
+    for text in args.settings:
+        algorithm, key, value = _parse_setting(text, default_alg)
+        hyper.setdefault(algorithm, {})[key] = value
+    data["hyperparameters"] = hyper
+    robustness = _mapping(data.get("robustness"), "robustness")
+    for text in getattr(args, "robustness_settings", []):
+        key, value = text.split("=", 1) if "=" in text else (text, None)
+        if value is None or not key:
+            raise ConfigError(f"--robustness expects KEY=VALUE, got {text!r}")
+        robustness[key.strip()] = loads_yaml(value, f"--robustness {text!r}")
+    if robustness:
+        data["robustness"] = robustness
+    return RunConfig.from_dict(data)
+
+
+def check_port(port: int | None) -> None:
+    """A TCP port given with --port (None: the default) must be one: 1 … 65535."""
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(f"--port must be a TCP port from 1 to 65535, got {port}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_input_shape(text: str) -> tuple[int, int, int]:
+    """``1x32x32`` (channels × height × width) → ``(1, 32, 32)``."""
+    parts = text.lower().replace("×", "x").split("x")
+    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+        raise ConfigError(f"--input-shape must be CHANNELSxHEIGHTxWIDTH, e.g. 1x32x32, got {text!r}")
+    return tuple(int(p) for p in parts)  # type: ignore[return-value]
+
+
+def parse_classes(text: str) -> tuple[str, ...]:
+    """``cat,dog,bird`` (folder names in label order), or a number N for the folders ``0`` … ``N-1``."""
+    text = text.strip()
+    if text.isdigit():
+        return tuple(str(i) for i in range(int(text)))
+    return tuple(c.strip() for c in text.split(",") if c.strip())
+
+
+def _numbers(text: str | None, flag: str) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise ConfigError(f"{flag} must be numbers separated by commas (one per channel), got {text!r}") from None

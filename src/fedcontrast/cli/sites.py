@@ -1,0 +1,351 @@
+"""Certificates and sites: ca init/sign/revoke, site join/import-cert/start, doctor, report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+
+def cmd_ca_init(args: argparse.Namespace) -> int:
+    from ..openfl.deploy import init_ca
+
+    chain = init_ca(args.workspace, fqdn=args.fqdn)
+    print(f"certificate authority in {Path(args.workspace) / 'cert' / 'ca'} (its private keys never leave this "
+          f"machine) and the aggregator's certificate in {Path(args.workspace) / 'cert' / 'server'}; CA chain {chain}")
+    return 0
+
+
+def cmd_ca_sign(args: argparse.Namespace) -> int:
+    from ..openfl.deploy import sign_request
+
+    def confirm(site: str, csr_hash: str) -> bool:  # `site`: the name read from the CSR itself
+        print(f"request {Path(args.request).name}: its CSR is for CN={site} (the site {args.site} you sign for); "
+              f"SHA-384 hash {csr_hash}")
+        if args.yes:
+            return True
+        try:
+            answer = input(f"Is this the hash {site} read out to you (by phone or another channel)? [y/N] ")
+        except EOFError:  # no terminal to ask on
+            raise ConfigError("no one to confirm the request's hash (no terminal): compare it with the site's, then "
+                              "pass --yes") from None
+        return answer.strip().lower() in ("y", "yes")
+
+    signed = sign_request(args.workspace, args.request, confirm=confirm, site=args.site)
+    print(f"signed the certificate of {signed.site} (CN={signed.site}, serial {signed.serial}, SHA-256 "
+          f"{signed.sha256}); {signed.site} is admitted in plan/cols.yaml with this certificate only")
+    print(f"send {signed.signed} back to {signed.site} (it holds their certificate and the CA chain; no key)")
+    return 0
+
+
+def cmd_ca_revoke(args: argparse.Namespace) -> int:
+    from ..openfl.deploy import revoke_site
+
+    record = revoke_site(args.workspace, args.name, reason=args.reason)
+    cert = Path(args.workspace) / "cert"
+    print(f"revoked {record['name']}'s certificate (serial {record['serial']}, SHA-256 {record['sha256']}): recorded "
+          f"in {cert / 'revoked.jsonl'}, the certificate kept as {record['kept']}; the aggregator refuses it from its "
+          "next connection on")
+    name = record["name"]
+    print(f"to let {name} back in: it makes a new request (`fedcontrast site join ... --name {name}`), you sign it "
+          f"(`fedcontrast ca sign {args.workspace} REQUEST.zip --site {name}`)")
+    return 0
+
+
+def cmd_site_join(args: argparse.Namespace) -> int:
+    from ..openfl.deploy import join, package_plan
+
+    joined = join(args.package, name=args.name, data=args.data, public=args.public, into=args.into,
+                  cert_from=args.cert_from, policy=args.policy)
+    s = joined.summary
+    present = {c: n for c, n in s.counts.items() if n}
+    print(f"workspace {joined.workspace}: {args.name} reads {s.folder} ({s.total} images; training images per "
+          "class: " + ", ".join(f"{c}={n}" for c, n in present.items())
+          + (f"; absent: {', '.join(s.missing_classes())}" if s.missing_classes() else "")
+          + ("; test/ folder held out" if s.split_folders else "; a stratified test split is held out") + ")")
+    network = (package_plan(Path(args.package).resolve()).get("network") or {}).get("settings") or {}
+    tls = ("TLS and client authentication on" if network.get("use_tls", True) and network.get("require_client_auth", True)
+           else "TLS or client authentication off, as this site's policy allows")
+    print(f"checked: the package carries no code and no key, names only the installed fedcontrast's components; {tls}")
+    print(f"your private key {joined.workspace / 'cert' / 'client' / f'col_{args.name}.key'} stays on this machine")
+    if joined.request is None:
+        print(f"certificate reused from {args.cert_from} and checked; ready: fedcontrast site start "
+              f"{joined.workspace} --name {args.name}")
+        return 0
+    print(f"send {joined.request} to the operator, and read them this hash by another channel: {joined.csr_hash}")
+    print(f"then: fedcontrast site import-cert agg_to_col_{args.name}_signed_cert.zip --workspace {joined.workspace}")
+    return 0
+
+
+def cmd_site_import_cert(args: argparse.Namespace) -> int:
+    from ..openfl.deploy import import_certificate
+
+    ws = Path(args.workspace)
+    name = import_certificate(ws, args.signed)
+    print(f"{name}'s certificate is installed and checked (it fits this site's key and the federation's CA)")
+    print(f"ready: fedcontrast site start {ws} --name {name}")
+    return 0
+
+
+FX_START_OPTIONS = {"plan": ("-p", "--plan"), "data_config": ("-d", "--data_config")}
+
+
+def _fx_option(extra: list[str], option: str) -> str | None:
+    """The value ``fx collaborator start`` would take for ``option`` ("plan" or "data_config") from
+    the extra arguments; None when they do not give it."""
+    from ..openfl.plan import fx_option
+
+    return fx_option(extra, FX_START_OPTIONS[option])
+
+
+def site_data_names(path: Path) -> list[str]:
+    """The site names of a ``NAME,PATH`` data file, read as OpenFL reads it (blank lines and lines
+    starting with ``#`` skipped, the name up to the first comma)."""
+    from ..openfl.plan import read_data_lines
+
+    return list(read_data_lines(path))
+
+
+def site_start_command(workspace: str | Path, name: str, *, plan: str | None = None, data_config: str | None = None,
+                       extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The pre-flight of ``fedcontrast site start``: what ``fx collaborator start -n NAME`` would stop
+    on later (or with a traceback), each refused with one sentence; the ``fx`` command line to run
+    in ``workspace`` when every check passes."""
+    from ..openfl.package_trust import check_policy_for_workspace, check_workspace
+    from ..openfl.pki import fx_executable
+    from ..openfl.plan import collaborator_names, load_plan_file
+
+    ws = Path(workspace)
+    extra = list(extra)
+    if any(a in ("-n", "--collaborator_name") or a.startswith(("-n", "--collaborator_name=")) for a in extra):
+        raise ConfigError("give this site's name with --name only, not among the fx arguments after --")
+    fx_plan, fx_data_config = _fx_option(extra, "plan"), _fx_option(extra, "data_config")  # fx's own take precedence
+    plan, data_config = fx_plan or plan, fx_data_config or data_config
+    plan_path = ws / (plan or "plan/plan.yaml")
+    if not ws.is_dir():
+        raise ConfigError(f"{ws} is not a folder: give this site's workspace (the folder `fedcontrast site join` "
+                          "unpacked)")
+    if not plan_path.is_file():
+        raise ConfigError(f"{ws} is not a workspace: {plan_path} does not exist (unpack the operator's package with "
+                          "`fedcontrast site join PACKAGE.zip --name NAME --data FOLDER`)")
+    plan_data = load_plan_file(plan_path)
+    network = plan_data.get("network", {}).get("settings") or {}
+    # no code in the workspace, only installed components, TLS on unless the site's policy allows it off
+    check_workspace(ws, plan_data, check_policy_for_workspace(ws), plan_source=str(plan_path))
+    data_path = ws / (data_config or "plan/data.yaml")
+    if not data_path.is_file():
+        raise ConfigError(f"{data_path} does not exist: write this site's data line with `fedcontrast site join`")
+    names = site_data_names(data_path)
+    if name not in names:
+        listed = f"it names {', '.join(names)}" if names else "it names no site"
+        raise ConfigError(f"{data_path} has no line for {name} ({listed}): start the site named there, or add the "
+                          f"line {name},PATH_TO_ITS_IMAGES with `fedcontrast site join`")
+    cols = ws / "plan" / "cols.yaml"
+    admitted = collaborator_names(ws)
+    if name not in admitted:
+        raise ConfigError(f"{name} is not among the collaborators of {cols} ({', '.join(admitted) or 'none'}), so the "
+                          "aggregator would refuse it: use the name the operator enrolled this site under")
+    if network.get("use_tls", True):
+        crt = ws / "cert" / "client" / f"col_{name}.crt"
+        key = crt.with_suffix(".key")
+        if not key.is_file():
+            missing = f"{crt} and {key} are" if not crt.is_file() else f"{key} is"
+            raise ConfigError(f"{missing} missing, and the plan uses TLS: make this site's key and certificate request "
+                              f"with `fedcontrast site join ... --name {name}` on this machine (the key never "
+                              "travels), then install the certificate the operator signed with `fedcontrast site "
+                              f"import-cert agg_to_col_{name}_signed_cert.zip --workspace {ws}`")
+        chain = ws / "cert" / "cert_chain.crt"  # the federation's CA, installed with the certificate
+        if not crt.is_file() or not chain.is_file():
+            missing = " and ".join(str(p) for p in (crt, chain) if not p.is_file())
+            raise ConfigError(f"{missing} {'are' if ' and ' in missing else 'is'} missing, and the plan uses TLS: "
+                              "install the certificate the operator signed with `fedcontrast site import-cert "
+                              f"agg_to_col_{name}_signed_cert.zip --workspace {ws}`")
+    # Everything the collaborator would stop on later (after fx's start-up and ~130 lines of plan), said now:
+    # every check of the doctor — certificates and (when it already listens) the aggregator's, the data
+    # line and folder, the policy, the public folder and shared files, the code, the transport.
+    from ..openfl.doctor import FAIL, run_checks
+
+    for check in run_checks(ws, name, plan_path=plan_path, data_path=data_path):
+        if check.status == FAIL:
+            raise ConfigError(check.message)
+    fx = fx_executable()
+    if not Path(fx).is_absolute():
+        import shutil
+
+        fx = shutil.which(fx) or ""
+        if not fx:
+            raise ConfigError("fx (OpenFL's command line) is not installed next to fedcontrast nor on the PATH: "
+                              "install the workspace's requirements.txt")
+    argv = [fx, "collaborator", "start", "-n", name]
+    if plan is not None and fx_plan is None:
+        argv += ["-p", plan]
+    if data_config is not None and fx_data_config is None:
+        argv += ["-d", data_config]
+    return argv + extra
+
+
+def cmd_site_start(args: argparse.Namespace) -> int:
+    import os
+
+    ws = Path(args.workspace)
+    argv = site_start_command(ws, args.name, plan=args.plan, data_config=args.data_config, extra=args.fx_args)
+    print(f"fedcontrast site start: {args.name}'s workspace {ws} passed the checks; running "
+          f"{' '.join(['fx', *argv[1:]])} in it", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.chdir(ws)
+    os.execv(argv[0], argv)  # fx takes this process over: its id, signals and exit code are fx's
+    return 0  # not reached (os.execv returns only when replaced in tests)
+
+
+def _report_score(ws: Path, name: str | None) -> int:
+    """``report --score``: the final model a site took home, scored again on its own held-out data."""
+    from ..openfl.site_report import score_in_workspace
+
+    def show(value: Any) -> str:
+        return "n/a" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    name, scored, reported = score_in_workspace(ws, name)
+    print(f"final model on {name}'s held-out data: accuracy {show(scored.get('accuracy'))} (the site's report says "
+          f"{show(reported.get('accuracy'))})")
+    others = {k: v for k, v in sorted(scored.items()) if k != "accuracy"}
+    if others:
+        print("other metrics: " + ", ".join(f"{k} {show(v)}" for k, v in others.items()))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ..openfl.launch import export_results, format_round, read_rounds
+    from ..openfl.site_report import format_row, pick_site_report, read_rows, site_report_folders
+
+    ws = Path(args.workspace)
+    if args.score:
+        return _report_score(ws, args.name)
+    records = read_rounds(ws)
+    folders = [] if records else site_report_folders(ws)
+    if folders:  # a site's workspace: its own report (--name: that site's, refused if it has none here)
+        for folder in [pick_site_report(ws, args.name)] if args.name is not None else folders:
+            for row in read_rows(folder):
+                print(format_row(row, folder.name))
+            files = ", ".join(p.name for p in sorted(folder.iterdir()) if p.is_file())
+            print(f"{folder.name}: {files} in {folder}")
+        return 0
+    if not records:
+        raise ConfigError(f"{ws / 'save' / 'rounds.jsonl'} holds no finished round yet, nor does a site report "
+                          f"under {ws / 'local_state' / 'site_report'} (is this a federation's workspace, and has a "
+                          "round finished?)")
+    for record in records:
+        print(format_round(record))
+    out = Path(args.out) if args.out else ws / "report"
+    summary = export_results(ws, out)
+    files = "accuracy.png, rounds.csv and summary.json" if summary["plot"] else "rounds.csv and summary.json"
+    print(f"{summary['rounds_completed']} rounds; {files} in {out}")
+    for key, reason in summary["why_null"].items():  # also in summary.json: why a value is null
+        print(f"{'no accuracy.png' if key == 'plot' else f'{key} is null'}: {reason}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from ..openfl.doctor import FAIL, run_checks
+
+    checks = run_checks(args.workspace, name=args.name)
+    for check in checks:
+        print(check.line())
+    failed = [c.name for c in checks if c.status == FAIL]
+    if failed:
+        print(f"fedcontrast doctor: {len(failed)} check{'s' if len(failed) > 1 else ''} failed ({', '.join(failed)}); "
+              "fix what the FAIL lines say before starting this site", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _add_ca(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ca", help="the federation's certificate authority (operator)")
+    csub = p.add_subparsers(dest="ca_command", required=True)
+    c = csub.add_parser("init", help="make the CA and the aggregator's certificate in a workspace")
+    c.add_argument("workspace")
+    c.add_argument("--fqdn", help="the aggregator's host name (default: the plan's agg_addr)")
+    c.set_defaults(func=cmd_ca_init)
+    c = csub.add_parser("sign", help="sign an institution's certificate request (col_NAME_to_agg_cert_request.zip)")
+    c.add_argument("workspace")
+    c.add_argument("request", metavar="REQUEST.zip")
+    c.add_argument("--site", required=True, metavar="NAME",
+                   help="the site you sign for: the request's CSR (its CN) and its file names must name it")
+    c.add_argument("--yes", action="store_true", help="do not ask to compare the request's hash")
+    c.set_defaults(func=cmd_ca_sign)
+    c = csub.add_parser("revoke", help="revoke the certificate signed for a site (lost or compromised key): the "
+                                       "aggregator refuses it, and the site may be signed a new one")
+    c.add_argument("workspace")
+    c.add_argument("name", metavar="NAME")
+    c.add_argument("--reason", required=True, help="why (kept in cert/revoked.jsonl)")
+    c.set_defaults(func=cmd_ca_revoke)
+
+
+def _add_site(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("site", help="join a federation as an institution")
+    ssub = p.add_subparsers(dest="site_command", required=True)
+    c = ssub.add_parser("join", help="import the operator's package, check this site's data, make its key and "
+                                     "certificate request")
+    c.add_argument("package", metavar="PACKAGE.zip")
+    c.add_argument("--name", required=True, help="this site's name in the plan")
+    c.add_argument("--data", required=True, help="this site's image folder (one sub-folder per class)")
+    c.add_argument("--public", help="the public data folder, when the plan names one")
+    c.add_argument("--into", default=".", help="folder to unpack the workspace in (default: here)")
+    c.add_argument("--cert-from", metavar="OLD_WORKSPACE",
+                   help="reuse this site's key and certificate from its workspace of an earlier experiment of the "
+                        "same federation (no new request)")
+    c.add_argument("--policy", metavar="SITE_POLICY.yaml",
+                   help="this site's policy: checked against the package now and installed as the workspace's "
+                        "site_policy.yaml (checked again at every start)")
+    c.set_defaults(func=cmd_site_join)
+    c = ssub.add_parser("import-cert", help="install the certificate the operator signed")
+    c.add_argument("signed", metavar="SIGNED.zip")
+    c.add_argument("--workspace", default=".", help="this site's workspace (default: here)")
+    c.set_defaults(func=cmd_site_import_cert)
+    c = ssub.add_parser("start", help="check this site's workspace (its data.yaml line, cols.yaml, certificate), then "
+                                      "run fx collaborator start -n NAME in it (arguments after -- go to fx)",
+                        usage="fedcontrast site start [WORKSPACE] --name NAME [-p PLAN] [-d DATA_CONFIG] [-- FX_ARGS]")
+    c.add_argument("workspace", nargs="?", default=".", help="this site's workspace (default: here)")
+    c.add_argument("--name", required=True, help="this site's name in the plan")
+    c.add_argument("-p", "--plan", help="the plan, relative to the workspace (fx's default: plan/plan.yaml)")
+    c.add_argument("-d", "--data_config", "--data-config", dest="data_config",
+                   help="the data file, relative to the workspace (fx's default: plan/data.yaml)")
+    c.set_defaults(func=cmd_site_start, fx_args=[])  # and any further fx arguments after --
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="a federation's rounds so far: in the aggregator's workspace every site's "
+                                      "held-out accuracy, plot, CSV, summary; in a site's workspace its own report")
+    p.add_argument("workspace")
+    p.add_argument("--out", help="folder for accuracy.png, rounds.csv, summary.json (default: WORKSPACE/report)")
+    p.add_argument("--score", action="store_true", help="in a site's workspace: score the final model it took home "
+                                                        "on its own held-out data, next to what its report says")
+    p.add_argument("--name", help="the site whose report to show or score, when the workspace holds several")
+    p.set_defaults(func=cmd_report)
+
+
+def _add_doctor(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="a site's checks before it joins: its certificate and key, the aggregator's "
+                                      "certificate, its data, its policy (exit 1 when one fails)")
+    p.add_argument("workspace", nargs="?", default=".", help="the site's workspace (default: here)")
+    p.add_argument("--name", help="this site's name (default: the one site plan/data.yaml names)")
+    p.set_defaults(func=cmd_doctor)
+
+
+# command name → the function adding its sub-parser (build_parser orders them)
+COMMANDS = {
+    "ca": _add_ca,
+    "site": _add_site,
+    "report": _add_report,
+    "doctor": _add_doctor,
+}
+
+
+def register(subparsers: argparse._SubParsersAction, names: Iterable[str] | None = None) -> None:
+    """Add this group's sub-commands to ``subparsers`` (``names``: only those, in that order)."""
+    for name in COMMANDS if names is None else names:
+        COMMANDS[name](subparsers)

@@ -1,0 +1,176 @@
+"""The run configuration as a whole (:class:`RunConfig`): every section, the federation's sites, and
+(de)serialisation from YAML and dictionaries, unknown keys refused by name."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..yamlio import load_yaml_file
+from .checks import MAX_IMAGE_SIZE, MAX_PROJECTION_DIM, _check, _check_types, _finite, _tuple, _typed_section
+from .sections import (MIN_ROBUST_SITES, DataSchema, PrivacyConfig, PublicDataConfig, RobustnessConfig,
+                       TrainingConfig)
+
+# A site's name is its certificate's common name: OpenFL lower-cases it and uses it in file names.
+SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a run; saved as ``config.yaml`` beside its results."""
+
+    algorithm: str = "moon"
+    dataset: str = "digits"
+    data_root: str | None = None
+    image_size: int | None = None
+    test_fraction: float = 0.2
+    public_fraction: float = 0.1
+    split_seed: int = 0
+    partition: str = "dirichlet"
+    clients: int = 10
+    beta: float = 0.5
+    shards_per_client: int = 2
+    min_samples: int = 10
+    model: str = "simple_cnn"
+    projection_dim: int = 256
+    rounds: int = 50
+    sample_fraction: float = 1.0
+    seed: int = 0
+    target_accuracy: float | None = None
+    device: str = "auto"
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    hyperparameters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    privacy: PrivacyConfig | None = None  # differential privacy of the uploads; None: off
+    # A deployment: the sites' names in order (a site's index is its position; default site_0 …),
+    # the sites' data schema (the plan then needs no data) and a public folder every party holds.
+    sites: tuple[str, ...] = ()
+    data_schema: DataSchema | None = None
+    public_data: PublicDataConfig | None = None
+    # What the aggregator accepts from a site and how model weights are combined (hostile sites).
+    robustness: RobustnessConfig = field(default_factory=RobustnessConfig)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "privacy", _typed_section(PrivacyConfig, self.privacy, "privacy"))
+        object.__setattr__(self, "data_schema", _typed_section(DataSchema, self.data_schema, "data_schema"))
+        object.__setattr__(self, "public_data", _typed_section(PublicDataConfig, self.public_data, "public_data"))
+        object.__setattr__(self, "robustness",
+                           _typed_section(RobustnessConfig, self.robustness, "robustness") or RobustnessConfig())
+        object.__setattr__(self, "sites", _tuple(self.sites))
+        _check_types(self)
+        _check(isinstance(self.sites, tuple) and all(isinstance(n, str) and SITE_NAME.match(n) for n in self.sites),
+               f"sites must be lower-case names (letters, digits, '_', '.', '-'), got {list(self.sites)!r}")
+        _check(len(set(self.sites)) == len(self.sites), f"sites names a site twice: {list(self.sites)}")
+        _check(not self.sites or len(self.sites) == self.clients,
+               f"clients ({self.clients}) must equal the number of sites named ({len(self.sites)})")
+        _check(self.data_schema is None or self.dataset == "imagefolder",
+               f"data_schema describes image folders: set dataset to imagefolder (got {self.dataset!r})")
+        _check(self.public_data is None or self.data_schema is not None,
+               "public_data needs a data_schema (the images' shape and classes)")
+        if isinstance(self.training, dict):  # RunConfig(training={...}) as well as from_dict
+            try:
+                object.__setattr__(self, "training", TrainingConfig(**self.training))
+            except TypeError as exc:
+                raise ConfigError(f"invalid training settings: {exc}") from None
+        _check(isinstance(self.training, TrainingConfig), "training must be a mapping of settings")
+        _check(isinstance(self.clients, int) and self.clients >= 1,
+               f"clients must be an integer >= 1, got {self.clients!r}")
+        _check(isinstance(self.rounds, int) and self.rounds >= 1,
+               f"rounds must be an integer >= 1, got {self.rounds!r}")
+        _check(_finite(self.beta) and self.beta > 0, f"beta must be a number > 0, got {self.beta!r}")
+        _check(_finite(self.sample_fraction) and 0 < self.sample_fraction <= 1,
+               f"sample_fraction must be in (0, 1], got {self.sample_fraction!r}")
+        _check(isinstance(self.seed, int) and self.seed >= 0, f"seed must be an integer >= 0, got {self.seed!r}")
+        _check(self.image_size is None or 8 <= self.image_size <= MAX_IMAGE_SIZE,
+               f"image_size must be from 8 to {MAX_IMAGE_SIZE} pixels (or left out), got {self.image_size!r}")
+        _check(1 <= self.projection_dim <= MAX_PROJECTION_DIM,
+               f"projection_dim must be from 1 to {MAX_PROJECTION_DIM}, got {self.projection_dim!r}")
+        _check(self.target_accuracy is None or (_finite(self.target_accuracy) and 0 < self.target_accuracy <= 1),
+               f"target_accuracy must be in (0, 1], got {self.target_accuracy!r}")
+        _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+               f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+        _check(isinstance(self.hyperparameters, dict) and
+               all(isinstance(v, dict) for v in self.hyperparameters.values()),
+               "hyperparameters must map an algorithm name to a mapping of its settings")
+        needs = self.robustness.cross_site_settings()
+        per_round = max(1, int(round(self.sample_fraction * self.clients)))  # as the simulator selects them
+        sampled = (f" ({self.clients} sites, sample_fraction {self.sample_fraction:g})"
+                   if per_round != self.clients else "")
+        _check(not needs or per_round >= MIN_ROBUST_SITES,
+               f"robustness {' and '.join(needs)} need{'s' if len(needs) == 1 else ''} at least {MIN_ROBUST_SITES} "
+               f"sites per round to tolerate one hostile site; this plan has {per_round}{sampled}")
+        if isinstance(self.robustness.max_samples, dict):
+            strangers = sorted(set(self.robustness.max_samples) - set(site_names(self)))
+            _check(not strangers, f"robustness.max_samples names {', '.join(strangers)}, which the plan does not "
+                                  f"name as a site ({', '.join(site_names(self))})")
+
+    # --- (de)serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        if not isinstance(data, dict):
+            raise ConfigError("a run configuration must be a mapping of settings")
+        data = dict(data)
+        if data.get("sites") and "clients" not in data:  # the sites named define how many there are
+            data["clients"] = len(data["sites"])
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        _check(not unknown, f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        training = data.pop("training", None) or {}
+        if isinstance(training, TrainingConfig):
+            training = dataclasses.asdict(training)
+        _check(isinstance(training, dict), "training must be a mapping of settings")
+        tknown = {f.name for f in dataclasses.fields(TrainingConfig)}
+        tunknown = sorted(set(training) - tknown)
+        _check(not tunknown, f"unknown training setting(s) {', '.join(tunknown)}; known: {', '.join(sorted(tknown))}")
+        try:
+            return cls(training=TrainingConfig(**training), **data)
+        except TypeError as exc:  # e.g. a list where a number belongs
+            raise ConfigError(f"invalid configuration: {exc}") from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> RunConfig:
+        return cls.from_dict(load_yaml(path))
+
+    def replace(self, **changes: Any) -> RunConfig:
+        data = self.to_dict()
+        if changes.get("sites") and "clients" not in changes:
+            changes = {**changes, "clients": len(changes["sites"])}
+        for key, value in changes.items():
+            if key == "training":
+                data["training"] = {**data["training"], **value}
+            elif key in ("privacy", "data_schema", "public_data") and dataclasses.is_dataclass(value):
+                data[key] = _plain(dataclasses.asdict(value))
+            else:
+                data[key] = value
+        return RunConfig.from_dict(data)
+
+    def default_name(self) -> str:
+        return f"{self.algorithm}-{self.dataset}-k{self.clients}-{self.partition}{self.beta:g}-s{self.seed}"
+
+
+def site_names(config: RunConfig) -> list[str]:
+    """The federation's site names in order: ``config.sites``, or ``site_0`` … ``site_{clients-1}``."""
+    return list(config.sites) or [f"site_{i}" for i in range(config.clients)]
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists, recursively: what YAML and JSON write."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def load_yaml(path: str | Path, what: str = "configuration file") -> dict[str, Any]:
+    """Read a YAML mapping; a missing file, a syntax error or a key given twice is a :class:`ConfigError`."""
+    data = load_yaml_file(path, what) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {path} must hold a mapping of settings")
+    return data
