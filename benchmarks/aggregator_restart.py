@@ -27,8 +27,8 @@ from pathlib import Path
 
 from _results import machine, write_section
 
-from fedcontrast.openfl.lab import OPERATOR, CrossSiloLab, Experiment
-from fedcontrast.openfl.netns import netns_unavailable
+from fedcontrast.lab.deployment import OPERATOR, CrossSiloLab, Experiment
+from fedcontrast.lab.netns import netns_unavailable
 
 SITES = ["hosp1", "hosp2", "hosp3"]
 RECORD = re.compile(r"^(?:\[[^\]]*\])?\s*(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s", re.M)  # one per log record

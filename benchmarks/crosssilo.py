@@ -26,8 +26,8 @@ from pathlib import Path
 from _results import machine, write_section
 
 from fedcontrast.config import RunConfig
-from fedcontrast.openfl.lab import OPERATOR, CrossSiloLab
-from fedcontrast.openfl.netns import netns_unavailable
+from fedcontrast.lab.deployment import OPERATOR, CrossSiloLab
+from fedcontrast.lab.netns import netns_unavailable
 from fedcontrast.sim import run_simulation
 
 SITES = ["hosp1", "hosp2", "hosp3"]

@@ -3,7 +3,7 @@
     sudo .venv/bin/python benchmarks/startup.py [--sites 3] [--rounds 2] [--algorithm moon] [--repeat 3]
                                                 [--section startup] [--note TEXT]
 
-The cross-silo flow of docs/cross-silo.md in the network-namespace lab (:mod:`fedcontrast.openfl.lab`): an operator
+The cross-silo flow of docs/cross-silo.md in the network-namespace lab (:mod:`fedcontrast.lab.deployment`): an operator
 and ``--sites`` hospitals, each on its own host with its own directory, set up with the documented
 commands; then `fx aggregator start` on the operator's host and `fedcontrast site start` (its checks,
 then `fx collaborator start` in the same process) on each hospital's, all at once. Digits, MOON by
@@ -101,7 +101,7 @@ def _fx_command_line(cwd: str) -> None:
 def _import_components(config: dict) -> None:
     from importlib import import_module
 
-    from fedcontrast.openfl.package_trust import plan_templates
+    from fedcontrast.site.templates import plan_templates
 
     for _, template in plan_templates(config):
         if isinstance(template, str) and "." in template:
@@ -119,7 +119,9 @@ def probe(kind: str, name: str | None) -> dict:
         import torch  # noqa: F401 — the checks import it (fedcontrast.openfl.plan → construction); fx imports it again
 
         clock.phase("imports: torch (the checks need it; `fx` imports it again after the exec)")
-        from fedcontrast.openfl import doctor, package_trust, plan
+        from fedcontrast.deploy import workspace as plan
+        from fedcontrast.site import doctor
+        from fedcontrast.site import trust as package_trust
 
         clock.phase("imports: the rest of the check modules (doctor, plan → fedcontrast's algorithms, models, data)")
         for fn, label in (("_check_name", "site name"), ("check_certificate", "own certificate"),
@@ -135,9 +137,9 @@ def probe(kind: str, name: str | None) -> dict:
     else:
         fx = str(BIN / "fx")
         sys.argv = [fx, "aggregator", "start"] if kind == "aggregator" else [fx, "collaborator", "start", "-n", name]
-        from fedcontrast.openfl import package_trust
+        from fedcontrast.site import guard as package_trust
 
-        clock.phase("fx guard (.pth): `fedcontrast.openfl.package_trust`")
+        clock.phase("fx guard (.pth): `fedcontrast.site.guard`")
         import torch  # noqa: F401 — the guard's plan read imports it (fedcontrast.openfl.plan → construction)
 
         clock.phase("fx guard: torch (`fx` would import it a moment later)")
@@ -165,10 +167,13 @@ def probe(kind: str, name: str | None) -> dict:
         clock.phase("imports of the plan's components (fedcontrast's classes, OpenFL's aggregator/collaborator)")
         from openfl.federated.plan.plan import Plan as PlanClass
 
-        from fedcontrast.openfl import components, plan
+        from fedcontrast.openfl import aggregator as agg_module
+        from fedcontrast.openfl import collaborator as col_module
+        from fedcontrast.deploy import workspace as plan
+        from fedcontrast.openfl import startup_checks
 
         clock.wrap(plan, "load_plan_file", "plan file read (fedcontrast: YAML, consistency)")
-        clock.wrap(components, "load_plan_file", "plan file read (fedcontrast: YAML, consistency)")
+        clock.wrap(startup_checks, "load_plan_file", "plan file read (fedcontrast: YAML, consistency)")
         if kind == "aggregator":
             from openfl.component.aggregator.aggregator import Aggregator
 
@@ -176,19 +181,19 @@ def probe(kind: str, name: str | None) -> dict:
 
             clock.wrap(PlanClass, "get_assigner", "OpenFL: assigner and tasks (builds each aggregation function)")
             clock.wrap(aggregation.PluginAggregation, "__init__", "  of which fedcontrast's aggregation functions")
-            clock.wrap(components, "check_aggregator_plan", "check: plan consistency, port free, server certificate")
-            clock.wrap(components, "check_server_files", "  of which: server certificate, key, chain")
-            clock.wrap(components, "check_port_free", "  of which: port free")
-            clock.wrap(components, "_check_collaborators", "check: cols.yaml = the plan's sites")
-            clock.wrap(components.EnrolledCertificates, "__init__", "check: enrolment and revocation records")
-            clock.wrap(components.EnrolledCertificates, "revoked", "check: enrolment and revocation records")
-            clock.wrap(components.RoundReport, "__init__", "round report (test data, model specs)")
-            clock.wrap(components, "check_initial_model", "check: save/init.pbuf is this plan's model")
-            clock.wrap(components, "check_tensor_db", "check: checkpoint database")
-            clock.wrap(components, "upload_limit", "upload bound (plugin's declared upload)")
+            clock.wrap(agg_module, "check_aggregator_plan", "check: plan consistency, port free, server certificate")
+            clock.wrap(startup_checks, "check_server_files", "  of which: server certificate, key, chain")
+            clock.wrap(startup_checks, "check_port_free", "  of which: port free")
+            clock.wrap(agg_module, "_check_collaborators", "check: cols.yaml = the plan's sites")
+            clock.wrap(agg_module.EnrolledCertificates, "__init__", "check: enrolment and revocation records")
+            clock.wrap(agg_module.EnrolledCertificates, "revoked", "check: enrolment and revocation records")
+            clock.wrap(agg_module.RoundReport, "__init__", "round report (test data, model specs)")
+            clock.wrap(agg_module, "check_initial_model", "check: save/init.pbuf is this plan's model")
+            clock.wrap(agg_module, "check_tensor_db", "check: checkpoint database")
+            clock.wrap(agg_module, "upload_limit", "upload bound (plugin's declared upload)")
             clock.wrap(Aggregator, "__init__", "OpenFL Aggregator.__init__ (tensor DB, initial model)")
-            clock.wrap(components.SafeAggregator, "_serve_personal_downlinks", "per-site initial downlinks")
-            clock.wrap(components.SafeAggregator, "_explain_refused_connections",
+            clock.wrap(agg_module.SafeAggregator, "_serve_personal_downlinks", "per-site initial downlinks")
+            clock.wrap(agg_module.SafeAggregator, "_explain_refused_connections",
                        "check: every enrolled site's certificate; TLS log")
             clock.wrap(PlanClass, "get_aggregator", "Plan.get_aggregator (all of the above)")
             parsed.get_server()
@@ -203,9 +208,9 @@ def probe(kind: str, name: str | None) -> dict:
             clock.wrap(loader.SiteDataLoader, "_load", "image folder read and decoded")
             clock.wrap(PlanClass, "get_data_loader", "data loader (all of the above)")
             clock.wrap(runner.PluginTaskRunner, "__init__", "task runner (plugin, model)")
-            clock.wrap(components, "check_own_certificate", "check: own certificate, key, chain")
-            clock.wrap(components, "check_certificate_name", "check: certificate for this site's name")
-            clock.wrap(components, "check_settings_in_effect", "check: settings in effect")
+            clock.wrap(col_module, "check_own_certificate", "check: own certificate, key, chain")
+            clock.wrap(col_module, "check_certificate_name", "check: certificate for this site's name")
+            clock.wrap(col_module, "check_settings_in_effect", "check: settings in effect")
             clock.wrap(Collaborator, "__init__", "OpenFL Collaborator.__init__")
             clock.wrap(PlanClass, "get_client", "gRPC/TLS client")
             parsed.get_collaborator(name)
@@ -247,7 +252,7 @@ class LogWatch:
 
 
 def timeline(lab, exp, sites: list[str], rounds: int, limit: float) -> dict:
-    from fedcontrast.openfl.lab import OPERATOR
+    from fedcontrast.lab.deployment import OPERATOR
 
     def log(party: str) -> Path:
         return exp.workspace(lab, party) / "logs" / ("aggregator.log" if party == OPERATOR else f"{party}.log")
@@ -353,8 +358,8 @@ def main() -> None:
 
     from _results import machine, write_section
 
-    from fedcontrast.openfl.lab import OPERATOR, CrossSiloLab
-    from fedcontrast.openfl.netns import netns_unavailable
+    from fedcontrast.lab.deployment import OPERATOR, CrossSiloLab
+    from fedcontrast.lab.netns import netns_unavailable
 
     reason = netns_unavailable()
     if reason is not None:

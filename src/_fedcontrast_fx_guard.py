@@ -3,7 +3,7 @@
 ``fx aggregator start``, whose plan file is read first so that a broken one is one sentence).
 
 Then, before OpenFL puts the workspace first on ``sys.path`` and imports the plan's components, the
-workspace and its plan are checked (:func:`fedcontrast.openfl.package_trust.guard_collaborator_start`):
+workspace and its plan are checked (:func:`fedcontrast.site.guard.guard_collaborator_start`):
 no Python file in the workspace, only installed components, TLS on unless the site's policy allows
 otherwise. A refusal is one sentence on standard error and exit code 1.
 """
@@ -38,7 +38,7 @@ def _guard():
     if party == "aggregator":  # the operator's own code: only a plan fx would stop on with a traceback is named
         try:
             from fedcontrast.errors import FedContrastError
-            from fedcontrast.openfl.package_trust import guard_aggregator_start
+            from fedcontrast.site.guard import guard_aggregator_start
 
             guard_aggregator_start(argv, os.getcwd())
         except FedContrastError as exc:
@@ -48,7 +48,7 @@ def _guard():
         return
     try:
         from fedcontrast.errors import FedContrastError
-        from fedcontrast.openfl.package_trust import guard_collaborator_start
+        from fedcontrast.site.guard import guard_collaborator_start
     except Exception as exc:  # fedcontrast half-installed: refuse rather than run unchecked
         _refuse(party, f"the workspace cannot be checked ({exc}); reinstall fedcontrast")
     try:

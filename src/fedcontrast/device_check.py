@@ -125,6 +125,27 @@ def openfl_round(cfg: RunConfig) -> Outcome:
     """One round of the OpenFL task runner in-process: two collaborators train on what the
     aggregator's initial model is, the aggregation function aggregates their packed uploads, and
     each site evaluates the result."""
+    from .openfl import aggregation as aggregation_module
+
+    settings = {"run_config": cfg.to_dict()}
+    values: dict[str, Any] = {}
+    uploads, rows = {}, []
+    # The aggregation function's process-wide state (set by an aggregator built earlier in this process):
+    # this round is on its own, as in a fresh aggregator process.
+    kept = (aggregation_module.PERSONAL_DIR, list(aggregation_module.REJECTED), dict(aggregation_module.EXCLUDED),
+            dict(aggregation_module.LOCAL_MODELS))
+    aggregation_module.PERSONAL_DIR = None
+    aggregation_module.REJECTED.clear(), aggregation_module.EXCLUDED.clear(), aggregation_module.LOCAL_MODELS.clear()
+    try:
+        return _openfl_round(cfg, settings, values, uploads, rows)
+    finally:
+        aggregation_module.PERSONAL_DIR = kept[0]
+        aggregation_module.REJECTED[:] = kept[1]
+        aggregation_module.EXCLUDED.clear(), aggregation_module.EXCLUDED.update(kept[2])
+        aggregation_module.LOCAL_MODELS.clear(), aggregation_module.LOCAL_MODELS.update(kept[3])
+
+
+def _openfl_round(cfg: RunConfig, settings: dict[str, Any], values: dict[str, Any], uploads: dict, rows: list) -> Outcome:
     import numpy as np
     import pandas as pd
 
@@ -133,9 +154,6 @@ def openfl_round(cfg: RunConfig) -> Outcome:
     from .openfl.packing import GLOBAL_PACKED
     from .openfl.runner import WEIGHT_METRIC, PluginTaskRunner
 
-    settings = {"run_config": cfg.to_dict()}
-    values: dict[str, Any] = {}
-    uploads, rows = {}, []
     with tempfile.TemporaryDirectory() as tmp:
         runners = {}
         for i in range(cfg.clients):
@@ -155,7 +173,16 @@ def openfl_round(cfg: RunConfig) -> Outcome:
                                      "nparray": array})  # as OpenFL stores it: tagged with the sender
                     values[f"{name}/{task}/{key.tensor_name}"] = np.asarray(array).copy()
         shape = first.data_loader.shape
-        aggregation = PluginAggregation(run_config=cfg.to_dict(), model_shape=shape)
+        # OpenFL's aggregation functions are singletons (SingletonABCMeta): one built afresh for this
+        # round, the process's own put back afterwards.
+        instances = type(PluginAggregation)._instances
+        earlier = instances.pop(PluginAggregation, None)
+        try:
+            aggregation = PluginAggregation(run_config=cfg.to_dict(), model_shape=shape)
+        finally:
+            instances.pop(PluginAggregation, None)
+            if earlier is not None:
+                instances[PluginAggregation] = earlier
         db = pd.DataFrame(rows, columns=["tensor_name", "round", "tags", "nparray"])
         local = [type("Local", (), {"col_name": s, "tensor": a})() for s, a in sorted(uploads.items())]
         aggregated = aggregation.call(local, db, GLOBAL_PACKED, 0, ("trained",))

@@ -17,7 +17,7 @@ import yaml
 from fedcontrast.algorithms import registry
 from fedcontrast.config import RunConfig
 from fedcontrast.openfl.launch import failure_reason, initialize_plan, start, stop_all
-from fedcontrast.openfl.pki import fx_executable, make_dev_pki
+from fedcontrast.deploy.pki import fx_executable, make_dev_pki
 from fedcontrast.openfl.plan import create_workspace
 
 FEDERATION_TIMEOUT = 240  # seconds; every federation in these tests runs under it
@@ -147,10 +147,10 @@ class DiskFullOnce(FedAvg):
     name = "disk_full_once"
 
     def aggregate(self, uploads, weights, server):
-        from fedcontrast.openfl import components
+        from fedcontrast.openfl import records
 
         if server.round_num == 1:
-            fail_once(components, "atomic_torch_save", "disk_was_full")
+            fail_once(records, "atomic_torch_save", "disk_was_full")
         return super().aggregate(uploads, weights, server)
 
 

@@ -19,9 +19,10 @@ import yaml
 
 from fedcontrast.cli import main
 from fedcontrast.errors import ConfigError
-from fedcontrast.openfl.components import BoundedRetry, CollaboratorStopped, QuietClientLog
-from fedcontrast.openfl.lab import OPERATOR, CrossSiloLab
-from fedcontrast.openfl.netns import netns_unavailable
+from fedcontrast.site.checks import CollaboratorStopped
+from fedcontrast.openfl.collaborator import BoundedRetry, QuietClientLog
+from fedcontrast.lab.deployment import OPERATOR, CrossSiloLab
+from fedcontrast.lab.netns import netns_unavailable
 from fedcontrast.openfl.plan import DEFAULT_WAIT_FOR_AGGREGATOR, build_plan, deployment_defaults
 
 from .conftest import FEDERATION_TIMEOUT, small_config

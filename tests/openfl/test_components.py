@@ -5,7 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedcontrast.openfl.components import RoundAssigner, site_metrics, weighted_site_mean
+from fedcontrast.openfl.components import RoundAssigner
+from fedcontrast.openfl.records import site_metrics, weighted_site_mean
 from fedcontrast.openfl.runner import WEIGHT_METRIC
 
 

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from fedcontrast.errors import ConfigError
-from fedcontrast.openfl.components import _check_collaborators
+from fedcontrast.openfl.startup_checks import _check_collaborators
 from fedcontrast.openfl.plan import create_workspace
 
 from .conftest import small_config
@@ -80,7 +80,7 @@ def enrolled_server(cert_dir, sites):
     from types import SimpleNamespace
 
     from fedcontrast.openfl.components import SafeAggregator
-    from fedcontrast.openfl.pki import EnrolledCertificates
+    from fedcontrast.deploy.enrolment import EnrolledCertificates
 
     aggregator = SafeAggregator.__new__(SafeAggregator)
     aggregator.authorized_cols, aggregator.single_col_cert_common_name = list(sites), ""
@@ -114,7 +114,7 @@ def sha256(cert) -> str:
 def test_the_aggregator_admits_a_name_only_with_the_certificate_signed_for_it(tmp_path, monkeypatch, caplog):
     from openfl.transport.grpc import aggregator_server as grpc_server
 
-    from fedcontrast.openfl import components
+    from fedcontrast.openfl import aggregator as components
 
     from .test_tls_diagnostics import issue, make_ca, write
 
@@ -149,8 +149,8 @@ def test_a_revoked_certificate_is_refused_from_the_next_call_on(tmp_path):
     import grpc
 
     from fedcontrast.errors import ConfigError
-    from fedcontrast.openfl.components import explain_rpc_error
-    from fedcontrast.openfl.pki import EnrolledCertificates, revoke_certificate
+    from fedcontrast.openfl.collaborator import explain_rpc_error
+    from fedcontrast.deploy.enrolment import EnrolledCertificates, revoke_certificate
 
     from .test_tls_diagnostics import issue, make_ca, write
 

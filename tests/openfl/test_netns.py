@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedcontrast.openfl.netns import ETC_NETNS, NetnsLab, netns_unavailable
+from fedcontrast.lab.netns import ETC_NETNS, NetnsLab, netns_unavailable
 
 UNAVAILABLE = netns_unavailable()
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=UNAVAILABLE or "")

@@ -8,8 +8,8 @@ import yaml
 from fedcontrast.algorithms import available_algorithms
 from fedcontrast.config import RunConfig
 from fedcontrast.errors import ConfigError
-from fedcontrast.openfl.plan import (build_plan, collaborator_names, create_workspace, plan_templates,
-                                     read_workspace_config)
+from fedcontrast.openfl.plan import build_plan, create_workspace, plan_templates
+from fedcontrast.deploy.workspace import collaborator_names, read_workspace_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,10 +10,11 @@ import yaml
 from fedcontrast.cli import main
 from fedcontrast.config import RunConfig
 from fedcontrast.errors import ConfigError
-from fedcontrast.openfl.components import CollaboratorStopped, check_aggregator_plan, check_settings_in_effect
+from fedcontrast.site.checks import CollaboratorStopped
+from fedcontrast.openfl.startup_checks import check_aggregator_plan, check_settings_in_effect
 from fedcontrast.openfl.loader import SiteDataLoader
-from fedcontrast.openfl.plan import (build_plan, check_plan_consistency, create_workspace, dump_yaml, fx_plan_path,
-                                     load_plan_file)
+from fedcontrast.openfl.plan import build_plan, create_workspace, dump_yaml
+from fedcontrast.deploy.workspace import check_plan_consistency, fx_plan_path, load_plan_file
 from fedcontrast.openfl.runner import PluginTaskRunner
 from fedcontrast.privacy.policy import POLICY_ENV
 

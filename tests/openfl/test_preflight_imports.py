@@ -8,11 +8,12 @@ import sys
 PROBE = """
 import sys
 from fedcontrast.config import RunConfig
-from fedcontrast.openfl import doctor, sitecheck
+from fedcontrast.deploy import workspace
+from fedcontrast.site import checks, doctor
 from fedcontrast.privacy import audit
 
-assert sitecheck._shard_index("shard:1", 2) == 1
-policy = sitecheck.enforce_site_policy(RunConfig(), {"use_tls": True, "require_client_auth": True},
+assert workspace._shard_index("shard:1", 2) == 1
+policy = checks.enforce_site_policy(RunConfig(), {"use_tls": True, "require_client_auth": True},
                                        {"in_channels": 1, "image_size": 8, "num_classes": 10}, "shard:0", cwd=sys.argv[1])
 assert policy is None
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("openfl", "sklearn", "scipy", "pandas", "grpc"))
@@ -27,8 +28,9 @@ def test_the_site_checks_do_not_import_openfl(tmp_path):
 
 
 def test_the_old_names_are_the_same_objects():
-    from fedcontrast.openfl import components, loader, sitecheck
+    from fedcontrast.openfl import collaborator, loader
+    from fedcontrast.site import checks, data
 
-    assert components.CollaboratorStopped is sitecheck.CollaboratorStopped
-    assert loader.enforce_site_policy is sitecheck.enforce_site_policy
-    assert loader.SHARD_PREFIX == sitecheck.SHARD_PREFIX and loader._shard_index is sitecheck._shard_index
+    assert collaborator.CollaboratorStopped is checks.CollaboratorStopped
+    assert issubclass(loader.SiteDataLoader, data.SiteData)
+    assert data.enforce_site_policy is checks.enforce_site_policy

@@ -147,7 +147,7 @@ def test_a_certificate_for_the_name_that_is_not_the_one_signed_for_it_is_refused
     """A certificate from the federation's CA with CN=site_0 (the impostor of issue 20 held one), but not
     the one the operator signed for site_0 and keeps in cert/client: `fx aggregator start` refuses the
     call, naming both, and the collaborator stops at once with that sentence."""
-    from fedcontrast.openfl.pki import issue_for_key, write_certificate
+    from fedcontrast.deploy.pki import issue_for_key, write_certificate
 
     ws = copy_workspace(aggregator["ws"], tmp_path / "not_on_file")
     crt = ws / "cert" / "client" / "col_site_0.crt"
@@ -163,7 +163,7 @@ def test_a_second_aggregator_on_a_port_in_use_is_refused_naming_the_port(aggrega
     """gRPC binds with SO_REUSEPORT: without the check a second `fx aggregator start` would listen beside
     the first, and sites would reach either one."""
     from fedcontrast.errors import ConfigError
-    from fedcontrast.openfl.components import check_port_free
+    from fedcontrast.openfl.startup_checks import check_port_free
     from fedcontrast.openfl.launch import failure_reason
 
     with pytest.raises(ConfigError, match=f"port {aggregator['port']} .* is taken on this machine"):

@@ -10,7 +10,7 @@ from fedcontrast.cli import main
 from fedcontrast.config import RunConfig
 from fedcontrast.openfl.packing import pack, unpack
 from fedcontrast.openfl.plan import create_workspace
-from fedcontrast.openfl.site_report import read_rows, score_in_workspace
+from fedcontrast.site.report import read_rows, score_in_workspace
 
 from .test_site_report import BASE, run_rounds
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
-from fedcontrast.openfl.components import RoundReport, json_safe, read_records, site_metrics
+from fedcontrast.openfl.records import RoundReport, json_safe, read_records, site_metrics
 
 
 def strict(text):

@@ -14,7 +14,7 @@ from fedcontrast.evaluation import evaluate_classifier
 from fedcontrast.openfl.loader import SiteDataLoader
 from fedcontrast.openfl.packing import GLOBAL_PACKED, pack, unpack
 from fedcontrast.openfl.runner import PluginTaskRunner
-from fedcontrast.openfl.site_report import load_final_model, read_rows, score_final_model
+from fedcontrast.site.report import load_final_model, read_rows, score_final_model
 from fedcontrast.privacy import planned_epsilon
 from fedcontrast.privacy.policy import SitePolicy
 

@@ -11,7 +11,7 @@ import torch
 
 from fedcontrast.config import RunConfig
 from fedcontrast.errors import CheckpointError
-from fedcontrast.openfl.components import CollaboratorStopped
+from fedcontrast.site.checks import CollaboratorStopped
 from fedcontrast.openfl.loader import SiteDataLoader
 from fedcontrast.openfl.packing import GLOBAL_PACKED
 from fedcontrast.openfl.runner import PluginTaskRunner

@@ -16,10 +16,11 @@ from openfl.protocols import utils
 
 from fedcontrast.algorithms import TensorSpec
 from fedcontrast.errors import ConfigError
-from fedcontrast.openfl.components import (CollaboratorStopped, SafeCollaborator, check_aggregator_plan,
-                                           check_initial_model, check_tensor_db)
+from fedcontrast.openfl.components import SafeCollaborator
+from fedcontrast.site.checks import CollaboratorStopped
+from fedcontrast.openfl.startup_checks import check_aggregator_plan, check_initial_model, check_tensor_db
 from fedcontrast.openfl.packing import GLOBAL_PACKED, packed_size
-from fedcontrast.openfl.pki import check_certificate_dates
+from fedcontrast.deploy.certificates import check_certificate_dates
 from fedcontrast.openfl.plan import build_plan, create_workspace
 
 from .conftest import small_config
@@ -164,7 +165,7 @@ def test_a_checkpoint_database_killed_mid_transaction_is_not_called_corrupt(tmp_
     import subprocess
     import sys
 
-    from fedcontrast.openfl.components import check_tensor_db
+    from fedcontrast.openfl.startup_checks import check_tensor_db
 
     path = tmp_path / "tensor.db"
     script = ("import os, sqlite3, sys\n"

@@ -7,7 +7,9 @@ import grpc
 import pytest
 from openfl.protocols import aggregator_pb2, aggregator_pb2_grpc
 
-from fedcontrast.openfl.components import BoundedRetry, CollaboratorStopped, SafeAggregator, explain_rpc_error
+from fedcontrast.openfl.components import SafeAggregator
+from fedcontrast.site.checks import CollaboratorStopped
+from fedcontrast.openfl.collaborator import BoundedRetry, explain_rpc_error
 
 from .test_upload_bounds import MiB, FakeAggregator, serve, upload
 

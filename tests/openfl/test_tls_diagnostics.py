@@ -22,10 +22,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from fedcontrast.errors import ConfigError
-from fedcontrast.openfl.components import (BoundedRetry, CollaboratorStopped, SafeAggregator, SafeCollaborator,
-                                           check_aggregator_plan, diagnose_handshake)
-from fedcontrast.openfl.pki import (check_aggregator_certificate, check_enrolled_certificates, check_own_certificate,
-                                    fx_executable)
+from fedcontrast.openfl.components import SafeAggregator, SafeCollaborator
+from fedcontrast.site.checks import CollaboratorStopped
+from fedcontrast.openfl.collaborator import BoundedRetry, diagnose_handshake
+from fedcontrast.openfl.startup_checks import check_aggregator_plan
+from fedcontrast.deploy.pki import fx_executable
+from fedcontrast.deploy.certificates import (check_aggregator_certificate, check_enrolled_certificates,
+                                             check_own_certificate)
 from fedcontrast.openfl.plan import build_plan, create_workspace
 
 from .conftest import run_collaborator, small_config
@@ -317,7 +320,7 @@ def test_certificates_signed_here_for_the_sites_are_checked_at_start(tmp_path, c
 
 
 def test_the_aggregator_names_the_sites_it_is_still_waiting_for(monkeypatch, caplog):
-    import fedcontrast.openfl.components as components
+    import fedcontrast.openfl.aggregator as components
 
     aggregator = SafeAggregator.__new__(SafeAggregator)
     aggregator.authorized_cols, aggregator.seen = ["hosp1", "hosp2", "hosp3"], {"hosp2"}

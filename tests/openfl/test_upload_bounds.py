@@ -9,9 +9,11 @@ from openfl.protocols import aggregator_pb2, aggregator_pb2_grpc, base_pb2, util
 from openfl.transport.grpc.aggregator_server import AggregatorGRPCServer
 
 from fedcontrast.construction import attach_public, build_algorithm, initial_model, load_public
-from fedcontrast.openfl import components
-from fedcontrast.openfl.components import (MESSAGE_ALLOWANCE, UPLOAD_MARGIN, SafeAggregator, explain_rpc_error,
-                                           upload_limit)
+from fedcontrast.openfl import grpc_bounds
+from fedcontrast.openfl.components import SafeAggregator
+from fedcontrast.openfl.collaborator import explain_rpc_error
+from fedcontrast.openfl.startup_checks import upload_limit
+from fedcontrast.openfl.protocol import MESSAGE_ALLOWANCE, UPLOAD_MARGIN
 from fedcontrast.openfl.packing import packed_size
 from fedcontrast.openfl.plan import build_plan, create_workspace
 
@@ -39,7 +41,7 @@ def test_the_aggregator_openfl_builds_takes_its_bound_from_the_plan(tmp_path, mo
 
     from fedcontrast.openfl.launch import initialize_plan
 
-    monkeypatch.setattr(components, "MAX_MESSAGE_BYTES", None)  # restored afterwards: the server's option
+    monkeypatch.setattr(grpc_bounds, "MAX_MESSAGE_BYTES", None)  # restored afterwards: the server's option
     config = small_config(algorithm="fedavg")
     ws = create_workspace(tmp_path / "ws", config)
     initialize_plan(ws)
@@ -48,7 +50,7 @@ def test_the_aggregator_openfl_builds_takes_its_bound_from_the_plan(tmp_path, mo
     aggregator = plan.get_aggregator()
     expected = upload_limit(config, build_plan(config)["aggregator"]["settings"]["model_shape"])
     assert aggregator.max_upload_bytes == expected
-    assert components.MAX_MESSAGE_BYTES == expected + MESSAGE_ALLOWANCE  # one of OpenFL's messages above: see below
+    assert grpc_bounds.MAX_MESSAGE_BYTES == expected + MESSAGE_ALLOWANCE  # one of OpenFL's messages above: see below
     aggregator.rounds_to_train = 0  # ends its round-timeout watchdog
 
 
@@ -61,7 +63,7 @@ def test_an_upload_whose_first_message_exceeds_the_bound_is_named_at_once(tmp_pa
 
     from fedcontrast.openfl.launch import initialize_plan
 
-    monkeypatch.setattr(components, "MAX_MESSAGE_BYTES", None)  # restored afterwards: the server's option
+    monkeypatch.setattr(grpc_bounds, "MAX_MESSAGE_BYTES", None)  # restored afterwards: the server's option
     ws = create_workspace(tmp_path / "ws", small_config(algorithm="fedavg"))
     initialize_plan(ws)
     monkeypatch.chdir(ws)
@@ -117,7 +119,7 @@ def serve(fake):
     (as patched by fedcontrast); returns ``(server, port)``, started."""
     port = free_port()
     servicer = AggregatorGRPCServer(aggregator=fake, agg_port=port, use_tls=False, require_client_auth=False)
-    grpc_server = components.grpc_server.create_grpc_server(servicer.uri, False, None, None, None, False)
+    grpc_server = grpc_bounds.grpc_server.create_grpc_server(servicer.uri, False, None, None, None, False)
     aggregator_pb2_grpc.add_AggregatorServicer_to_server(servicer, grpc_server)
     grpc_server.start()
     return grpc_server, port
@@ -158,7 +160,7 @@ def test_an_oversized_upload_is_refused_while_it_streams_in(server):
 
 
 def test_a_single_message_over_the_bound_is_refused_by_grpc(monkeypatch):
-    monkeypatch.setattr(components, "MAX_MESSAGE_BYTES", MiB)
+    monkeypatch.setattr(grpc_bounds, "MAX_MESSAGE_BYTES", MiB)
     fake = FakeAggregator(100 * MiB)
     bounded, port = serve(fake)
     try:
@@ -179,7 +181,7 @@ def test_an_oversized_upload_in_a_federation_stops_it_at_once_and_every_site_say
     sentence, not "see its log"."""
     import time
 
-    from fedcontrast.openfl.components import FAILURE_EXIT_CODE
+    from fedcontrast.openfl.protocol import FAILURE_EXIT_CODE
     from fedcontrast.openfl.launch import start, stop_all
 
     from .conftest import FEDERATION_TIMEOUT

@@ -62,7 +62,7 @@ def test_a_metric_that_no_site_released_is_absent_not_zero():
 
 
 def test_who_withheld_what_is_inferred_from_what_each_site_sent():
-    from fedcontrast.openfl.components import describe_withheld, withheld_metrics
+    from fedcontrast.openfl.records import describe_withheld, withheld_metrics
 
     declared = {"evaluate": ("evaluate_accuracy", "evaluate_loss", "evaluate_samples"), "train": ("train_loss",)}
     sent = {"evaluate": {"site_0": ["evaluate_accuracy", "evaluate_samples"], "site_1": [], "site_2": []},
@@ -97,7 +97,7 @@ def test_the_round_record_and_log_say_who_withheld_and_that_the_aggregator_has_n
     import pandas as pd
 
     from fedcontrast.algorithms import get_algorithm
-    from fedcontrast.openfl.components import NO_TEST_DATA, RoundReport, read_records
+    from fedcontrast.openfl.records import NO_TEST_DATA, RoundReport, read_records
 
     report = object.__new__(RoundReport)  # only what write_record uses: no model, no data
     table = pd.DataFrame(columns=["tensor_name", "origin", "round", "report", "tags", "nparray"])

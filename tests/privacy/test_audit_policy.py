@@ -10,7 +10,7 @@ from fedcontrast.cli import main
 from fedcontrast.config import RunConfig
 from fedcontrast.construction import build_algorithm
 from fedcontrast.errors import ConfigError
-from fedcontrast.openfl.components import CollaboratorStopped
+from fedcontrast.site.checks import CollaboratorStopped
 from fedcontrast.openfl.loader import SiteDataLoader
 from fedcontrast.openfl.plan import build_plan, create_workspace
 from fedcontrast.privacy import planned_epsilon

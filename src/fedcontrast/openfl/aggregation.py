@@ -28,7 +28,7 @@ from ..config import RunConfig, site_names
 from ..construction import (attach_public, build_algorithm, initial_model, load_public, resolve_device, server_seed,
                             upload_screen)
 from ..errors import FedContrastError
-from ..sim.outputs import write_json
+from ..outputs import write_json
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, unpack
 from .runner import PERSONAL_TAG, WEIGHT_METRIC
 

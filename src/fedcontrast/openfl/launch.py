@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FedContrastError
-from .components import FINAL_DOWNLINK, FINAL_MODEL, ROUNDS_FILE, describe_withheld, metric_kind
-from .plan import collaborator_names, read_workspace_config
-from .pki import fx_executable
+from .records import FINAL_DOWNLINK, FINAL_MODEL, ROUNDS_FILE, describe_withheld, metric_kind
+from ..deploy.workspace import collaborator_names, read_workspace_config
+from ..deploy.pki import fx_executable
 
 
 class FederationFailed(FedContrastError):
@@ -253,7 +253,7 @@ def export_results(workspace: str | Path, out_dir: str | Path) -> dict[str, Any]
     """Copy the final model and write accuracy.png (the aggregator's test accuracy when it has test
     data, every site's held-out accuracy and their sample-weighted mean), rounds.csv and
     summary.json into ``out_dir``."""
-    from ..sim.outputs import plot_curves, write_json
+    from ..outputs import plot_curves, write_json
 
     ws, out = Path(workspace), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

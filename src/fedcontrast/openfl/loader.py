@@ -1,92 +1,28 @@
-"""The collaborator's data: its shard of a configured partition, or its own image folder.
-
-``plan/data.yaml`` names each collaborator's data, one ``name,path`` line each:
-
-* ``site_3,shard:3`` — shard 3 of the partition the run configuration defines (the embedded digits
-  demo, and parity with the simulator: the same shard the simulator gives ``site_3``);
-* ``hospital_a,/data/hospital_a/images`` — an institution's own folder (``imagefolder`` layout),
-  read under the plan's data schema; its ``test/`` folder, or a stratified ``test_fraction`` of it,
-  is held out and evaluated every round (the site's own measure of what it receives).
-
-A ``shard:N`` site evaluates on the shared test split sub-sampled to its own label distribution.
-"""
+"""The collaborator's data loader for OpenFL: :class:`fedcontrast.site.data.SiteData` under OpenFL's
+``DataLoader`` interface, with the check that the plan ``fx collaborator start`` parsed gives every
+component the settings this loader was given."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from openfl.federated.data.loader import DataLoader
 
-from ..config import RunConfig
-from ..construction import data_shape, load_public, load_splits, partition, site_test_split
-from ..data import ArrayDataset
-from ..errors import ConfigError, DataError, FedContrastError
-from .plan import OPENFL_NETWORK_KEYS, fx_plan_path, load_plan_file
-# defined without OpenFL (site start and the doctor run them before fx): kept importable from here
-from .sitecheck import SHARD_PREFIX, _shard_index, enforce_site_policy  # noqa: F401
+from ..deploy.workspace import OPENFL_NETWORK_KEYS, fx_plan_path, load_plan_file
+from ..errors import ConfigError
+from ..site.data import SiteData
 
 
-class SiteDataLoader(DataLoader):
-    """Built by OpenFL as ``SiteDataLoader(data_path=..., run_config=..., network=..., model_shape=...)``;
-    ``data_path`` is None when ``fx plan initialize`` builds it (then only the data's shape is needed,
-    read from the plan's data schema when it has one: the operator needs no data).
-
-    It is the first fedcontrast object ``fx collaborator start`` builds, so it enforces the site's own
-    policy (:func:`enforce_site_policy`) before reading any data. A site's data: ``train`` (what it
-    trains on), ``test`` (its own held-out split, evaluated every round), ``public`` (the plan's
-    public set, if any). Any problem ends the process with one sentence and exit code 1."""
+class SiteDataLoader(SiteData, DataLoader):
+    """Built by OpenFL as ``SiteDataLoader(data_path=..., run_config=..., network=..., model_shape=...)``
+    (see :class:`SiteData`); ``data_path`` is None when ``fx plan initialize`` builds it."""
 
     def __init__(self, data_path: str | None = None, run_config: dict[str, Any] | None = None,
                  network: dict[str, Any] | None = None, model_shape: dict[str, int] | None = None,
                  **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        from .components import CollaboratorStopped
-
-        self.data_path = data_path
-        self.site_index: int | None = None  # the shard's index for ``shard:N`` lines
-        self.train: ArrayDataset | None = None
-        self.test: ArrayDataset | None = None
-        self.site_policy = None  # this site's policy, if it has one (it also says what may leave the site)
-        self.reported_train_size: float | None = None  # the count as released (set by the runner; noised under DP)
-        # What the site's policy is checked against, kept as given (OpenFL later writes into its own copy).
-        self.network = dict(network) if isinstance(network, dict) else None
-        try:
-            self.config = RunConfig.from_dict(run_config or {})
-            if data_path is not None:  # a collaborator (not `fx plan initialize`)
-                check_running_plan(run_config, network, model_shape)
-                self.site_policy = enforce_site_policy(self.config, network, model_shape, data_path)
-            self._load(data_path)
-        except FedContrastError as exc:
-            raise CollaboratorStopped(f"fedcontrast collaborator: error: {exc}") from None
-
-    def _load(self, data_path: str | None) -> None:
-        config = self.config
-        if data_path is None:  # `fx plan initialize`: shapes (and the public set) only
-            self.shape = data_shape(config)
-            self.public = load_public(config)
-        elif data_path.startswith(SHARD_PREFIX):  # the embedded demo: shard N of the configured partition
-            splits = load_splits(config)
-            self.site_index = _shard_index(data_path, config.clients)
-            self.train = splits.train.subset(partition(config, splits)[self.site_index])
-            self.test = site_test_split(splits.test, self.train.y, seed=config.split_seed + self.site_index)
-            self.public = splits.public
-            self.shape = data_shape(config) if config.data_schema else {
-                "in_channels": splits.in_channels, "image_size": splits.image_size, "num_classes": splits.num_classes}
-        else:  # an institution's own folder, read under the plan's data schema
-            if config.data_schema is None:
-                raise ConfigError(f"this site reads its own folder {data_path}, but the plan has no data_schema to "
-                                  "check it against; ask the operator for a plan made with `fedcontrast workspace "
-                                  "create --input-shape C×H×W --classes ...`")
-            if not os.path.isdir(data_path):
-                raise DataError(f"this collaborator's data folder {data_path} (from plan/data.yaml) does not exist")
-            from ..data.schema import load_site_splits
-
-            own = load_site_splits(data_path, config.data_schema, test_fraction=config.test_fraction,
-                                   split_seed=config.split_seed, public=load_public(config))
-            self.train, self.test, self.public = own.train, own.test, own.public
-            self.shape = data_shape(config)
+        DataLoader.__init__(self, **kwargs)
+        SiteData.__init__(self, data_path, run_config, network, model_shape, check_plan=check_running_plan)
 
     # --- what OpenFL calls ----------------------------------------------------------------------
     def get_feature_shape(self) -> tuple[int, ...]:

@@ -8,7 +8,6 @@ the aggregator; any change to it changes the plan's hash, i.e. the federation id
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +15,10 @@ import yaml
 
 from ..config import RunConfig, site_names
 from ..construction import build_algorithm, data_shape
+from ..deploy.workspace import EVALUATE_TASK
 from ..errors import ConfigError
 
 PACKAGE = "fedcontrast.openfl"
-# The engine's own collaborator task, first in every round and alone in a final extra round: the
-# site evaluates what it received on its own held-out data (metrics only; nothing else leaves).
-EVALUATE_TASK = "evaluate"
 DEFAULT_ROUND_TIMEOUT = 1800.0  # seconds a round may take (aggregator.settings.round_timeout)
 DEFAULT_PORT = 50551
 # How long a site keeps trying to reach the aggregator (at start, or after losing it mid-federation)
@@ -219,171 +216,3 @@ def pin_shared_files(config: RunConfig, ws: Path, *, log=print) -> RunConfig:
     if pinned == settings:
         return config
     return config.replace(hyperparameters={**config.hyperparameters, config.algorithm: pinned})
-
-
-def read_workspace_plan(workspace: str | Path) -> tuple[dict[str, Any], RunConfig]:
-    """A workspace's plan (checked: one copy of every setting, what each party will run) and the run
-    configuration embedded in it."""
-    path = Path(workspace) / "plan" / "plan.yaml"
-    if not path.is_file():
-        raise ConfigError(f"{workspace} is not a workspace: {path} does not exist")
-    plan = load_plan_file(path)
-    return plan, RunConfig.from_dict(plan["task_runner"]["settings"]["run_config"])
-
-
-def read_workspace_config(workspace: str | Path) -> RunConfig:
-    """The run configuration embedded in a workspace's plan."""
-    return read_workspace_plan(workspace)[1]
-
-
-# Settings OpenFL writes into ``network.settings`` itself at start-up (certificate paths, identities),
-# whatever the file says: they are no part of what the sites' copies must agree on.
-OPENFL_NETWORK_KEYS = frozenset({"root_certificate", "certificate", "private_key", "aggregator_uuid",
-                                 "federation_uuid", "collaborator_name"})
-_MISSING = object()
-
-
-def _get(plan: Any, path: str) -> Any:
-    node = plan
-    for key in path.split("."):
-        if not isinstance(node, dict) or key not in node:
-            return _MISSING
-        node = node[key]
-    return node
-
-
-def _differences(reference: Any, copy: Any, ignore: frozenset[str] = frozenset()) -> list[str]:
-    """The top-level keys in which two copies of a section differ ("its value" for non-mappings)."""
-    if not (isinstance(reference, dict) and isinstance(copy, dict)):
-        return [] if reference == copy else ["its value"]
-    keys = sorted((set(reference) | set(copy)) - ignore, key=str)
-    return [str(k) for k in keys if reference.get(k, _MISSING) != copy.get(k, _MISSING)]
-
-
-def check_plan_consistency(plan: Any, source: str = "plan.yaml") -> None:
-    """Refuse a plan whose components would not run the same settings.
-
-    Every OpenFL component reads its own copy: the run configuration (data loader, task runner,
-    aggregator, each task's aggregation function), the network settings (the data loader's, which
-    a site's policy is checked against, and ``network.settings``, which the connection uses), the
-    model shape, and the number of rounds (``aggregator.settings.rounds_to_train``). The generated
-    plan makes each one YAML anchor; a hand-edited plan can split them, and then a site's policy
-    would be checked against settings that do not take effect. Any difference raises
-    :class:`ConfigError` naming the copies and the keys that differ."""
-    if not isinstance(plan, dict):
-        raise ConfigError(f"{source} is not a plan: its top level is a {type(plan).__name__}, not a mapping of "
-                          "sections; regenerate it with `fedcontrast workspace create`")
-    with_defaults = [section for section, body in plan.items() if isinstance(body, dict) and "defaults" in body]
-    if with_defaults:
-        raise ConfigError(f"{source} takes {', '.join(map(str, with_defaults))} from OpenFL `defaults` files, which "
-                          "fedcontrast plans do not use (their settings would not be checked); remove them")
-    reference_path = "task_runner.settings.run_config"
-    reference = _get(plan, reference_path)
-    if not isinstance(reference, dict):
-        raise ConfigError(f"{source} is not a fedcontrast plan (no {reference_path}); regenerate it with "
-                          "`fedcontrast workspace create`")
-    problems: list[str] = []
-
-    def compare(what: str, copies: list[tuple[str, Any]], ignore: frozenset[str] = frozenset()) -> None:
-        (first_path, first), *others = copies
-        for path, value in others:
-            if value is _MISSING:
-                problems.append(f"{path} is missing (every component must be given the same {what})")
-            elif first is not _MISSING and (diff := _differences(first, value, ignore)):
-                problems.append(f"{path} differs from {first_path} in: {', '.join(diff)}")
-
-    tasks = plan.get("tasks") if isinstance(plan.get("tasks"), dict) else {}
-    aggregations = [f"tasks.{name}.aggregation_type.settings" for name, task in tasks.items()
-                    if isinstance(task, dict) and isinstance(task.get("aggregation_type"), dict)]
-    compare("run configuration", [(reference_path, reference)] + [
-        (p, _get(plan, p)) for p in ("data_loader.settings.run_config", "aggregator.settings.run_config",
-                                     *(f"{a}.run_config" for a in aggregations))])
-    compare("network settings", [("network.settings", _get(plan, "network.settings")),
-                                 ("data_loader.settings.network", _get(plan, "data_loader.settings.network"))],
-            ignore=OPENFL_NETWORK_KEYS)
-    compare("model shape", [("aggregator.settings.model_shape", _get(plan, "aggregator.settings.model_shape"))] + [
-        (p, _get(plan, p)) for p in ("data_loader.settings.model_shape", *(f"{a}.model_shape" for a in aggregations))])
-    rounds = RunConfig.from_dict(reference).rounds
-    rounds_to_train = _get(plan, "aggregator.settings.rounds_to_train")
-    if rounds_to_train != rounds:
-        shown = "missing" if rounds_to_train is _MISSING else repr(rounds_to_train)
-        problems.append(f"aggregator.settings.rounds_to_train ({shown}) differs from the run configuration's "
-                        f"rounds ({rounds}), for which the sites' privacy budget is planned")
-    train_tasks = _get(plan, "assigner.settings.train_tasks")
-    for name in [EVALUATE_TASK, *(train_tasks if isinstance(train_tasks, list) else [])]:
-        if not isinstance(tasks.get(name), dict) or "function" not in tasks[name]:
-            problems.append(f"tasks.{name} is missing (the assigner hands out that task)")
-    if problems:
-        raise ConfigError(f"{source} does not give every component the same settings: {'; '.join(problems)}; "
-                          "each must be one copy (the generated plan makes them one YAML anchor): regenerate the "
-                          "plan with `fedcontrast workspace create`")
-
-
-def load_plan_file(path: str | Path) -> dict[str, Any]:
-    """A plan file as OpenFL reads it (YAML; a key given twice, which OpenFL would silently resolve,
-    is refused), checked with :func:`check_plan_consistency`; a missing, unreadable or invalid file
-    raises :class:`ConfigError`."""
-    from ..yamlio import load_yaml_file
-
-    plan = load_yaml_file(path, "plan")
-    check_plan_consistency(plan, str(path))
-    return plan
-
-
-def fx_plan_path(command: str, argv: list[str] | None = None, cwd: str | Path = ".") -> Path | None:
-    """The plan file that this process, ``fx <command> start``, parsed: its ``-p/--plan`` or the
-    default ``plan/plan.yaml`` of the workspace it runs in. None when this process is not that."""
-    argv = list(sys.argv if argv is None else argv)
-    program, args = (argv[0] if argv else ""), argv[1:]
-    if Path(program).name != "fx" and "openfl" not in program:
-        return None
-    if command not in args or args.index(command) + 1 >= len(args) or args[args.index(command) + 1] != "start":
-        return None
-    return Path(cwd) / (fx_option(args, ("-p", "--plan")) or "plan/plan.yaml")
-
-
-def fx_option(argv: list[str], flags: tuple[str, str]) -> str | None:
-    """An ``fx`` option's value in ``argv``: of ``-x VALUE``, ``-xVALUE``, ``--long VALUE`` or
-    ``--long=VALUE``, the last one given (as click takes it); None when none is."""
-    short, long = flags
-    value = None
-    for i, arg in enumerate(argv):
-        if arg in flags and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(long + "="):
-            value = arg.split("=", 1)[1]
-        elif arg.startswith(short) and not arg.startswith("--") and len(arg) > len(short):
-            value = arg[len(short):]
-    return value
-
-
-def collaborator_names(workspace: str | Path) -> list[str]:
-    from ..yamlio import load_yaml_file
-
-    path = Path(workspace) / "plan" / "cols.yaml"
-    if not path.is_file():
-        raise ConfigError(f"{workspace} is not a workspace: {path} does not exist (make one with "
-                          "`fedcontrast workspace create`)")
-    data = load_yaml_file(path, "collaborator list") or {}
-    names = (data.get("collaborators") or []) if isinstance(data, dict) else None
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise ConfigError(f"{path} must list the collaborators' names under collaborators:")
-    return names
-
-
-def read_data_lines(path: Path) -> dict[str, str]:
-    """A ``NAME,PATH`` data file (``plan/data.yaml``) read as OpenFL's ``Plan.parse`` reads it: each
-    line right-stripped, empty lines and lines starting with ``#`` skipped, the name everything up to
-    the first comma (spaces included: a line fx would not match is not matched here), a later line for
-    the same name winning. A line without a comma, on which fx would stop, raises :class:`ConfigError`."""
-    lines = {}
-    for number, line in enumerate(path.read_text().split("\n"), start=1):  # text mode: the lines fx iterates
-        line = line.rstrip()
-        if not line or line.startswith("#"):
-            continue
-        if "," not in line:
-            raise ConfigError(f"line {number} of {path} is not NAME,PATH ({line!r}); OpenFL would stop on it: "
-                              "correct it, or write this site's line again with `fedcontrast site join`")
-        name, data = line.split(",", 1)
-        lines[name] = data.strip()
-    return lines

@@ -23,7 +23,7 @@ from ..construction import (attach_public, build_algorithm, initial_model, resol
 from ..errors import CheckpointError, FedContrastError
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, UPLOAD_PACKED, pack, unpack
 from .plan import EVALUATE_TASK
-from .site_report import REPORT_DIR, SiteReport, snapshot, write_final_model
+from ..site.report import REPORT_DIR, SiteReport, snapshot, write_final_model
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class PluginTaskRunner(TaskRunner):
     task starts, so that a task redone after a crash starts from the same state as the lost attempt.
     What the site takes home (its per-round report, the final model) goes to
     ``report_dir/<collaborator>/`` (default: ``site_report/`` beside the state folder; see
-    :mod:`.site_report`).
+    :mod:`fedcontrast.site.report`).
     """
 
     def __init__(self, data_loader=None, run_config: dict[str, Any] | None = None,
@@ -53,7 +53,7 @@ class PluginTaskRunner(TaskRunner):
         try:
             self._build(data_loader, run_config)
         except FedContrastError as exc:  # e.g. no public set for FLESD: one sentence, no traceback
-            from .components import CollaboratorStopped
+            from ..site.checks import CollaboratorStopped
 
             raise CollaboratorStopped(f"fedcontrast collaborator: error: {exc}") from None
         self._pending: dict[str, dict[str, torch.Tensor]] = {}  # uploads of earlier tasks of the round
@@ -218,7 +218,7 @@ class PluginTaskRunner(TaskRunner):
             lock.seek(0)
             pid = lock.read().strip() or "unknown"
             lock.close()
-            from .components import CollaboratorStopped
+            from ..site.checks import CollaboratorStopped
 
             raise CollaboratorStopped(f"fedcontrast collaborator: error: another collaborator process named {col_name} "
                                       f"is running in this workspace (pid {pid}); stop it before starting this one") from None

@@ -174,8 +174,8 @@ def _site_data(workspace: Path | None, config: RunConfig) -> list[tuple[str, str
     line for (a site's workspace holds its own line only); without lines (no workspace, or an
     operator's, who holds no data) the plan's sites with their shards, or "its own folder"."""
     from ..config import site_names
-    from ..openfl.sitecheck import SHARD_PREFIX
-    from ..openfl.plan import read_data_lines
+    from ..deploy.workspace import SHARD_PREFIX
+    from ..deploy.workspace import read_data_lines
 
     path = workspace / "plan" / "data.yaml" if workspace is not None else None
     rows = list(read_data_lines(path).items()) if path is not None and path.is_file() else []  # as fx reads it
@@ -196,7 +196,7 @@ def _sites_here(rows: list[tuple[str, str]], workspace: Path, config: RunConfig,
     """The sites whose data is on this machine: ``site`` (checked), else every line whose folder exists.
     Shard lines of the embedded demo count only when named: anyone can compute them from the plan."""
     from ..config import site_names
-    from ..openfl.sitecheck import SHARD_PREFIX
+    from ..deploy.workspace import SHARD_PREFIX
 
     if site is None:
         return [name for name, data in rows if not data.startswith(SHARD_PREFIX) and data != NOT_HERE
@@ -218,7 +218,7 @@ def _own_data(config: RunConfig, data: str, workspace: Path) -> tuple[dict[str, 
     its accountant and its per-class uploads count) and held-out samples — no image is decoded."""
     import numpy as np
 
-    from ..openfl.sitecheck import SHARD_PREFIX, _shard_index
+    from ..deploy.workspace import SHARD_PREFIX, _shard_index
 
     if data.startswith(SHARD_PREFIX):  # the embedded demo's shard N
         from ..construction import load_splits, partition
@@ -256,7 +256,7 @@ def load_plan(path: str | Path) -> tuple[dict[str, Any], Path | None]:
         workspace = p.parent.parent if p.parent.name == "plan" and p.name == "plan.yaml" else None
     else:
         raise ConfigError(f"{p} does not exist")
-    from ..openfl.plan import load_plan_file
+    from ..deploy.workspace import load_plan_file
 
     # a duplicate key is refused, not silently overridden; what is audited is what every component runs
     return load_plan_file(plan_path), workspace
@@ -280,7 +280,7 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
     At a site (its data line's folder exists here, or ``site`` names it) that site is counted from
     its own data, and nothing is computed for the others: their data is not on this machine."""
     from ..construction import build_algorithm, initial_model
-    from ..openfl.sitecheck import SHARD_PREFIX
+    from ..deploy.workspace import SHARD_PREFIX
 
     if site is not None and workspace is None:
         raise ConfigError(f"--site {site}: {source} is not in a workspace (WORKSPACE/plan/plan.yaml), so no "
@@ -343,7 +343,7 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
     from ..provenance import code_lines, read_requirements
 
     code = code_lines(config.algorithm, read_requirements(workspace / "requirements.txt") if workspace else None)
-    from ..openfl.package_trust import template_problems
+    from ..site.templates import template_problems
 
     return AuditReport(code=code, foreign_code=template_problems(plan, "the plan"), source=source, algorithm=config.algorithm, tasks=tuple(algorithm.tasks), rounds=rounds,
                        delta=config.privacy.delta if config.privacy else None,
@@ -354,73 +354,3 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
                        releases=releases, secure_noise=_secure_noise(config), here=here)
 
 
-def _eps(x: float) -> str:
-    return "∞" if math.isinf(x) else f"{x:.4g}"
-
-
-def format_report(report: AuditReport) -> str:
-    lines = [f"plan: {report.source}",
-             f"algorithm: {report.algorithm}; collaborator tasks per round: {', '.join(report.tasks)}; "
-             f"rounds: {report.rounds}",
-             "", "tensors that leave each site every round (uploaded with the round's last task):",
-             f"  {'name':44s} {'shape':>14s} {'dtype':8s} {'bytes':>9s} {'what':15s} DP mechanism"]
-    for t in report.tensors:
-        lines.append(f"  {t.name:44s} {str(tuple(t.shape)):>14s} {t.dtype:8s} {t.bytes_per_round:>9d} "
-                     f"{'raw weights' if t.kind == 'weights' else t.kind:15s} {t.mechanism}")
-    total = sum(t.bytes_per_round for t in report.tensors)
-    lines.append(f"  total {total} bytes per site per round")
-    lines += ["", "everything that leaves each site (what it is computed from, bytes per round, guarantee):"]
-    width = max(len(r.name) for r in report.releases)
-    source_width = max(len(r.source) for r in report.releases)
-    for r in report.releases:
-        lines.append(f"  {r.name:{width}s}  {r.source:{source_width}s} {r.bytes_per_round:>9d}  {r.guarantee}"
-                     + (f" — {r.note}" if r.note and r.guarantee not in ("covered", "conditional") else ""))
-    lines += ["", "differential privacy:"] + [f"  {m}" for m in report.mechanisms]
-    if report.delta is not None:
-        lines.append(f"  accountant: {report.accountant} (Opacus), δ = {report.delta:g}")
-        lines.append(f"  secure noise: {report.secure_noise}")
-    lines.append(f"  guarantee: {report.guarantee}")
-    if report.class_minimum is not None:
-        lines.append(f"  per-class features are shared for classes with ≥ {report.class_minimum} (released) samples")
-    lines += ["", f"  {'site':12s} {'data':28s} {'samples':>8s} {'ε/round':>9s} {'ε total':>9s}"]
-    for s in report.sites:
-        lines.append(f"  {s.name:12s} {s.data:28s} {s.samples if s.samples is not None else '?':>8} "
-                     f"{_eps(s.epsilon_round):>9s} {_eps(s.epsilon_total):>9s}"
-                     + ("" if s.samples_note.startswith(("shard", "given", "counted")) else f"  ({s.samples_note})"))
-    for s in report.sites:
-        if s.classes is None:
-            continue
-        present = [f"{c} {n}" for c, n in s.classes.items() if n]
-        absent = [c for c, n in s.classes.items() if not n]
-        lines.append(f"  {s.name}, counted from its data on this machine: {s.samples} training samples"
-                     + (f", {s.held_out} held out" if s.held_out is not None else "")
-                     + f"; {len(present)} of {len(s.classes)} classes present ({', '.join(present)})"
-                     + (f"; absent: {', '.join(absent)}" if absent else ""))
-        if s.classes_under_minimum is not None:
-            under = [f"{c} ({s.classes[c]})" for c in s.classes_under_minimum]
-            lines.append(f"    classes under min_class_samples ({report.class_minimum}), never shared: "
-                         + (", ".join(under) if under else "none"))
-    if not report.here and any(s.samples is None for s in report.sites):
-        lines.append("  sample counts not known here: each site's data is on its own machine (run the audit there)")
-    if report.code:
-        lines += ["", "code every party runs (pinned in the workspace's requirements.txt; installed on this machine):"]
-        for c in report.code:
-            pinned = f"=={c.pinned}" if c.pinned else " (not pinned)"
-            here = c.installed or "not installed"
-            lines.append(f"  {c.distribution + pinned:24s} here {here:12s} {c.role}"
-                         + ("  MISMATCH" if c.mismatch else ""))
-        if report.foreign_code:
-            lines += [f"  NOT INSTALLED CODE: {problem}" for problem in report.foreign_code]
-        else:
-            lines.append("  the plan builds only installed components (no code travels in a package): fedcontrast's "
-                         "aggregator, collaborator, data loader, task runner, assigner, aggregation")
-    lines += ["", f"transport: TLS {'on' if report.tls else 'OFF'}, client authentication "
-                  f"{'on' if report.client_auth else 'OFF'}"]
-    if report.certificates is None:
-        lines.append("certificates: no certificates found")
-    else:
-        lines.append("certificates:")
-        for c in report.certificates:
-            state = "EXPIRED" if c.days_left < 0 else f"{c.days_left} days left"
-            lines.append(f"  {c.path:40s} {c.subject:40s} expires {c.not_after} ({state})")
-    return "\n".join(lines) + "\n"

@@ -12,7 +12,7 @@ import yaml
 
 from ..config import RunConfig
 from ..errors import ConfigError
-from .outputs import plot_curves, rounds_to_reach, write_json
+from ..outputs import plot_curves, rounds_to_reach, write_json
 from ..construction import build_algorithm
 from .simulator import Progress, run_simulation
 

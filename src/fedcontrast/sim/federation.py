@@ -24,7 +24,7 @@ from ..config import RunConfig, site_names
 from ..construction import (attach_public, build_algorithm, derive_seed, initial_model, load_splits, partition,
                             resolve_device, server_seed, site_privacy, task_seed, upload_screen)
 from ..robust import RejectedUpload
-from .outputs import GLOBAL_SITE, metric_row
+from ..outputs import GLOBAL_SITE, metric_row
 
 __all__ = ["Federation", "build_algorithm", "derive_seed"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..config import RunConfig, site_names
 from ..errors import ConfigError, FedContrastError
-from .plan import read_data_lines, read_workspace_plan
+from ..deploy.workspace import read_data_lines, read_workspace_plan
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
@@ -56,7 +56,7 @@ def run_checks(workspace: str | Path, name: str | None = None, *, plan_path: str
     if plan_path is None:
         plan, config = read_workspace_plan(ws)
     else:
-        from .plan import load_plan_file
+        from ..deploy.workspace import load_plan_file
 
         plan = load_plan_file(plan_path)
         config = RunConfig.from_dict(plan["task_runner"]["settings"]["run_config"])
@@ -113,7 +113,9 @@ def check_code(ws: Path, plan: dict, config: RunConfig) -> Check:
     the versions ``requirements.txt`` pins; and a raw ``fx collaborator start`` here is checked the
     same way (the guard is installed)."""
     from ..provenance import code_lines, read_requirements
-    from .package_trust import GUARD_PTH, code_files, guard_installed, template_problems
+    from .trust import code_files
+    from .templates import template_problems
+    from .guard import GUARD_PTH, guard_installed
 
     found = code_files(ws, limit=3)
     if found:
@@ -136,7 +138,7 @@ def check_code(ws: Path, plan: dict, config: RunConfig) -> Check:
 
 
 def check_transport(ws: Path, plan: dict) -> Check:
-    from .package_trust import check_policy_for_workspace, transport_problems
+    from .trust import check_policy_for_workspace, transport_problems
 
     try:
         policy = check_policy_for_workspace(ws)
@@ -152,7 +154,8 @@ def check_transport(ws: Path, plan: dict) -> Check:
 
 
 def check_certificate(ws: Path, name: str) -> Check:
-    from .pki import _certificates, check_certificate_name, check_own_certificate, subject
+    from ..deploy.enrolment import check_certificate_name
+    from ..deploy.certificates import _certificates, check_own_certificate, subject
 
     cert_dir = ws / "cert"
     crt, key, chain = cert_dir / "client" / f"col_{name}.crt", cert_dir / "client" / f"col_{name}.key", \
@@ -176,7 +179,7 @@ def check_certificate(ws: Path, name: str) -> Check:
 def check_aggregator(ws: Path, name: str, network: dict) -> Check:
     import socket
 
-    from .pki import check_aggregator_certificate
+    from ..deploy.certificates import check_aggregator_certificate
 
     host, port = str(network.get("agg_addr")), network.get("agg_port")
     if host == "auto" or port in (None, "auto"):
@@ -210,7 +213,7 @@ def check_aggregator(ws: Path, name: str, network: dict) -> Check:
 
 
 def _check_data(ws: Path, config: RunConfig, name: str, data: str | None) -> Check:
-    from .sitecheck import SHARD_PREFIX, _shard_index  # not .loader: it imports OpenFL, which fx imports again
+    from ..deploy.workspace import SHARD_PREFIX, _shard_index  # not .loader: it imports OpenFL, which fx imports again
 
     if data is None:
         return Check("data", FAIL, f"plan/data.yaml has no line for {name}: add one ({name},PATH to its data), e.g. "
@@ -237,7 +240,7 @@ def _check_data(ws: Path, config: RunConfig, name: str, data: str | None) -> Che
 
 def _check_policy(ws: Path, config: RunConfig, plan: dict, data: str | None) -> Check:
     from ..privacy.policy import site_policy_path
-    from .sitecheck import CollaboratorStopped, enforce_site_policy  # without OpenFL (see .sitecheck)
+    from .checks import CollaboratorStopped, enforce_site_policy  # without OpenFL (see .checks)
 
     path = site_policy_path(ws)
     if path is None:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write_bytes, atomic_write_text, write_failure
+from .atomic import atomic_write_bytes, atomic_write_text, write_failure
 
 METRIC_COLUMNS = ("round", "site", "task", "samples", "loss", "accuracy", "bytes_uploaded",
                   "bytes_downloaded", "extra")

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig
-from ..errors import ConfigError, DataError, FedContrastError
+from ..errors import ConfigError, FedContrastError
 
-SHARD_PREFIX = "shard:"
 
 
 class CollaboratorStopped(SystemExit):
@@ -30,7 +29,7 @@ def enforce_site_policy(config: RunConfig, network: dict[str, Any] | None, model
     Returns the policy (None without one): it also says what this site lets leave besides its uploads."""
     from ..privacy.audit import audit_plan
     from ..privacy.policy import SitePolicy, check_policy, site_policy_path
-    from .package_trust import transport_problems
+    from .trust import transport_problems
 
     path = site_policy_path(cwd)
     try:
@@ -58,10 +57,3 @@ def enforce_site_policy(config: RunConfig, network: dict[str, Any] | None, model
         raise CollaboratorStopped(f"fedcontrast collaborator: error: this site's policy {path} refuses the plan "
                                   f"before any data is read: {'; '.join(violations)}")
     return policy
-
-
-def _shard_index(data_path: str, clients: int) -> int:
-    text = data_path[len(SHARD_PREFIX):].strip()
-    if not text.isdigit() or not 0 <= int(text) < clients:
-        raise DataError(f"data path {data_path!r} in plan/data.yaml must be shard:N with 0 <= N < {clients}")
-    return int(text)

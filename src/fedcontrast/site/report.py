@@ -109,7 +109,7 @@ class SiteReport:
             curves["its personal model"] = [self.rows.get(r, {}).get("personal_accuracy")
                                             for r in range(1, self.rounds + 1)]
         if any(c is not None for curve in curves.values() for c in curve):
-            from ..sim.outputs import plot_curves
+            from ..outputs import plot_curves
 
             plot_curves(self.folder / PLOT_FILE, curves, title=f"{self.site}: accuracy on its own held-out data",
                         ylabel="held-out accuracy at this site")
@@ -264,10 +264,11 @@ def score_in_workspace(workspace: str | Path, name: str | None = None) -> tuple[
     its report's row for the final round (``final_model.json``'s figures when the row is missing)."""
     import os
 
-    from .components import CollaboratorStopped
+    from .checks import CollaboratorStopped
     from .doctor import data_lines
-    from .loader import SHARD_PREFIX, SiteDataLoader
-    from .plan import load_plan_file
+    from ..deploy.workspace import SHARD_PREFIX
+    from .data import SiteData
+    from ..deploy.workspace import load_plan_file
 
     ws = Path(workspace).resolve()
     folder = pick_site_report(ws, name)
@@ -289,7 +290,7 @@ def score_in_workspace(workspace: str | Path, name: str | None = None) -> tuple[
     os.chdir(ws)  # the plan's relative paths (data, public folder, backbone files) are the workspace's
     try:
         try:
-            loader = SiteDataLoader(data_path=data, run_config=settings.get("run_config"),
+            loader = SiteData(data_path=data, run_config=settings.get("run_config"),
                                     network=settings.get("network"), model_shape=settings.get("model_shape"))
         except CollaboratorStopped as exc:
             raise ConfigError(str(exc).removeprefix("fedcontrast collaborator: error: ")) from None

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig
-from .components import read_records
+from ..openfl.records import read_records
 from .netns import NetnsLab
 
 OPERATOR = "aggregator"  # the operator's host (it runs the aggregator)

@@ -16,26 +16,14 @@ its workspace. The same checks run at ``site join`` (on the archive, before anyt
 from __future__ import annotations
 
 import os
-import re
 import zipfile
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import FedContrastError
+from .templates import template_problems
 
-TEMPLATE_ENTRY_POINT_GROUP = "fedcontrast.openfl_templates"
-# Each plan section (a dotted path; ``*`` one task name) and the one class a fedcontrast plan builds there.
-BUILT_IN_TEMPLATES: dict[str, str] = {
-    "aggregator": "fedcontrast.openfl.components.SafeAggregator",
-    "collaborator": "fedcontrast.openfl.components.SafeCollaborator",
-    "data_loader": "fedcontrast.openfl.loader.SiteDataLoader",
-    "task_runner": "fedcontrast.openfl.runner.PluginTaskRunner",
-    "assigner": "fedcontrast.openfl.components.RoundAssigner",
-    "compression_pipeline": "openfl.pipelines.NoCompressionPipeline",
-    "tasks.*.aggregation_type": "fedcontrast.openfl.aggregation.PluginAggregation",
-}
 # Files Python can import or execute from a folder on sys.path (OpenFL puts the workspace first).
 CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyw", ".pyd", ".so", ".pth")
 # The one file a workspace package may hold under cert/: the federation's CA chain (public).
@@ -45,66 +33,6 @@ _PKCS7_DATA_OID = bytes.fromhex("06092a864886f70d010701")  # in every PKCS#12 bu
 
 class PackageRefused(FedContrastError):
     """A package or workspace that a site must not run; the message names the file or setting."""
-
-
-# --- the plan's components ------------------------------------------------------------------------
-def plan_templates(plan: Any) -> list[tuple[str, Any]]:
-    """Every ``template`` in a plan, with the dotted path of the section that holds it."""
-    found: list[tuple[str, Any]] = []
-
-    def walk(node: Any, path: str) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key == "template":
-                    found.append((path, value))
-                else:
-                    walk(value, f"{path}.{key}" if path else str(key))
-        elif isinstance(node, list):
-            for i, value in enumerate(node):
-                walk(value, f"{path}[{i}]")
-
-    walk(plan, "")
-    return found
-
-
-def allowed_templates() -> dict[str, set[str]]:
-    """Section pattern → the templates a site accepts there: fedcontrast's own, plus those declared
-    by installed plugins under :data:`TEMPLATE_ENTRY_POINT_GROUP`."""
-    from importlib.metadata import entry_points
-
-    allowed = {section: {template} for section, template in BUILT_IN_TEMPLATES.items()}
-    for ep in entry_points(group=TEMPLATE_ENTRY_POINT_GROUP):
-        allowed.setdefault(ep.name, set()).add(ep.value.replace(":", "."))
-    return allowed
-
-
-def _section_pattern(path: str, patterns: Iterable[str]) -> str | None:
-    for pattern in patterns:
-        if re.fullmatch(re.escape(pattern).replace(r"\*", r"[^.\[\]]+"), path):
-            return pattern
-    return None
-
-
-def template_problems(plan: Any, source: str) -> list[str]:
-    """One sentence per component of ``plan`` that is not code this site installed (empty: all are)."""
-    if not isinstance(plan, dict):
-        return [f"{source} is not a plan (a mapping of sections)"]
-    problems = []
-    for section, value in plan.items():
-        if isinstance(value, dict) and "defaults" in value:
-            problems.append(f"{source}'s {section} section reads its defaults from another file "
-                            f"({value['defaults']!r}); a fedcontrast plan is complete in itself")
-    allowed = allowed_templates()
-    for path, template in plan_templates(plan):
-        pattern = _section_pattern(path, allowed)
-        if pattern is None:
-            problems.append(f"{source} builds a component at {path} ({template!r}), where fedcontrast's plans have "
-                            "none")
-        elif template not in allowed[pattern]:
-            expected = " or ".join(sorted(allowed[pattern]))
-            problems.append(f"{source}'s {path}.template names {template!r}, which is not the installed "
-                            f"fedcontrast's component ({expected}) nor one declared by an installed plugin")
-    return problems
 
 
 # --- files ----------------------------------------------------------------------------------------
@@ -232,92 +160,3 @@ def check_policy_for_workspace(workspace: Path) -> Any:
 
     path = site_policy_path(workspace)
     return None if path is None else SitePolicy.from_yaml(path)
-
-
-def guard_collaborator_start(argv: list[str], cwd: str | Path) -> None:
-    """What ``fx collaborator start`` must pass before OpenFL imports anything from the workspace
-    (called by ``_fedcontrast_fx_guard``): raises :class:`FedContrastError` in one sentence."""
-    from .plan import fx_option, fx_plan_path, load_plan_file
-
-    path = fx_plan_path("collaborator", argv, cwd)
-    if path is None:
-        return
-    if not path.is_file():
-        return  # fx names the missing plan itself
-    plan = load_plan_file(path)  # one copy of every setting (a split plan is refused here, before any code runs)
-    ws = Path(cwd)
-    check_workspace(ws, plan, check_policy_for_workspace(ws), plan_source=str(path))
-    name = fx_option(argv, ("-n", "--collaborator_name"))
-    data_config = ws / (fx_option(argv, ("-d", "--data_config")) or "plan/data.yaml")
-    _check_policy_first(ws, plan, name, data_config)
-    if name is not None:
-        _check_site_files(ws, plan, name, data_config)
-
-
-def _check_policy_first(ws: Path, plan: Any, name: str | None, data_config: Path) -> None:
-    """The site's policy, as its data loader will check it, before anything else can stop the start:
-    a plan the privacy officer's policy refuses is refused as that, whatever else is missing."""
-    from ..config import RunConfig
-    from .plan import read_data_lines
-    from .sitecheck import CollaboratorStopped, enforce_site_policy
-
-    loader = ((plan.get("data_loader") or {}).get("settings") or {}) if isinstance(plan, dict) else {}
-    if "run_config" not in loader:
-        return  # not a plan fedcontrast wrote (the template check above names that)
-    lines = read_data_lines(data_config) if name is not None and data_config.is_file() else {}
-    try:
-        enforce_site_policy(RunConfig.from_dict(loader["run_config"]), loader.get("network"),
-                            loader.get("model_shape"), lines.get(name, ""),
-                            cwd="." if ws.resolve() == Path.cwd().resolve() else ws)  # named as fx's loader names it
-    except CollaboratorStopped as exc:
-        raise PackageRefused(str(exc.code).removeprefix("fedcontrast collaborator: error: ")) from None
-
-
-def guard_aggregator_start(argv: list[str], cwd: str | Path) -> None:
-    """``fx aggregator start``: its plan file read as fedcontrast reads it, so that one OpenFL would stop
-    on with a traceback (not YAML, a key given twice, split copies of a setting) is one sentence."""
-    from .plan import fx_plan_path, load_plan_file
-
-    path = fx_plan_path("aggregator", argv, cwd)
-    if path is not None and path.is_file():
-        load_plan_file(path)
-
-
-def _check_site_files(ws: Path, plan: Any, name: str, data_config: Path) -> None:
-    """What ``fx collaborator start -n NAME`` would otherwise stop on with a traceback: no data line for
-    the site, and (under TLS) its certificate, key or the CA chain not installed yet."""
-    from .plan import read_data_lines
-
-    if data_config.is_file() and name not in read_data_lines(data_config):
-        shown = data_config.relative_to(ws) if data_config.is_relative_to(ws) else data_config
-        raise PackageRefused(f"{shown} has no line for collaborator {name}: add one ({name},PATH to its data), e.g. "
-                             "with `fedcontrast site join`")
-    network = (plan.get("network") or {}).get("settings") or {} if isinstance(plan, dict) else {}
-    if not network.get("use_tls", True):
-        return
-    cert = ws / "cert"
-    missing = [p for p in (cert / "client" / f"col_{name}.key", cert / "client" / f"col_{name}.crt",
-                           cert / "cert_chain.crt") if not p.is_file()]
-    if missing:
-        first = ("make this site's key and request with `fedcontrast site join`, then " if missing[0].suffix == ".key"
-                 else "")
-        raise PackageRefused(f"{', '.join(map(str, missing))} missing, and the plan uses TLS: {first}install the "
-                             f"certificate the operator signed with `fedcontrast site import-cert "
-                             f"agg_to_col_{name}_signed_cert.zip --workspace {ws}`")
-
-
-def guard_installed() -> Path | None:
-    """The ``.pth`` file that makes every ``fx collaborator start`` in this environment run
-    :func:`guard_collaborator_start`; None when it is not installed here."""
-    import site
-    import sys
-
-    for folder in [*site.getsitepackages(), site.getusersitepackages(), *sys.path]:
-        candidate = Path(folder) / GUARD_PTH
-        if candidate.is_file() and GUARD_MODULE in candidate.read_text():
-            return candidate
-    return None
-
-
-GUARD_MODULE = "_fedcontrast_fx_guard"
-GUARD_PTH = "fedcontrast_fx_guard.pth"

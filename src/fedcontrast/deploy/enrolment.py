@@ -1,0 +1,204 @@
+"""One certificate per site: the exact certificate signed for each name (its fingerprint and serial),
+revocations (``cert/revoked.jsonl``), and the aggregator's record of who is enrolled."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+
+from ..errors import ConfigError
+from .certificates import _certificates, subject
+
+
+# --- one certificate per site: its name, the exact certificate signed for it, revocations -----------
+# The aggregator admits a connection only with the very certificate the federation's CA signed for the
+# name it claims (``cert/client/col_NAME.crt`` at the operator), never one revoked with `fedcontrast ca
+# revoke` (recorded in ``cert/revoked.jsonl``, the certificate kept in ``cert/revoked/``).
+REVOKED_DIR = "revoked"
+
+
+REVOCATION_LOG = "revoked.jsonl"
+
+
+def fingerprint(cert) -> str:
+    """The certificate's SHA-256 fingerprint (of its DER encoding), in hex: what
+    ``openssl x509 -noout -fingerprint -sha256`` shows, without the colons."""
+    from cryptography.hazmat.primitives import hashes
+
+    return cert.fingerprint(hashes.SHA256()).hex()
+
+
+def serial_hex(cert) -> str:
+    return format(cert.serial_number, "x")
+
+
+def identity(obj, what: str) -> str:
+    """The one name a site's certificate or certificate request (CSR) carries: its subject's single
+    common name (CN), which every name in its subject alternative name, if any, must repeat. More
+    than one CN, none, or a SAN naming anything else raise :class:`ConfigError` naming ``what``."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    cns = [str(a.value) for a in obj.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    if len(cns) != 1:
+        raise ConfigError(f"{what} has {len(cns)} common names in its subject ({subject(obj) or 'empty'}); a site's "
+                          "certificate (and its request) names exactly one, the site's name")
+    try:
+        san = obj.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        san = []
+    others = [str(getattr(n, "value", n)) for n in san if not (isinstance(n, x509.DNSName) and n.value == cns[0])]
+    if others:
+        raise ConfigError(f"{what} ({subject(obj)}) also names {', '.join(others)} in its subject alternative name; a "
+                          f"site's certificate (and its request) names only the site ({cns[0]})")
+    return cns[0]
+
+
+def check_certificate_name(certificate: str | Path, name: str) -> None:
+    """The certificate in ``certificate`` is issued for ``name`` and nothing else (:func:`identity`);
+    else :class:`ConfigError` naming both. A missing file is left to the caller."""
+    certificate = Path(certificate)
+    if not certificate.is_file():
+        return
+    cert = _certificates(certificate)[0]
+    found = identity(cert, f"the certificate {certificate}")
+    if found != name:
+        raise ConfigError(f"the certificate {certificate} ({subject(cert)}) is issued for {found}, not for {name}: "
+                          f"the aggregator admits {name} only with a certificate for {name}; install the one the "
+                          f"operator signed for {name}'s own request")
+
+
+def revocations(cert_dir: str | Path) -> list[dict]:
+    """The records of ``cert/revoked.jsonl`` (one JSON object a line: name, serial, sha256, reason,
+    revoked_at), oldest first; [] when nothing was revoked. A line that does not parse raises
+    :class:`ConfigError` (the aggregator refuses to guess which certificates are revoked)."""
+    import json
+
+    path = Path(cert_dir) / REVOCATION_LOG
+    if not path.is_file():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
+                raise ValueError("no sha256")
+        except ValueError:
+            raise ConfigError(f"line {number} of the revocation record {path} is not a revocation (JSON with name, "
+                              "serial, sha256, reason, revoked_at); restore the file from its backup — it is "
+                              "append-only") from None
+        records.append(record)
+    return records
+
+
+def revoke_certificate(cert_dir: str | Path, name: str, reason: str, *, now: dt.datetime | None = None) -> dict:
+    """Revoke the certificate this CA signed for ``name`` (``cert/client/col_NAME.crt``): one line
+    appended to ``cert/revoked.jsonl`` (name, serial, sha256 fingerprint, subject, reason, UTC time),
+    then the certificate moved to ``cert/revoked/col_NAME-SERIAL.crt``. The aggregator refuses it from
+    then on (even while running); the name can be signed a new certificate. Returns the record."""
+    import json
+
+    cert_dir = Path(cert_dir)
+    reason = " ".join(str(reason or "").split())
+    if not reason:
+        raise ConfigError("say why the certificate is revoked (--reason TEXT, e.g. 'key lost with the laptop'): the "
+                          "reason is kept in the revocation record")
+    path = cert_dir / "client" / f"col_{name}.crt"
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist: this CA holds no certificate for {name} to revoke (already "
+                          "revoked, never signed here, or another name)")
+    cert = _certificates(path)[0]
+    now = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
+    record = {"name": name, "serial": serial_hex(cert), "sha256": fingerprint(cert), "subject": subject(cert),
+              "reason": reason, "revoked_at": now.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    log = cert_dir / REVOCATION_LOG
+    if record["sha256"] not in {r["sha256"] for r in revocations(cert_dir)}:  # a re-run after a crash: once
+        with open(log, "a") as f:  # recorded first: a crash before the move leaves it refused, not admitted
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    target = cert_dir / REVOKED_DIR / f"col_{name}-{record['serial']}.crt"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(path, target)
+    record["kept"] = str(target)
+    return record
+
+
+class EnrolledCertificates:
+    """What the aggregator checks about the certificate a collaborator presents, on every call (after
+    OpenFL's check that its common name is the name the collaborator claims, a name of cols.yaml):
+    it is not revoked (``cert/revoked.jsonl``), it is not a certificate this CA signed for another
+    name, and where this CA signed one for the claimed name (``cert/client/col_NAME.crt``) it is
+    exactly that one (same SHA-256 fingerprint). Files are re-read when they change: a revocation
+    takes effect on the next call, without a restart."""
+
+    def __init__(self, cert_dir: str | Path) -> None:
+        self.cert_dir = Path(cert_dir)
+        self._files: dict[Path, tuple[tuple, str | None]] = {}  # path -> (stat key, fingerprint or None)
+        self._revoked: tuple[tuple, dict[str, dict]] | None = None
+
+    @staticmethod
+    def _stat(path: Path) -> tuple | None:
+        try:
+            s = path.stat()
+        except OSError:
+            return None
+        return s.st_ino, s.st_size, s.st_mtime_ns
+
+    def _fingerprint_of(self, path: Path) -> str | None:
+        """The fingerprint of the certificate in ``path``; None when it cannot be read as one."""
+        key = self._stat(path)
+        cached = self._files.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        try:
+            value = fingerprint(_certificates(path)[0])
+        except (ConfigError, IndexError, OSError):
+            value = None
+        self._files[path] = (key, value)
+        return value
+
+    def revoked(self) -> dict[str, dict]:
+        """The revoked certificates by fingerprint (:func:`revocations`; raises on a corrupt record)."""
+        key = self._stat(self.cert_dir / REVOCATION_LOG)
+        if self._revoked is None or self._revoked[0] != key:
+            self._revoked = (key, {r["sha256"]: r for r in revocations(self.cert_dir)})
+        return self._revoked[1]
+
+    def refusal(self, name: str, pem: bytes | None) -> str | None:
+        """One sentence why the client certificate ``pem`` (PEM, as gRPC's ``x509_pem_cert`` gives it)
+        may not be used as ``name``; None when it may."""
+        from cryptography import x509
+
+        if not pem:
+            return None  # no client certificate: OpenFL's own check refuses it
+        try:
+            cert = x509.load_pem_x509_certificate(pem)
+        except ValueError:
+            return f"refused {name}: the client certificate it presented cannot be read"
+        found = fingerprint(cert)
+        shown = f"the certificate it presented ({subject(cert)}, serial {serial_hex(cert)}, SHA-256 {found[:16]}…)"
+        try:
+            record = self.revoked().get(found)
+        except ConfigError as exc:  # fail closed: which certificates are revoked is unknown
+            return f"refused {name}: {exc}"
+        if record is not None:
+            return (f"refused {name}: {shown} was revoked on {record.get('revoked_at', '?')} "
+                    f"({record.get('reason', 'no reason given')}); the site needs a newly signed certificate")
+        own = self.cert_dir / "client" / f"col_{name}.crt"
+        if self._stat(own) is not None:
+            expected = self._fingerprint_of(own)
+            if expected is None:
+                return (f"refused {name}: {own}, the certificate this CA signed for {name}, cannot be read; restore it "
+                        "or revoke it and sign a new one")
+            if expected != found:
+                return (f"refused {name}: {shown} is not the certificate this CA signed for {name} ({own}, SHA-256 "
+                        f"{expected[:16]}…)")
+            return None
+        for path in sorted((self.cert_dir / "client").glob("col_*.crt")):  # signed here, but for someone else
+            if self._fingerprint_of(path) == found:
+                return f"refused {name}: {shown} is the certificate this CA signed for {path.stem[4:]} ({path})"
+        return None  # signed elsewhere: OpenFL's check (its common name is the claimed name) decides

@@ -1,0 +1,254 @@
+"""What an institution runs: join the operator's package (checked before anything is unpacked; its
+own data, folder and key), and import the certificate the operator signed for it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ConfigError
+from .common import DeploymentError, _refuse_secrets, run_fx, secrets_in
+from .operator_flows import request_site
+
+
+# --- an institution -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Joined:
+    workspace: Path
+    request: Path | None  # the package to send to the operator (None: an earlier certificate reused)
+    csr_hash: str
+    summary: object  # fedcontrast.data.schema.FolderSummary of the site's folder
+
+
+def join(package: str | Path, *, name: str, data: str | Path, public: str | Path | None = None,
+         into: str | Path = ".", cert_from: str | Path | None = None, policy: str | Path | None = None,
+         log: Callable[[str], None] = print) -> Joined:
+    """An institution joins with the operator's package: ``fx workspace import``, its own data line
+    (the folder checked against the plan's schema first), the public folder linked (fingerprint
+    checked), and ``fx collaborator generate-cert-request`` (the key stays in ``cert/client``).
+
+    ``cert_from``: this site's workspace of an earlier experiment of the same federation, whose key
+    and certificate are reused (copied on this machine; nothing to send, ``request`` is None).
+
+    ``policy``: this site's policy file, checked now and installed as the workspace's
+    ``site_policy.yaml`` (else ``$FEDCONTRAST_SITE_POLICY``, if set, is checked). The package is
+    refused before anything is unpacked if it carries code or key material, names a component this
+    site has not installed, pins code this site does not run, or turns TLS off (unless the policy
+    allows it: :func:`fedcontrast.site.trust.check_package`)."""
+    from ..config import site_names
+    from ..construction import build_algorithm
+    from ..data.schema import folder_fingerprint, public_folder_path, summarise_folder
+    from ..privacy.policy import POLICY_ENV, SitePolicy
+    from ..site.trust import check_package
+
+    archive = Path(package).resolve()
+    config = package_config(archive)
+    policy_path = Path(policy).expanduser().resolve() if policy is not None else (
+        Path(os.environ[POLICY_ENV]) if os.environ.get(POLICY_ENV) else None)
+    site_policy = SitePolicy.from_yaml(policy_path) if policy_path is not None else None
+    check_package(archive, package_plan(archive), site_policy)
+    problems = requirement_problems(package_requirements(archive))
+    if problems:
+        raise DeploymentError(f"{archive.name} is refused, nothing was unpacked: {'; '.join(problems)}")
+    if name not in site_names(config):
+        raise DeploymentError(f"{name!r} is not a site of this plan ({', '.join(site_names(config))}); "
+                              "use the name the operator gave you")
+    if config.data_schema is None:
+        raise DeploymentError("this plan has no data schema (it is the embedded demo); ask the operator for a "
+                              "plan made with --input-shape and --classes")
+    folder = Path(data).expanduser().resolve()
+    summary = summarise_folder(folder, config.data_schema)  # before anything is unpacked
+    source = None
+    if config.public_data is not None:
+        if public is None:
+            raise DeploymentError("this plan names a public data set: pass --public FOLDER (the operator's files, "
+                                  f"fingerprint {config.public_data.sha256[:16]}…)")
+        source = Path(public).expanduser().resolve()
+        found = folder_fingerprint(source)
+        if found != config.public_data.sha256:
+            raise DeploymentError(f"the public folder {source} has fingerprint {found[:16]}… but the plan expects "
+                                  f"{config.public_data.sha256[:16]}…: get exactly the operator's files")
+    parent = Path(into).resolve()
+    parent.mkdir(parents=True, exist_ok=True)
+    ws = parent / archive.name.split(".")[0]  # where `fx workspace import` unpacks it
+    if ws.exists():
+        raise DeploymentError(f"{ws} already exists; join into another folder (--into) or remove it")
+    log(f"  $ fx workspace import --archive {archive}")
+    run_fx(parent, ["workspace", "import", "--archive", str(archive)])
+    try:
+        if source is not None:
+            target = public_folder_path(config.public_data, ws)
+            if target != source:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.symlink_to(source, target_is_directory=True)
+        build_algorithm(config).check_shared_files(ws)  # e.g. FedPCL's backbone files against the plan's hashes
+        (ws / "plan" / "data.yaml").write_text(_data_yaml(ws, name, folder))
+        if policy is not None:  # the site's own conditions travel with its workspace (checked at every start)
+            shutil.copyfile(policy_path, ws / "site_policy.yaml")
+        if cert_from is not None:
+            old = Path(cert_from).resolve() / "cert"
+            (ws / "cert" / "client").mkdir(parents=True, exist_ok=True)
+            for rel in (f"client/col_{name}.key", f"client/col_{name}.crt", "cert_chain.crt"):
+                if not (old / rel).is_file():
+                    raise DeploymentError(f"{old / rel} is missing: {cert_from} is not {name}'s certified workspace")
+                shutil.copy2(old / rel, ws / "cert" / rel)
+            verify_site_certificate(ws, name)
+            return Joined(ws, None, "", summary)
+        log(f"  $ fx collaborator generate-cert-request -n {name} --silent")
+        run_fx(ws, ["collaborator", "generate-cert-request", "-n", name, "--silent"])
+    except BaseException:
+        shutil.rmtree(ws, ignore_errors=True)  # nothing half-joined is left behind
+        raise
+    request = ws / f"col_{name}_to_agg_cert_request.zip"
+    if not request.exists():
+        raise DeploymentError(f"'fx collaborator generate-cert-request' did not write {request}")
+    _refuse_secrets(request)
+    _, csr_hash = request_site(request)
+    return Joined(ws, request, csr_hash, summary)
+
+
+def package_plan(archive: Path) -> dict:
+    """A workspace package's plan, read without unpacking it."""
+    from ..yamlio import loads_yaml
+
+    if not archive.is_file():
+        raise DeploymentError(f"workspace package {archive} does not exist")
+    try:
+        with zipfile.ZipFile(archive) as z:
+            plan = loads_yaml(z.read("plan/plan.yaml").decode(), f"the plan in {archive}")
+    except (zipfile.BadZipFile, KeyError, UnicodeDecodeError):
+        plan = None
+    if not isinstance(plan, dict):
+        raise DeploymentError(f"{archive} is not a fedcontrast workspace package (no readable plan/plan.yaml; "
+                              "the operator makes it with `fedcontrast workspace export`)")
+    return plan
+
+
+def package_config(archive: Path):
+    """The run configuration of a workspace package's plan, read without unpacking it."""
+    from ..config import RunConfig
+
+    plan = package_plan(archive)
+    try:
+        return RunConfig.from_dict(plan["task_runner"]["settings"]["run_config"])
+    except (KeyError, TypeError):
+        raise DeploymentError(f"{archive} is not a fedcontrast workspace package (its plan has no run "
+                              "configuration; the operator makes it with `fedcontrast workspace export`)") from None
+
+
+def package_requirements(archive: Path) -> list[str]:
+    """The requirement lines of a package's ``requirements.txt`` (comments and blank lines dropped)."""
+    with zipfile.ZipFile(archive) as z:
+        if "requirements.txt" not in z.namelist():
+            return []
+        text = z.read("requirements.txt").decode(errors="replace")
+    return [line.split("#", 1)[0].strip() for line in text.splitlines() if line.split("#", 1)[0].strip()]
+
+
+def requirement_problems(lines: list[str]) -> list[str]:
+    """Each requirement of the package that is not a distribution installed here at exactly the pinned
+    version: a site installs the code it runs itself, after review, and never from the operator's list."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    problems = []
+    for line in lines:
+        name, sep, pinned = line.partition("==")
+        name, pinned = name.strip(), pinned.strip()
+        if not sep or not name.replace("-", "").replace("_", "").replace(".", "").isalnum() or not pinned \
+                or any(c in pinned for c in ",;<>=!~ @"):
+            problems.append(f"requirements.txt asks for {line!r}, not one distribution at one version (NAME==VERSION)")
+            continue
+        try:
+            installed = version(name)
+        except PackageNotFoundError:
+            problems.append(f"requirements.txt asks for {name}=={pinned}, which this site has not installed (review "
+                            "and install it yourself first, or ask the operator why it is needed)")
+            continue
+        if installed != pinned:
+            problems.append(f"requirements.txt pins {name}=={pinned} but this site runs {name} {installed}")
+    return problems
+
+
+def _data_yaml(ws: Path, name: str, folder: Path) -> str:
+    """The site's ``plan/data.yaml``: the operator's comment lines and this site's one data line."""
+    comments = [l for l in (ws / "plan" / "data.yaml").read_text().splitlines() if l.lstrip().startswith("#")]
+    return "\n".join([*comments, f"{name},{folder}"]) + "\n"
+
+
+def import_certificate(workspace: str | Path, signed_zip: str | Path, *, log: Callable[[str], None] = print) -> str:
+    """``fx collaborator certify --import`` the operator's signed package, then check that the
+    certificate belongs to this site's key and is signed by the federation's CA. The certificate must
+    be issued for the name of this site's key (``cert/client/col_NAME.key``), and for nothing else:
+    checked before anything is installed. Returns the name."""
+    from cryptography import x509
+
+    from .enrolment import identity
+    from .certificates import subject
+
+    ws = Path(workspace).resolve()
+    archive = Path(signed_zip).resolve()
+    if not archive.is_file():
+        raise DeploymentError(f"signed certificate package {archive} does not exist")
+    if secrets_in(archive):
+        raise DeploymentError(f"{archive} holds private key material; do not use it and tell the operator")
+    with zipfile.ZipFile(archive) as z:
+        crts = [n for n in z.namelist() if n.startswith("client/") and n.endswith(".crt")]
+        pem = z.read(crts[0]) if len(crts) == 1 else b""
+    if len(crts) != 1:
+        raise DeploymentError(f"{archive} is not a signed certificate package (client/col_NAME.crt)")
+    name = Path(crts[0]).stem.removeprefix("col_")
+    key = ws / "cert" / "client" / f"col_{name}.key"
+    if not key.exists():
+        raise DeploymentError(f"{archive.name} is for {name!r}, but this workspace has no key {key}: import it in the "
+                              f"workspace that made {name}'s request")
+    try:
+        cert = x509.load_pem_x509_certificate(pem)
+        issued_for = identity(cert, f"the certificate {crts[0]} in {archive.name}")
+    except ValueError:
+        raise DeploymentError(f"{crts[0]} in {archive} is not a PEM certificate: not installed; ask the operator to "
+                              "send the signed package again") from None
+    except ConfigError as exc:
+        raise DeploymentError(f"{exc}: not installed") from None
+    if issued_for != name:
+        raise DeploymentError(f"{archive.name} holds a certificate issued for {issued_for} ({subject(cert)}), but this "
+                              f"site is {name} (its key {key}): not installed; a site may only use a certificate for "
+                              f"its own name — ask the operator for the certificate signed from {name}'s own request")
+    # what the import overwrites, restored if the certificate is refused: a refused one is never left installed
+    installed = [ws / "cert" / "client" / f"col_{name}.crt", ws / "cert" / "cert_chain.crt"]
+    before = {path: path.read_bytes() if path.is_file() else None for path in installed}
+    log(f"  $ fx collaborator certify --import {archive}")
+    try:
+        run_fx(ws, ["collaborator", "certify", "--import", str(archive)])
+        verify_site_certificate(ws, name)
+    except BaseException:
+        for path, data in before.items():
+            if data is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(data)
+        raise
+    return name
+
+
+def verify_site_certificate(workspace: Path, name: str) -> None:
+    """The site's certificate is within its dates, matches its private key, is signed by the CA in
+    ``cert_chain.crt`` (:func:`~.certificates.check_own_certificate`) and is issued for ``name`` alone
+    (:func:`~.enrolment.check_certificate_name`)."""
+    from .enrolment import check_certificate_name
+    from .certificates import check_own_certificate
+
+    cert_dir = workspace / "cert"
+    crt, key = cert_dir / "client" / f"col_{name}.crt", cert_dir / "client" / f"col_{name}.key"
+    chain = cert_dir / "cert_chain.crt"
+    for path in (crt, key, chain):
+        if not path.exists():
+            raise DeploymentError(f"{path} is missing after the import")
+    try:
+        check_own_certificate(crt, key, chain)
+        check_certificate_name(crt, name)
+    except ConfigError as exc:
+        raise DeploymentError(str(exc)) from None

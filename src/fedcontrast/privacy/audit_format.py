@@ -1,0 +1,79 @@
+"""The audit as the privacy officer reads it: :func:`format_report` of an :class:`~.audit.AuditReport`."""
+
+from __future__ import annotations
+
+import math
+from .audit import AuditReport
+
+
+
+def _eps(x: float) -> str:
+    return "∞" if math.isinf(x) else f"{x:.4g}"
+
+
+def format_report(report: AuditReport) -> str:
+    lines = [f"plan: {report.source}",
+             f"algorithm: {report.algorithm}; collaborator tasks per round: {', '.join(report.tasks)}; "
+             f"rounds: {report.rounds}",
+             "", "tensors that leave each site every round (uploaded with the round's last task):",
+             f"  {'name':44s} {'shape':>14s} {'dtype':8s} {'bytes':>9s} {'what':15s} DP mechanism"]
+    for t in report.tensors:
+        lines.append(f"  {t.name:44s} {str(tuple(t.shape)):>14s} {t.dtype:8s} {t.bytes_per_round:>9d} "
+                     f"{'raw weights' if t.kind == 'weights' else t.kind:15s} {t.mechanism}")
+    total = sum(t.bytes_per_round for t in report.tensors)
+    lines.append(f"  total {total} bytes per site per round")
+    lines += ["", "everything that leaves each site (what it is computed from, bytes per round, guarantee):"]
+    width = max(len(r.name) for r in report.releases)
+    source_width = max(len(r.source) for r in report.releases)
+    for r in report.releases:
+        lines.append(f"  {r.name:{width}s}  {r.source:{source_width}s} {r.bytes_per_round:>9d}  {r.guarantee}"
+                     + (f" — {r.note}" if r.note and r.guarantee not in ("covered", "conditional") else ""))
+    lines += ["", "differential privacy:"] + [f"  {m}" for m in report.mechanisms]
+    if report.delta is not None:
+        lines.append(f"  accountant: {report.accountant} (Opacus), δ = {report.delta:g}")
+        lines.append(f"  secure noise: {report.secure_noise}")
+    lines.append(f"  guarantee: {report.guarantee}")
+    if report.class_minimum is not None:
+        lines.append(f"  per-class features are shared for classes with ≥ {report.class_minimum} (released) samples")
+    lines += ["", f"  {'site':12s} {'data':28s} {'samples':>8s} {'ε/round':>9s} {'ε total':>9s}"]
+    for s in report.sites:
+        lines.append(f"  {s.name:12s} {s.data:28s} {s.samples if s.samples is not None else '?':>8} "
+                     f"{_eps(s.epsilon_round):>9s} {_eps(s.epsilon_total):>9s}"
+                     + ("" if s.samples_note.startswith(("shard", "given", "counted")) else f"  ({s.samples_note})"))
+    for s in report.sites:
+        if s.classes is None:
+            continue
+        present = [f"{c} {n}" for c, n in s.classes.items() if n]
+        absent = [c for c, n in s.classes.items() if not n]
+        lines.append(f"  {s.name}, counted from its data on this machine: {s.samples} training samples"
+                     + (f", {s.held_out} held out" if s.held_out is not None else "")
+                     + f"; {len(present)} of {len(s.classes)} classes present ({', '.join(present)})"
+                     + (f"; absent: {', '.join(absent)}" if absent else ""))
+        if s.classes_under_minimum is not None:
+            under = [f"{c} ({s.classes[c]})" for c in s.classes_under_minimum]
+            lines.append(f"    classes under min_class_samples ({report.class_minimum}), never shared: "
+                         + (", ".join(under) if under else "none"))
+    if not report.here and any(s.samples is None for s in report.sites):
+        lines.append("  sample counts not known here: each site's data is on its own machine (run the audit there)")
+    if report.code:
+        lines += ["", "code every party runs (pinned in the workspace's requirements.txt; installed on this machine):"]
+        for c in report.code:
+            pinned = f"=={c.pinned}" if c.pinned else " (not pinned)"
+            here = c.installed or "not installed"
+            lines.append(f"  {c.distribution + pinned:24s} here {here:12s} {c.role}"
+                         + ("  MISMATCH" if c.mismatch else ""))
+        if report.foreign_code:
+            lines += [f"  NOT INSTALLED CODE: {problem}" for problem in report.foreign_code]
+        else:
+            lines.append("  the plan builds only installed components (no code travels in a package): fedcontrast's "
+                         "aggregator, collaborator, data loader, task runner, assigner, aggregation")
+    lines += ["", f"transport: TLS {'on' if report.tls else 'OFF'}, client authentication "
+                  f"{'on' if report.client_auth else 'OFF'}"]
+    if report.certificates is None:
+        lines.append("certificates: no certificates found")
+    else:
+        lines.append("certificates:")
+        for c in report.certificates:
+            state = "EXPIRED" if c.days_left < 0 else f"{c.days_left} days left"
+            lines.append(f"  {c.path:40s} {c.subject:40s} expires {c.not_after} ({state})")
+    return "\n".join(lines) + "\n"

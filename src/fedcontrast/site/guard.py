@@ -1,0 +1,99 @@
+"""What a raw ``fx collaborator start`` / ``fx aggregator start`` must pass before OpenFL imports
+anything from the workspace: called by ``_fedcontrast_fx_guard`` (loaded by ``fedcontrast_fx_guard.pth``
+at interpreter start-up); the site's policy first, then the package checks of :mod:`.trust`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .trust import PackageRefused, check_policy_for_workspace, check_workspace
+
+
+def guard_collaborator_start(argv: list[str], cwd: str | Path) -> None:
+    """What ``fx collaborator start`` must pass before OpenFL imports anything from the workspace
+    (called by ``_fedcontrast_fx_guard``): raises :class:`FedContrastError` in one sentence."""
+    from ..deploy.workspace import fx_option, fx_plan_path, load_plan_file
+
+    path = fx_plan_path("collaborator", argv, cwd)
+    if path is None:
+        return
+    if not path.is_file():
+        return  # fx names the missing plan itself
+    plan = load_plan_file(path)  # one copy of every setting (a split plan is refused here, before any code runs)
+    ws = Path(cwd)
+    check_workspace(ws, plan, check_policy_for_workspace(ws), plan_source=str(path))
+    name = fx_option(argv, ("-n", "--collaborator_name"))
+    data_config = ws / (fx_option(argv, ("-d", "--data_config")) or "plan/data.yaml")
+    _check_policy_first(ws, plan, name, data_config)
+    if name is not None:
+        _check_site_files(ws, plan, name, data_config)
+
+
+def _check_policy_first(ws: Path, plan: Any, name: str | None, data_config: Path) -> None:
+    """The site's policy, as its data loader will check it, before anything else can stop the start:
+    a plan the privacy officer's policy refuses is refused as that, whatever else is missing."""
+    from ..config import RunConfig
+    from ..deploy.workspace import read_data_lines
+    from .checks import CollaboratorStopped, enforce_site_policy
+
+    loader = ((plan.get("data_loader") or {}).get("settings") or {}) if isinstance(plan, dict) else {}
+    if "run_config" not in loader:
+        return  # not a plan fedcontrast wrote (the template check above names that)
+    lines = read_data_lines(data_config) if name is not None and data_config.is_file() else {}
+    try:
+        enforce_site_policy(RunConfig.from_dict(loader["run_config"]), loader.get("network"),
+                            loader.get("model_shape"), lines.get(name, ""),
+                            cwd="." if ws.resolve() == Path.cwd().resolve() else ws)  # named as fx's loader names it
+    except CollaboratorStopped as exc:
+        raise PackageRefused(str(exc.code).removeprefix("fedcontrast collaborator: error: ")) from None
+
+
+def guard_aggregator_start(argv: list[str], cwd: str | Path) -> None:
+    """``fx aggregator start``: its plan file read as fedcontrast reads it, so that one OpenFL would stop
+    on with a traceback (not YAML, a key given twice, split copies of a setting) is one sentence."""
+    from ..deploy.workspace import fx_plan_path, load_plan_file
+
+    path = fx_plan_path("aggregator", argv, cwd)
+    if path is not None and path.is_file():
+        load_plan_file(path)
+
+
+def _check_site_files(ws: Path, plan: Any, name: str, data_config: Path) -> None:
+    """What ``fx collaborator start -n NAME`` would otherwise stop on with a traceback: no data line for
+    the site, and (under TLS) its certificate, key or the CA chain not installed yet."""
+    from ..deploy.workspace import read_data_lines
+
+    if data_config.is_file() and name not in read_data_lines(data_config):
+        shown = data_config.relative_to(ws) if data_config.is_relative_to(ws) else data_config
+        raise PackageRefused(f"{shown} has no line for collaborator {name}: add one ({name},PATH to its data), e.g. "
+                             "with `fedcontrast site join`")
+    network = (plan.get("network") or {}).get("settings") or {} if isinstance(plan, dict) else {}
+    if not network.get("use_tls", True):
+        return
+    cert = ws / "cert"
+    missing = [p for p in (cert / "client" / f"col_{name}.key", cert / "client" / f"col_{name}.crt",
+                           cert / "cert_chain.crt") if not p.is_file()]
+    if missing:
+        first = ("make this site's key and request with `fedcontrast site join`, then " if missing[0].suffix == ".key"
+                 else "")
+        raise PackageRefused(f"{', '.join(map(str, missing))} missing, and the plan uses TLS: {first}install the "
+                             f"certificate the operator signed with `fedcontrast site import-cert "
+                             f"agg_to_col_{name}_signed_cert.zip --workspace {ws}`")
+
+
+def guard_installed() -> Path | None:
+    """The ``.pth`` file that makes every ``fx collaborator start`` in this environment run
+    :func:`guard_collaborator_start`; None when it is not installed here."""
+    import site
+    import sys
+
+    for folder in [*site.getsitepackages(), site.getusersitepackages(), *sys.path]:
+        candidate = Path(folder) / GUARD_PTH
+        if candidate.is_file() and GUARD_MODULE in candidate.read_text():
+            return candidate
+    return None
+
+
+GUARD_MODULE = "_fedcontrast_fx_guard"
+GUARD_PTH = "fedcontrast_fx_guard.pth"
