@@ -145,7 +145,6 @@ def _pytest(stand_in: bool) -> str:
 
 def _write(args, device: str, results, total: float) -> None:
     import torch
-
     from _results import machine, write_section
 
     name = "gpu_check_stand_in" if args.stand_in else "gpu_check_cuda"

@@ -167,9 +167,9 @@ def probe(kind: str, name: str | None) -> dict:
         clock.phase("imports of the plan's components (fedcontrast's classes, OpenFL's aggregator/collaborator)")
         from openfl.federated.plan.plan import Plan as PlanClass
 
+        from fedcontrast.deploy import workspace as plan
         from fedcontrast.openfl import aggregator as agg_module
         from fedcontrast.openfl import collaborator as col_module
-        from fedcontrast.deploy import workspace as plan
         from fedcontrast.openfl import startup_checks
 
         clock.wrap(plan, "load_plan_file", "plan file read (fedcontrast: YAML, consistency)")

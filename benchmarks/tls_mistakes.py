@@ -23,10 +23,10 @@ from pathlib import Path
 
 from _results import machine, write_section
 
-from fedcontrast.lab.deployment import OPERATOR, CrossSiloLab
-from fedcontrast.openfl.launch import failure_reason
-from fedcontrast.lab.netns import netns_unavailable
 from fedcontrast.deploy.pki import issue_for_key, write_certificate
+from fedcontrast.lab.deployment import OPERATOR, CrossSiloLab
+from fedcontrast.lab.netns import netns_unavailable
+from fedcontrast.openfl.launch import failure_reason
 
 SITE = "hosp1"
 PORT = 50561

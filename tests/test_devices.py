@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from fedcontrast import device_check
-from fedcontrast.devices import (DeviceMistake, cpu_stand_in, device_generator, make_cuda_deterministic,
-                                 resolve_device)
+from fedcontrast.devices import DeviceMistake, cpu_stand_in, device_generator, make_cuda_deterministic, resolve_device
 from fedcontrast.errors import ConfigError
 from fedcontrast.models import backbones
 

@@ -14,7 +14,6 @@ import torch
 
 from .algorithms import Algorithm, get_algorithm
 from .config import RunConfig, site_names
-from .devices import resolve_device  # noqa: F401  (engines import it from here)
 from .data import ArrayDataset, DataSplits, load_dataset, partition_indices
 from .errors import ConfigError
 from .models import ContrastiveNet, build_model

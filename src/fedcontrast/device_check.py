@@ -96,7 +96,8 @@ def compare(cfg: RunConfig) -> Outcome:
 
 def probe(cfg: RunConfig) -> Outcome:
     """``fedcontrast probe``: the linear probe of a trained model's encoder on ``cfg.device``."""
-    from .construction import initial_model, load_splits, resolve_device
+    from .construction import initial_model, load_splits
+    from .devices import resolve_device
     from .evaluation import linear_probe
 
     splits = load_splits(cfg)
@@ -109,7 +110,8 @@ def probe(cfg: RunConfig) -> Outcome:
 
 def pretrain(cfg: RunConfig) -> Outcome:
     """FedPCL's backbone pre-training on the public split, on the device."""
-    from .construction import load_splits, resolve_device
+    from .construction import load_splits
+    from .devices import resolve_device
     from .models.backbones import pretrain_backbone
 
     device = resolve_device(cfg.device)

@@ -16,8 +16,8 @@ import yaml
 
 from fedcontrast.algorithms import registry
 from fedcontrast.config import RunConfig
-from fedcontrast.openfl.launch import failure_reason, initialize_plan, start, stop_all
 from fedcontrast.deploy.pki import fx_executable, make_dev_pki
+from fedcontrast.openfl.launch import failure_reason, initialize_plan, start, stop_all
 from fedcontrast.openfl.plan import create_workspace
 
 FEDERATION_TIMEOUT = 240  # seconds; every federation in these tests runs under it

@@ -17,10 +17,10 @@ import time
 import pytest
 import yaml
 
-from fedcontrast.lab.deployment import OPERATOR, CrossSiloLab, executable
-from fedcontrast.openfl.loader import SiteDataLoader
-from fedcontrast.lab.netns import netns_unavailable
 from fedcontrast.deploy.pki import issue_for_key, write_certificate
+from fedcontrast.lab.deployment import OPERATOR, CrossSiloLab, executable
+from fedcontrast.lab.netns import netns_unavailable
+from fedcontrast.openfl.loader import SiteDataLoader
 from fedcontrast.site.report import read_rows, score_final_model
 
 pytestmark = pytest.mark.skipif(netns_unavailable() is not None, reason=str(netns_unavailable()))

@@ -18,10 +18,10 @@ from PIL import Image
 from fedcontrast.cli import main
 from fedcontrast.config import DataSchema, RunConfig
 from fedcontrast.data.schema import folder_fingerprint
-from fedcontrast.errors import DataError
 from fedcontrast.deploy.common import DeploymentError, secrets_in
 from fedcontrast.deploy.institution_flows import join, package_config, verify_site_certificate
 from fedcontrast.deploy.operator_flows import request_site, sign_request
+from fedcontrast.errors import DataError
 from fedcontrast.openfl.plan import create_workspace
 
 CLASSES = ("neg", "pos")

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from fedcontrast.algorithms.base import WEIGHT_PREFIX
+from fedcontrast.deploy.workspace import read_workspace_config
 from fedcontrast.evaluation import evaluate_classifier
 from fedcontrast.models import build_model
 from fedcontrast.openfl.launch import (FederationFailed, export_results, read_rounds, run_federation, start, stop_all,
-                                      threads_per_collaborator)
-from fedcontrast.deploy.workspace import read_workspace_config
+                                       threads_per_collaborator)
 from fedcontrast.sim import Federation
 
 from .conftest import FEDERATION_TIMEOUT, small_config

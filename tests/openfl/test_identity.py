@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from fedcontrast.errors import ConfigError
-from fedcontrast.openfl.startup_checks import _check_collaborators
 from fedcontrast.openfl.plan import create_workspace
+from fedcontrast.openfl.startup_checks import _check_collaborators
 
 from .conftest import small_config
 
@@ -79,8 +79,8 @@ def enrolled_server(cert_dir, sites):
     operator holds ``cert_dir``."""
     from types import SimpleNamespace
 
-    from fedcontrast.openfl.components import SafeAggregator
     from fedcontrast.deploy.enrolment import EnrolledCertificates
+    from fedcontrast.openfl.components import SafeAggregator
 
     aggregator = SafeAggregator.__new__(SafeAggregator)
     aggregator.authorized_cols, aggregator.single_col_cert_common_name = list(sites), ""
@@ -148,9 +148,9 @@ def test_the_aggregator_admits_a_name_only_with_the_certificate_signed_for_it(tm
 def test_a_revoked_certificate_is_refused_from_the_next_call_on(tmp_path):
     import grpc
 
+    from fedcontrast.deploy.enrolment import EnrolledCertificates, revoke_certificate
     from fedcontrast.errors import ConfigError
     from fedcontrast.openfl.collaborator import explain_rpc_error
-    from fedcontrast.deploy.enrolment import EnrolledCertificates, revoke_certificate
 
     from .test_tls_diagnostics import issue, make_ca, write
 

@@ -19,18 +19,17 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import NameOID
 
 from fedcontrast.cli import main
-from fedcontrast.site.checks import CollaboratorStopped
 from fedcontrast.deploy.common import DeploymentError, secrets_in
 from fedcontrast.deploy.institution_flows import join, requirement_problems
 from fedcontrast.deploy.operator_flows import export_workspace
-from fedcontrast.site.checks import enforce_site_policy
-from fedcontrast.site.trust import PackageRefused, check_workspace, key_material
-from fedcontrast.site.templates import template_problems
-from fedcontrast.site.guard import guard_installed
 from fedcontrast.openfl.plan import build_plan, create_workspace
 from fedcontrast.privacy.audit import audit_plan
 from fedcontrast.privacy.audit_format import format_report
 from fedcontrast.privacy.policy import POLICY_ENV, POLICY_FILE, SitePolicy, check_policy, site_policy_path
+from fedcontrast.site.checks import CollaboratorStopped, enforce_site_policy
+from fedcontrast.site.guard import guard_installed
+from fedcontrast.site.templates import template_problems
+from fedcontrast.site.trust import PackageRefused, check_workspace, key_material
 
 from .conftest import small_config
 from .test_deploy import deployment, images

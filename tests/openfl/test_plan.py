@@ -7,9 +7,9 @@ import yaml
 
 from fedcontrast.algorithms import available_algorithms
 from fedcontrast.config import RunConfig
+from fedcontrast.deploy.workspace import collaborator_names, read_workspace_config
 from fedcontrast.errors import ConfigError
 from fedcontrast.openfl.plan import build_plan, create_workspace, plan_templates
-from fedcontrast.deploy.workspace import collaborator_names, read_workspace_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,8 +85,8 @@ def test_a_site_reading_its_own_folder_is_refused_in_one_sentence(tmp_path):
 
 
 def test_the_evaluate_task_name_is_reserved():
-    from fedcontrast.algorithms.fedavg import FedAvg
     from fedcontrast.algorithms import registry
+    from fedcontrast.algorithms.fedavg import FedAvg
 
     class Clash(FedAvg):
         name = "clash"

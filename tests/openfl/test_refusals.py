@@ -163,8 +163,8 @@ def test_a_second_aggregator_on_a_port_in_use_is_refused_naming_the_port(aggrega
     """gRPC binds with SO_REUSEPORT: without the check a second `fx aggregator start` would listen beside
     the first, and sites would reach either one."""
     from fedcontrast.errors import ConfigError
-    from fedcontrast.openfl.startup_checks import check_port_free
     from fedcontrast.openfl.launch import failure_reason
+    from fedcontrast.openfl.startup_checks import check_port_free
 
     with pytest.raises(ConfigError, match=f"port {aggregator['port']} .* is taken on this machine"):
         check_port_free(aggregator["port"])

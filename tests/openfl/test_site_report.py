@@ -14,9 +14,9 @@ from fedcontrast.evaluation import evaluate_classifier
 from fedcontrast.openfl.loader import SiteDataLoader
 from fedcontrast.openfl.packing import GLOBAL_PACKED, pack, unpack
 from fedcontrast.openfl.runner import PluginTaskRunner
-from fedcontrast.site.report import load_final_model, read_rows, score_final_model
 from fedcontrast.privacy import planned_epsilon
 from fedcontrast.privacy.policy import SitePolicy
+from fedcontrast.site.report import load_final_model, read_rows, score_final_model
 
 BASE = dict(dataset="synthetic", image_size=16, clients=2, rounds=2, min_samples=5, projection_dim=32,
             public_fraction=0.2, training={"local_epochs": 1, "batch_size": 32})

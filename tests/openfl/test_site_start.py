@@ -13,8 +13,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from fedcontrast.cli import main
-from fedcontrast.lab.deployment import executable
 from fedcontrast.deploy.pki import fx_executable, issue_for_key, write_certificate
+from fedcontrast.lab.deployment import executable
 from fedcontrast.openfl.plan import create_workspace
 
 from .conftest import free_port, small_config
@@ -191,8 +191,8 @@ def test_every_check_the_collaborator_would_make_runs_before_site_start_says_it_
     assert message.startswith(f"this site's policy {site_ws / POLICY_FILE} refuses the plan before any data is read")
     (site_ws / POLICY_FILE).unlink()
     # a public folder whose files differ from the plan's fingerprint: the doctor's (and so site start's) check
-    from fedcontrast.site.doctor import FAIL, OK, check_shared
     from fedcontrast.deploy.workspace import read_workspace_config
+    from fedcontrast.site.doctor import FAIL, OK, check_shared
 
     from .test_deploy import deployment, images
 

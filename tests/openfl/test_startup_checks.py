@@ -15,13 +15,13 @@ from openfl.pipelines import NoCompressionPipeline
 from openfl.protocols import utils
 
 from fedcontrast.algorithms import TensorSpec
+from fedcontrast.deploy.certificates import check_certificate_dates
 from fedcontrast.errors import ConfigError
 from fedcontrast.openfl.components import SafeCollaborator
-from fedcontrast.site.checks import CollaboratorStopped
-from fedcontrast.openfl.startup_checks import check_aggregator_plan, check_initial_model, check_tensor_db
 from fedcontrast.openfl.packing import GLOBAL_PACKED, packed_size
-from fedcontrast.deploy.certificates import check_certificate_dates
 from fedcontrast.openfl.plan import build_plan, create_workspace
+from fedcontrast.openfl.startup_checks import check_aggregator_plan, check_initial_model, check_tensor_db
+from fedcontrast.site.checks import CollaboratorStopped
 
 from .conftest import small_config
 from .test_tls_diagnostics import issue, make_ca, write

@@ -7,11 +7,11 @@ import grpc
 import pytest
 from openfl.protocols import aggregator_pb2, aggregator_pb2_grpc
 
+from fedcontrast.openfl.collaborator import BoundedRetry, explain_rpc_error
 from fedcontrast.openfl.components import SafeAggregator
 from fedcontrast.site.checks import CollaboratorStopped
-from fedcontrast.openfl.collaborator import BoundedRetry, explain_rpc_error
 
-from .test_upload_bounds import MiB, FakeAggregator, serve, upload
+from .test_upload_bounds import FakeAggregator, MiB, serve, upload
 
 REASON = "round 3 did not complete within 60 s (the plan's round_timeout): no answer from site_1"
 

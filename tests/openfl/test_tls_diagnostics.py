@@ -21,15 +21,15 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from fedcontrast.errors import ConfigError
-from fedcontrast.openfl.components import SafeAggregator, SafeCollaborator
-from fedcontrast.site.checks import CollaboratorStopped
-from fedcontrast.openfl.collaborator import BoundedRetry, diagnose_handshake
-from fedcontrast.openfl.startup_checks import check_aggregator_plan
-from fedcontrast.deploy.pki import fx_executable
 from fedcontrast.deploy.certificates import (check_aggregator_certificate, check_enrolled_certificates,
-                                             check_own_certificate)
+                                              check_own_certificate)
+from fedcontrast.deploy.pki import fx_executable
+from fedcontrast.errors import ConfigError
+from fedcontrast.openfl.collaborator import BoundedRetry, diagnose_handshake
+from fedcontrast.openfl.components import SafeAggregator, SafeCollaborator
 from fedcontrast.openfl.plan import build_plan, create_workspace
+from fedcontrast.openfl.startup_checks import check_aggregator_plan
+from fedcontrast.site.checks import CollaboratorStopped
 
 from .conftest import run_collaborator, small_config
 

@@ -10,12 +10,12 @@ from openfl.transport.grpc.aggregator_server import AggregatorGRPCServer
 
 from fedcontrast.construction import attach_public, build_algorithm, initial_model, load_public
 from fedcontrast.openfl import grpc_bounds
-from fedcontrast.openfl.components import SafeAggregator
 from fedcontrast.openfl.collaborator import explain_rpc_error
-from fedcontrast.openfl.startup_checks import upload_limit
-from fedcontrast.openfl.protocol import MESSAGE_ALLOWANCE, UPLOAD_MARGIN
+from fedcontrast.openfl.components import SafeAggregator
 from fedcontrast.openfl.packing import packed_size
 from fedcontrast.openfl.plan import build_plan, create_workspace
+from fedcontrast.openfl.protocol import MESSAGE_ALLOWANCE, UPLOAD_MARGIN
+from fedcontrast.openfl.startup_checks import upload_limit
 
 from .conftest import free_port, small_config
 
@@ -181,8 +181,8 @@ def test_an_oversized_upload_in_a_federation_stops_it_at_once_and_every_site_say
     sentence, not "see its log"."""
     import time
 
-    from fedcontrast.openfl.protocol import FAILURE_EXIT_CODE
     from fedcontrast.openfl.launch import start, stop_all
+    from fedcontrast.openfl.protocol import FAILURE_EXIT_CODE
 
     from .conftest import FEDERATION_TIMEOUT
 

@@ -39,6 +39,7 @@ from ..config import TrainingConfig
 from ..errors import ConfigError
 from ..evaluation import evaluate_classifier
 from ..robust import robust_average
+
 # What travels, declared and checked (a low-level module, so that evaluation and the aggregator's
 # screen can use it without importing this package); re-exported: plugins import these from here.
 from ..tensors import (TENSOR_KINDS, WEIGHT_PREFIX, InvalidUploadError, TensorSpec, load_weights, nbytes,

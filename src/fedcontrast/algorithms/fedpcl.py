@@ -20,8 +20,7 @@ from ..evaluation import PROTOTYPE_METRICS, distribution_weighted_accuracy, near
 from ..losses import check_temperature, fedpcl_loss
 from ..models import MODEL_NAMES
 from ..models.backbones import backbone_set
-from .base import (Algorithm, Downlink, InvalidUploadError, ServerContext, SiteContext, TaskResult,
-                   TensorSpec)
+from .base import Algorithm, Downlink, InvalidUploadError, ServerContext, SiteContext, TaskResult, TensorSpec
 from .registry import register_algorithm
 from .training import batch_indices, site_generator
 

@@ -13,8 +13,8 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..losses import check_temperature, global_class_contrastive_loss
-from .base import (WEIGHT_PREFIX, Downlink, InvalidUploadError, ServerContext, SiteContext, TensorSpec,
-                   weight_specs, weight_tensors)
+from .base import (WEIGHT_PREFIX, Downlink, InvalidUploadError, ServerContext, SiteContext, TensorSpec, weight_specs,
+                   weight_tensors)
 from .moon import Moon, represent_all
 from .registry import register_algorithm
 from .training import ExtraLoss

@@ -38,10 +38,11 @@ from torch import nn
 from ..errors import ConfigError, FedContrastError
 from ..losses import check_temperature, ensemble_similarity, esd_loss
 from ..models import MODEL_NAMES, build_model
-from .base import (WEIGHT_PREFIX, Algorithm, Downlink, InvalidUploadError, ServerContext, SiteContext,
-                   TaskResult, TensorSpec, load_weights, weight_specs, weight_tensors)
+from .base import (WEIGHT_PREFIX, Algorithm, Downlink, InvalidUploadError, ServerContext, SiteContext, TaskResult,
+                   TensorSpec, load_weights, weight_specs, weight_tensors)
 from .moon import represent_all
 from .registry import register_algorithm
+
 # The local SimCLR training and the FedAvg-SimCLR baseline; re-exported (imported from here before).
 from .simclr import FedAvgSimCLR, SimCLRHyperparameters, _pair, probe, probe_at_site, train_simclr
 from .training import batch_indices, site_generator

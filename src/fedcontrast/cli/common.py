@@ -10,7 +10,6 @@ from ..config import RunConfig, load_yaml
 from ..errors import ConfigError
 from ..yamlio import loads_yaml
 
-
 # flag name → config key (None default = "not given": the YAML file or the default applies)
 RUN_FLAGS = {
     "algorithm": str, "dataset": str, "data_root": str, "image_size": int, "test_fraction": float,

@@ -61,7 +61,8 @@ def deployment_config(args: argparse.Namespace) -> tuple[RunConfig, Path | None]
 
 def cmd_workspace_create(args: argparse.Namespace) -> int:
     from ..config import site_names
-    from ..openfl.plan import DEFAULT_PORT, create_workspace, read_workspace_config
+    from ..deploy.workspace import read_workspace_config
+    from ..openfl.plan import DEFAULT_PORT, create_workspace
 
     check_port(args.port)
     config, public_source = deployment_config(args)
@@ -72,7 +73,7 @@ def cmd_workspace_create(args: argparse.Namespace) -> int:
                           min_sites=args.min_sites, wait_for_aggregator=args.wait_for_aggregator,
                           public_source=public_source)
     if args.pki_from:
-        from ..openfl.deploy import reuse_pki
+        from ..deploy.operator_flows import reuse_pki
 
         reuse_pki(ws, args.pki_from)
         print(f"reused the certificate authority and certificates of {args.pki_from}")
@@ -97,9 +98,8 @@ def cmd_workspace_create(args: argparse.Namespace) -> int:
 
 
 def cmd_workspace_export(args: argparse.Namespace) -> int:
-    from ..openfl.deploy import export_workspace
-
-    from ..openfl.plan import read_workspace_config
+    from ..deploy.operator_flows import export_workspace
+    from ..deploy.workspace import read_workspace_config
 
     archive = export_workspace(args.workspace)
     config = read_workspace_config(args.workspace)
@@ -134,8 +134,8 @@ def cmd_plan_write(args: argparse.Namespace) -> int:
 
 
 def cmd_pki(args: argparse.Namespace) -> int:
-    from ..openfl.pki import dev_pki_commands, make_dev_pki
-    from ..openfl.plan import collaborator_names
+    from ..deploy.pki import dev_pki_commands, make_dev_pki
+    from ..deploy.workspace import collaborator_names
 
     ws = Path(args.workspace)
     if not (args.dry_run and args.collaborators) and not (ws / "plan" / "plan.yaml").is_file():
@@ -153,9 +153,10 @@ def cmd_federation(args: argparse.Namespace) -> int:
     import shutil
     import time
 
+    from ..deploy.pki import make_dev_pki
+    from ..deploy.workspace import collaborator_names, read_workspace_config
     from ..openfl.launch import export_results, format_round, initialize_plan, run_federation
-    from ..openfl.pki import make_dev_pki
-    from ..openfl.plan import collaborator_names, create_workspace, read_workspace_config
+    from ..openfl.plan import create_workspace
 
     check_port(args.port)
     config = config_from_args(args).replace(clients=args.collaborators)

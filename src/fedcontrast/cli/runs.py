@@ -36,7 +36,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_probe(args: argparse.Namespace) -> int:
     import torch
 
-    from ..construction import initial_model, load_splits, resolve_device
+    from ..construction import initial_model, load_splits
+    from ..devices import resolve_device
     from ..evaluation import linear_probe
 
     config = config_from_args(args)

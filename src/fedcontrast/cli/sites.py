@@ -12,7 +12,7 @@ from ..errors import ConfigError
 
 
 def cmd_ca_init(args: argparse.Namespace) -> int:
-    from ..openfl.deploy import init_ca
+    from ..deploy.operator_flows import init_ca
 
     chain = init_ca(args.workspace, fqdn=args.fqdn)
     print(f"certificate authority in {Path(args.workspace) / 'cert' / 'ca'} (its private keys never leave this "
@@ -21,7 +21,7 @@ def cmd_ca_init(args: argparse.Namespace) -> int:
 
 
 def cmd_ca_sign(args: argparse.Namespace) -> int:
-    from ..openfl.deploy import sign_request
+    from ..deploy.operator_flows import sign_request
 
     def confirm(site: str, csr_hash: str) -> bool:  # `site`: the name read from the CSR itself
         print(f"request {Path(args.request).name}: its CSR is for CN={site} (the site {args.site} you sign for); "
@@ -43,7 +43,7 @@ def cmd_ca_sign(args: argparse.Namespace) -> int:
 
 
 def cmd_ca_revoke(args: argparse.Namespace) -> int:
-    from ..openfl.deploy import revoke_site
+    from ..deploy.operator_flows import revoke_site
 
     record = revoke_site(args.workspace, args.name, reason=args.reason)
     cert = Path(args.workspace) / "cert"
@@ -57,7 +57,7 @@ def cmd_ca_revoke(args: argparse.Namespace) -> int:
 
 
 def cmd_site_join(args: argparse.Namespace) -> int:
-    from ..openfl.deploy import join, package_plan
+    from ..deploy.institution_flows import join, package_plan
 
     joined = join(args.package, name=args.name, data=args.data, public=args.public, into=args.into,
                   cert_from=args.cert_from, policy=args.policy)
@@ -82,7 +82,7 @@ def cmd_site_join(args: argparse.Namespace) -> int:
 
 
 def cmd_site_import_cert(args: argparse.Namespace) -> int:
-    from ..openfl.deploy import import_certificate
+    from ..deploy.institution_flows import import_certificate
 
     ws = Path(args.workspace)
     name = import_certificate(ws, args.signed)
@@ -97,7 +97,7 @@ FX_START_OPTIONS = {"plan": ("-p", "--plan"), "data_config": ("-d", "--data_conf
 def _fx_option(extra: list[str], option: str) -> str | None:
     """The value ``fx collaborator start`` would take for ``option`` ("plan" or "data_config") from
     the extra arguments; None when they do not give it."""
-    from ..openfl.plan import fx_option
+    from ..deploy.workspace import fx_option
 
     return fx_option(extra, FX_START_OPTIONS[option])
 
@@ -105,7 +105,7 @@ def _fx_option(extra: list[str], option: str) -> str | None:
 def site_data_names(path: Path) -> list[str]:
     """The site names of a ``NAME,PATH`` data file, read as OpenFL reads it (blank lines and lines
     starting with ``#`` skipped, the name up to the first comma)."""
-    from ..openfl.plan import read_data_lines
+    from ..deploy.workspace import read_data_lines
 
     return list(read_data_lines(path))
 
@@ -115,9 +115,9 @@ def site_start_command(workspace: str | Path, name: str, *, plan: str | None = N
     """The pre-flight of ``fedcontrast site start``: what ``fx collaborator start -n NAME`` would stop
     on later (or with a traceback), each refused with one sentence; the ``fx`` command line to run
     in ``workspace`` when every check passes."""
-    from ..openfl.package_trust import check_policy_for_workspace, check_workspace
-    from ..openfl.pki import fx_executable
-    from ..openfl.plan import collaborator_names, load_plan_file
+    from ..deploy.pki import fx_executable
+    from ..deploy.workspace import collaborator_names, load_plan_file
+    from ..site.trust import check_policy_for_workspace, check_workspace
 
     ws = Path(workspace)
     extra = list(extra)
@@ -167,7 +167,7 @@ def site_start_command(workspace: str | Path, name: str, *, plan: str | None = N
     # Everything the collaborator would stop on later (after fx's start-up and ~130 lines of plan), said now:
     # every check of the doctor — certificates and (when it already listens) the aggregator's, the data
     # line and folder, the policy, the public folder and shared files, the code, the transport.
-    from ..openfl.doctor import FAIL, run_checks
+    from ..site.doctor import FAIL, run_checks
 
     for check in run_checks(ws, name, plan_path=plan_path, data_path=data_path):
         if check.status == FAIL:
@@ -204,7 +204,7 @@ def cmd_site_start(args: argparse.Namespace) -> int:
 
 def _report_score(ws: Path, name: str | None) -> int:
     """``report --score``: the final model a site took home, scored again on its own held-out data."""
-    from ..openfl.site_report import score_in_workspace
+    from ..site.report import score_in_workspace
 
     def show(value: Any) -> str:
         return "n/a" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
@@ -220,7 +220,7 @@ def _report_score(ws: Path, name: str | None) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from ..openfl.launch import export_results, format_round, read_rounds
-    from ..openfl.site_report import format_row, pick_site_report, read_rows, site_report_folders
+    from ..site.report import format_row, pick_site_report, read_rows, site_report_folders
 
     ws = Path(args.workspace)
     if args.score:
@@ -250,7 +250,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from ..openfl.doctor import FAIL, run_checks
+    from ..site.doctor import FAIL, run_checks
 
     checks = run_checks(args.workspace, name=args.name)
     for check in checks:

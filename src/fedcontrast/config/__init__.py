@@ -9,11 +9,11 @@ The configuration lives in three modules: :mod:`.checks` (how a setting is check
 """
 
 from .checks import (MAX_CLIP, MAX_DELTA, MAX_IMAGE_SIZE, MAX_NOISE_MULTIPLIER, MAX_PROJECTION_DIM,
-                     MIN_NOISE_MULTIPLIER, _finite)
+                      MIN_NOISE_MULTIPLIER, _finite)
 from .run import SITE_NAME, RunConfig, load_yaml, site_names
-from .sections import (ACCOUNTANTS, AUGMENTATIONS, MIN_ROBUST_SITES, ON_REJECTED, ROBUST_RULES, SHA256_HEX,
-                       DataSchema, DPSGDConfig, PrivacyConfig, PublicDataConfig, RepresentationDPConfig,
-                       RobustnessConfig, TrainingConfig)
+from .sections import (ACCOUNTANTS, AUGMENTATIONS, MIN_ROBUST_SITES, ON_REJECTED, ROBUST_RULES, SHA256_HEX, DataSchema,
+                       DPSGDConfig, PrivacyConfig, PublicDataConfig, RepresentationDPConfig, RobustnessConfig,
+                       TrainingConfig)
 
 __all__ = ["ACCOUNTANTS", "AUGMENTATIONS", "MAX_CLIP", "MAX_DELTA", "MAX_IMAGE_SIZE", "MAX_NOISE_MULTIPLIER",
            "MAX_PROJECTION_DIM", "MIN_NOISE_MULTIPLIER", "MIN_ROBUST_SITES", "ON_REJECTED", "ROBUST_RULES",

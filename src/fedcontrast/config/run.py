@@ -12,8 +12,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..yamlio import load_yaml_file
 from .checks import MAX_IMAGE_SIZE, MAX_PROJECTION_DIM, _check, _check_types, _finite, _tuple, _typed_section
-from .sections import (MIN_ROBUST_SITES, DataSchema, PrivacyConfig, PublicDataConfig, RobustnessConfig,
-                       TrainingConfig)
+from .sections import MIN_ROBUST_SITES, DataSchema, PrivacyConfig, PublicDataConfig, RobustnessConfig, TrainingConfig
 
 # A site's name is its certificate's common name: OpenFL lower-cases it and uses it in file names.
 SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")

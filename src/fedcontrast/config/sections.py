@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .checks import (MAX_DELTA, MAX_IMAGE_SIZE, _check, _check_clip, _check_noise_multiplier, _check_types,
-                     _finite, _tuple, _typed_section)
+from .checks import (MAX_DELTA, MAX_IMAGE_SIZE, _check, _check_clip, _check_noise_multiplier, _check_types, _finite,
+                      _tuple, _typed_section)
 
 AUGMENTATIONS = ("none", "crop", "crop_flip")
 ACCOUNTANTS = ("rdp", "prv")

@@ -10,7 +10,6 @@ from pathlib import Path
 from ..errors import ConfigError
 from .certificates import _certificates, subject
 
-
 # --- one certificate per site: its name, the exact certificate signed for it, revocations -----------
 # The aggregator admits a connection only with the very certificate the federation's CA signed for the
 # name it claims (``cert/client/col_NAME.crt`` at the operator), never one revoked with `fedcontrast ca

@@ -186,8 +186,8 @@ def import_certificate(workspace: str | Path, signed_zip: str | Path, *, log: Ca
     checked before anything is installed. Returns the name."""
     from cryptography import x509
 
-    from .enrolment import identity
     from .certificates import subject
+    from .enrolment import identity
 
     ws = Path(workspace).resolve()
     archive = Path(signed_zip).resolve()
@@ -238,8 +238,8 @@ def verify_site_certificate(workspace: Path, name: str) -> None:
     """The site's certificate is within its dates, matches its private key, is signed by the CA in
     ``cert_chain.crt`` (:func:`~.certificates.check_own_certificate`) and is issued for ``name`` alone
     (:func:`~.enrolment.check_certificate_name`)."""
-    from .enrolment import check_certificate_name
     from .certificates import check_own_certificate
+    from .enrolment import check_certificate_name
 
     cert_dir = workspace / "cert"
     crt, key = cert_dir / "client" / f"col_{name}.crt", cert_dir / "client" / f"col_{name}.key"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from .common import DeploymentError, SECRET_SUFFIXES, _plan, _refuse_secrets, aggregator_name, run_fx
+from .common import SECRET_SUFFIXES, DeploymentError, _plan, _refuse_secrets, aggregator_name, run_fx
 
 
 # --- the operator -------------------------------------------------------------------------------
@@ -60,8 +60,8 @@ def export_workspace(workspace: str | Path, *, log: Callable[[str], None] = prin
     if results:
         raise DeploymentError(f"{ws / 'save'} holds results of a run ({', '.join(results[:3])}): the package would "
                               "send them to every institution; export from a fresh workspace")
-    from ..site.trust import code_files
     from ..site.templates import template_problems
+    from ..site.trust import code_files
 
     code = code_files(ws / "src") + code_files(ws / "plan") + code_files(ws / "save")
     if code:  # every site refuses a package with code in it: say so here, before anything is packed
@@ -113,8 +113,8 @@ def read_request(request_zip: str | Path, *, claimed: str | None = None) -> Cert
 
     from cryptography import x509
 
-    from .enrolment import identity
     from .certificates import subject
+    from .enrolment import identity
 
     request_zip = Path(request_zip)
     try:
@@ -170,8 +170,8 @@ def sign_request(workspace: str | Path, request_zip: str | Path, *, confirm: Cal
     import tempfile
 
     from ..config import RunConfig, site_names
-    from .enrolment import fingerprint, identity, serial_hex
     from .certificates import _certificates
+    from .enrolment import fingerprint, identity, serial_hex
 
     ws = Path(workspace).resolve()
     request = Path(request_zip).resolve()

@@ -12,7 +12,6 @@ import math
 import torch
 import torch.nn.functional as F
 
-
 MIN_TEMPERATURE = 1e-4  # similarities in [-1, 1] are divided by τ: far below this, float32 logits overflow
 
 

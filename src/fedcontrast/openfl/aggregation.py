@@ -25,8 +25,8 @@ from ..algorithms import InvalidUploadError, ServerContext, validate_uploads
 from ..algorithms.base import WEIGHT_PREFIX
 from ..atomic import atomic_torch_save
 from ..config import RunConfig, site_names
-from ..construction import (attach_public, build_algorithm, initial_model, load_public, resolve_device, server_seed,
-                            upload_screen)
+from ..construction import attach_public, build_algorithm, initial_model, load_public, server_seed, upload_screen
+from ..devices import resolve_device
 from ..errors import FedContrastError
 from ..outputs import write_json
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, unpack

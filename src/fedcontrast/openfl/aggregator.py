@@ -20,19 +20,20 @@ from openfl.utilities import TaskResultKey, TensorKey, change_tags
 from ..algorithms import ServerContext
 from ..config import RunConfig, site_names
 from ..construction import build_algorithm, initial_model, server_seed
+from ..deploy.certificates import check_enrolled_certificates
+from ..deploy.enrolment import EnrolledCertificates
 from ..errors import FedContrastError
 from . import aggregation, grpc_bounds
-from .packing import PERSONAL_PACKED, pack
-from ..deploy.enrolment import EnrolledCertificates
-from ..deploy.certificates import check_enrolled_certificates
-from .tls_log import HandshakeLog, StderrTap, enable_handshake_trace
-from .plan import DEFAULT_ROUND_TIMEOUT, EVALUATE_TASK
-from .runner import PERSONAL_TAG
 from .grpc_bounds import certificate_name
-from .protocol import FAILURE_EXIT_CODE, FAILURE_METRIC, FAILURE_SLEEP_CODE, FederationStopped, MESSAGE_ALLOWANCE, STOPPED, STOP_GRACE_S, WAITING_NOTICE_S
+from .packing import PERSONAL_PACKED, pack
+from .plan import DEFAULT_ROUND_TIMEOUT, EVALUATE_TASK
+from .protocol import (FAILURE_EXIT_CODE, FAILURE_METRIC, FAILURE_SLEEP_CODE, MESSAGE_ALLOWANCE, STOP_GRACE_S, STOPPED,
+                       WAITING_NOTICE_S, FederationStopped)
 from .records import RoundReport
-from .startup_checks import _check_collaborators, check_aggregator_plan, check_initial_model, check_tensor_db, upload_limit
-
+from .runner import PERSONAL_TAG
+from .startup_checks import (_check_collaborators, check_aggregator_plan, check_initial_model, check_tensor_db,
+                             upload_limit)
+from .tls_log import HandshakeLog, StderrTap, enable_handshake_trace
 
 logger = logging.getLogger("fedcontrast.openfl.components")  # one logger for the plan's components, as log lines name it
 

@@ -10,7 +10,6 @@ from openfl.component.assigner import Assigner
 from .plan import EVALUATE_TASK
 
 
-
 class RoundAssigner(Assigner):
     """Every collaborator, every round: ``evaluate`` (what it received, on its own held-out data),
     then the plugin's tasks; after the last training round, one more round of ``evaluate`` alone, so

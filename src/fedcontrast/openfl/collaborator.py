@@ -15,14 +15,13 @@ import numpy as np
 from openfl.component.collaborator.collaborator import Collaborator
 from openfl.utilities import TensorKey
 
-from ..errors import FedContrastError
-from ..deploy.enrolment import check_certificate_name
 from ..deploy.certificates import check_aggregator_certificate, check_certificate_dates, check_own_certificate
-from .plan import DEFAULT_RECONNECT_INTERVAL_MAX, DEFAULT_WAIT_FOR_AGGREGATOR, check_wait_settings
+from ..deploy.enrolment import check_certificate_name
+from ..errors import FedContrastError
 from ..site.checks import CollaboratorStopped  # defined without OpenFL: the site's pre-flight raises it too
+from .plan import DEFAULT_RECONNECT_INTERVAL_MAX, DEFAULT_WAIT_FOR_AGGREGATOR, check_wait_settings
 from .protocol import FAILURE_METRIC, FAILURE_SLEEP_CODE, STOPPED, WAITING_NOTICE_S
 from .startup_checks import check_settings_in_effect
-
 
 logger = logging.getLogger("fedcontrast.openfl.components")  # one logger for the plan's components, as log lines name it
 

@@ -9,9 +9,8 @@ from typing import Any
 import grpc
 from openfl.transport.grpc import aggregator_server as grpc_server
 from openfl.transport.grpc import common as grpc_common
+
 from .protocol import FederationStopped
-
-
 
 logger = logging.getLogger("fedcontrast.openfl.components")  # one logger for the plan's components, as log lines name it
 

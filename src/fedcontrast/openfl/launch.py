@@ -17,10 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..deploy.pki import fx_executable
+from ..deploy.workspace import collaborator_names, read_workspace_config
 from ..errors import FedContrastError
 from .records import FINAL_DOWNLINK, FINAL_MODEL, ROUNDS_FILE, describe_withheld, metric_kind
-from ..deploy.workspace import collaborator_names, read_workspace_config
-from ..deploy.pki import fx_executable
 
 
 class FederationFailed(FedContrastError):

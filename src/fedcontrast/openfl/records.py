@@ -16,7 +16,8 @@ from ..algorithms import Downlink, ServerContext, load_weights
 from ..algorithms.base import WEIGHT_PREFIX
 from ..atomic import atomic_torch_save
 from ..config import RunConfig, site_names
-from ..construction import build_algorithm, initial_model, load_public, load_splits, resolve_device, server_seed
+from ..construction import build_algorithm, initial_model, load_public, load_splits, server_seed
+from ..devices import resolve_device
 from ..errors import FedContrastError
 from ..evaluation import local_model_accuracy
 from ..outputs import write_json
@@ -24,7 +25,6 @@ from . import aggregation
 from .packing import GLOBAL_PACKED, unpack
 from .plan import EVALUATE_TASK
 from .runner import EVAL_SAMPLES, WEIGHT_METRIC
-
 
 logger = logging.getLogger("fedcontrast.openfl.components")  # one logger for the plan's components, as log lines name it
 

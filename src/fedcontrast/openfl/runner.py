@@ -18,12 +18,13 @@ from openfl.utilities import TensorKey
 from ..algorithms import ServerContext, SiteContext
 from ..atomic import atomic_torch_save
 from ..config import RunConfig
-from ..construction import (attach_public, build_algorithm, initial_model, resolve_device, server_seed, site_index,
-                            site_privacy, task_seed)
+from ..construction import (attach_public, build_algorithm, initial_model, server_seed, site_index, site_privacy,
+                            task_seed)
+from ..devices import resolve_device
 from ..errors import CheckpointError, FedContrastError
+from ..site.report import REPORT_DIR, SiteReport, snapshot, write_final_model
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, UPLOAD_PACKED, pack, unpack
 from .plan import EVALUATE_TASK
-from ..site.report import REPORT_DIR, SiteReport, snapshot, write_final_model
 
 logger = logging.getLogger(__name__)
 

@@ -13,13 +13,12 @@ import numpy as np
 
 from ..config import RunConfig, site_names
 from ..construction import attach_public, build_algorithm, initial_model, load_public
+from ..deploy.certificates import check_server_files
+from ..deploy.workspace import fx_plan_path, load_plan_file
 from ..errors import ConfigError
 from . import aggregation
 from .packing import GLOBAL_PACKED, packed_size
-from ..deploy.certificates import check_server_files
-from ..deploy.workspace import fx_plan_path, load_plan_file
 from .protocol import UPLOAD_MARGIN
-
 
 logger = logging.getLogger("fedcontrast.openfl.components")  # one logger for the plan's components, as log lines name it
 

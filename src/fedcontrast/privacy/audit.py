@@ -174,8 +174,7 @@ def _site_data(workspace: Path | None, config: RunConfig) -> list[tuple[str, str
     line for (a site's workspace holds its own line only); without lines (no workspace, or an
     operator's, who holds no data) the plan's sites with their shards, or "its own folder"."""
     from ..config import site_names
-    from ..deploy.workspace import SHARD_PREFIX
-    from ..deploy.workspace import read_data_lines
+    from ..deploy.workspace import SHARD_PREFIX, read_data_lines
 
     path = workspace / "plan" / "data.yaml" if workspace is not None else None
     rows = list(read_data_lines(path).items()) if path is not None and path.is_file() else []  # as fx reads it

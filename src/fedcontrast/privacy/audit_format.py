@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from .audit import AuditReport
 
+from .audit import AuditReport
 
 
 def _eps(x: float) -> str:

@@ -25,7 +25,6 @@ from torch import nn
 
 from ..errors import ConfigError
 
-
 _NOISE_SAID: set[tuple[bool, bool]] = set()
 
 

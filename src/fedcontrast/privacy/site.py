@@ -24,10 +24,10 @@ from torch import nn
 
 from ..config import PrivacyConfig
 from .accounting import RELEASE_MECHANISMS, compact, count_history, epsilon
+
 # secure_csprng_available lives beside the Opacus code that needs it; re-exported (imported from here before)
 from .dp_sgd import DPSGDSession, secure_csprng_available
-from .representations import (GaussianClassSums, gaussian_noise, gaussian_public_representations,
-                              public_release_history)
+from .representations import GaussianClassSums, gaussian_noise, gaussian_public_representations, public_release_history
 
 HISTORY_KEY = "privacy.history"
 COUNT_KEY = "privacy.released_count"  # the sample count as released once (noised), reused every round

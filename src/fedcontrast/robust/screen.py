@@ -19,8 +19,8 @@ from ..config import MIN_ROBUST_SITES
 from ..errors import FedContrastError
 from ..tensors import InvalidUploadError
 from .blame import BLAME_WINDOW, Move, _cosine_to, _non_finite, _round_spans, abnormal_move, all_rejected_hint
-from .updates import (_reference_norm, _shared_weight_names, _update_norm, _weight_names, clip_update,
-                      update_cosines, update_spreads)
+from .updates import (_reference_norm, _shared_weight_names, _update_norm, _weight_names, clip_update, update_cosines,
+                      update_spreads)
 
 logger = logging.getLogger("fedcontrast.robust")  # the package's name: one logger for the screen, as before
 

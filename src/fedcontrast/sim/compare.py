@@ -11,9 +11,9 @@ from typing import Any
 import yaml
 
 from ..config import RunConfig
+from ..construction import build_algorithm
 from ..errors import ConfigError
 from ..outputs import plot_curves, rounds_to_reach, write_json
-from ..construction import build_algorithm
 from .simulator import Progress, run_simulation
 
 

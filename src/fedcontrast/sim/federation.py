@@ -16,15 +16,16 @@ import numpy as np
 import torch
 
 from ..algorithms import (Downlink, InvalidUploadError, ServerContext, SiteContext, load_weights, nbytes,
-                          validate_uploads)
+                           validate_uploads)
 from ..algorithms.base import WEIGHT_PREFIX
-from ..errors import ConfigError
-from ..evaluation import linear_probe, local_model_accuracy
 from ..config import RunConfig, site_names
 from ..construction import (attach_public, build_algorithm, derive_seed, initial_model, load_splits, partition,
-                            resolve_device, server_seed, site_privacy, task_seed, upload_screen)
-from ..robust import RejectedUpload
+                            server_seed, site_privacy, task_seed, upload_screen)
+from ..devices import resolve_device
+from ..errors import ConfigError
+from ..evaluation import linear_probe, local_model_accuracy
 from ..outputs import GLOBAL_SITE, metric_row
+from ..robust import RejectedUpload
 
 __all__ = ["Federation", "build_algorithm", "derive_seed"]
 

@@ -15,10 +15,10 @@ import yaml
 from ..atomic import atomic_write_text
 from ..config import RunConfig
 from ..errors import CheckpointError, ConfigError
+from ..outputs import (GLOBAL_SITE, TensorBoardLog, build_summary, plot_curves, test_accuracy_curve, write_json,
+                       write_metrics_csv)
 from .checkpoint import load_checkpoint, save_checkpoint
 from .federation import Federation
-from ..outputs import (GLOBAL_SITE, TensorBoardLog, build_summary, plot_curves, test_accuracy_curve,
-                      write_json, write_metrics_csv)
 
 OUTPUT_FILES = ("metrics.csv", "summary.json", "accuracy.png", "config.yaml", "checkpoint.pt", "tensorboard")
 RESULT_FILES = ("metrics.csv", "summary.json", "accuracy.png")  # what a finished round leaves

@@ -16,7 +16,6 @@ from ..config import RunConfig
 from ..errors import ConfigError, FedContrastError
 
 
-
 class CollaboratorStopped(SystemExit):
     """Ends ``fx collaborator start`` with a message and a non-zero code."""
 

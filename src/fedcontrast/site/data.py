@@ -21,9 +21,9 @@ from typing import Any
 from ..config import RunConfig
 from ..construction import data_shape, load_public, load_splits, partition, site_test_split
 from ..data import ArrayDataset
+from ..deploy.workspace import SHARD_PREFIX, _shard_index
 from ..errors import ConfigError, DataError, FedContrastError
 from .checks import CollaboratorStopped, enforce_site_policy
-from ..deploy.workspace import SHARD_PREFIX, _shard_index
 
 
 class SiteData:

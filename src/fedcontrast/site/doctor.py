@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import RunConfig, site_names
-from ..errors import ConfigError, FedContrastError
 from ..deploy.workspace import read_data_lines, read_workspace_plan
+from ..errors import ConfigError, FedContrastError
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
@@ -113,9 +113,9 @@ def check_code(ws: Path, plan: dict, config: RunConfig) -> Check:
     the versions ``requirements.txt`` pins; and a raw ``fx collaborator start`` here is checked the
     same way (the guard is installed)."""
     from ..provenance import code_lines, read_requirements
-    from .trust import code_files
-    from .templates import template_problems
     from .guard import GUARD_PTH, guard_installed
+    from .templates import template_problems
+    from .trust import code_files
 
     found = code_files(ws, limit=3)
     if found:
@@ -154,8 +154,8 @@ def check_transport(ws: Path, plan: dict) -> Check:
 
 
 def check_certificate(ws: Path, name: str) -> Check:
-    from ..deploy.enrolment import check_certificate_name
     from ..deploy.certificates import _certificates, check_own_certificate, subject
+    from ..deploy.enrolment import check_certificate_name
 
     cert_dir = ws / "cert"
     crt, key, chain = cert_dir / "client" / f"col_{name}.crt", cert_dir / "client" / f"col_{name}.key", \

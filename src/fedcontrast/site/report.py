@@ -208,7 +208,8 @@ def score_final_model(folder: str | Path, train: Any, test: Any, *, public: Any 
     ``evaluate_at_site`` with the same state and seed): ``train`` and ``test`` are the site's own
     splits (FLESD's probe trains on ``train``), ``public`` the plan's public set when it has one;
     ``device`` None: the run's own device setting."""
-    from ..construction import attach_public, build_algorithm, resolve_device
+    from ..construction import attach_public, build_algorithm
+    from ..devices import resolve_device
 
     folder = Path(folder)
     model, config, info = load_final_model(folder)
@@ -264,11 +265,10 @@ def score_in_workspace(workspace: str | Path, name: str | None = None) -> tuple[
     its report's row for the final round (``final_model.json``'s figures when the row is missing)."""
     import os
 
+    from ..deploy.workspace import SHARD_PREFIX, load_plan_file
     from .checks import CollaboratorStopped
-    from .doctor import data_lines
-    from ..deploy.workspace import SHARD_PREFIX
     from .data import SiteData
-    from ..deploy.workspace import load_plan_file
+    from .doctor import data_lines
 
     ws = Path(workspace).resolve()
     folder = pick_site_report(ws, name)
