@@ -31,7 +31,7 @@ def _add_run_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) ->
     p.add_argument("--robustness", dest="robustness_settings", action="append", default=[], metavar="KEY=VALUE",
                    help="what the aggregator accepts from a site, e.g. --robustness rule=median, "
                         "--robustness max_update_ratio=1, --robustness 'max_samples={hosp1: 900, hosp2: 400}', "
-                        "--robustness on_rejected=exclude (README: Hostile sites)")
+                        "--robustness on_rejected=exclude (docs/hostile-sites.md)")
 
 
 def _parse_setting(text: str, default_algorithm: str | None) -> tuple[str, str, Any]:

@@ -217,7 +217,10 @@ class SafeCollaborator(Collaborator):
                 setattr(self.client, name, _ends_waiting(getattr(self.client, name), retry))
         QuietClientLog.install()
 
-    def run(self) -> None:  # Collaborator.run of OpenFL 1.9, plus the lines marked below
+    # A copy of OpenFL 1.9's Collaborator.run (it has no hook for these): the same loop, except three
+    # places marked "added"/"changed" — a quit with FAILURE_SLEEP_CODE ends this site with the reason,
+    # an idle wait is capped at poll_interval, and a failing task goes to _task_failed.
+    def run(self) -> None:
         self.callbacks.on_experiment_begin()
         while True:
             tasks, round_number, sleep_time, time_to_quit = self.client.get_tasks()
