@@ -34,6 +34,25 @@ def _add_run_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) ->
                         "--robustness on_rejected=exclude (docs/hostile-sites.md)")
 
 
+# flag → key of the executor section (how the simulator runs a round's sites)
+EXECUTOR_FLAGS = {"executor": ("kind", str), "site_cpus": ("site_cpus", int), "site_gpus": ("site_gpus", float),
+                  "ray_address": ("address", str), "ray_cpus": ("cpus", int)}
+
+
+def _add_executor_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--executor", default=None, choices=("sequential", "ray"),
+                   help="who trains a round's sites: sequential (this process, the default) or ray (in parallel, "
+                        "results identical at the same --site-cpus)")
+    p.add_argument("--site-cpus", dest="site_cpus", type=int, default=None,
+                   help="torch threads (Ray CPUs) per site (default: 1 under ray, torch's default otherwise)")
+    p.add_argument("--site-gpus", dest="site_gpus", type=float, default=None,
+                   help="the fraction of a GPU a site's Ray task asks for, where CUDA is present")
+    p.add_argument("--ray-address", dest="ray_address", default=None,
+                   help="a Ray cluster to join (its head's ADDRESS:PORT); default: a local Ray for this run")
+    p.add_argument("--ray-cpus", dest="ray_cpus", type=int, default=None,
+                   help="cores the local Ray may use (default: every core)")
+
+
 def _parse_setting(text: str, default_algorithm: str | None) -> tuple[str, str, Any]:
     if "=" not in text:
         raise ConfigError(f"--set expects KEY=VALUE or ALGORITHM.KEY=VALUE, got {text!r}")
@@ -82,6 +101,12 @@ def config_from_args(args: argparse.Namespace, *, default_algorithm_for_set: boo
         robustness[key.strip()] = loads_yaml(value, f"--robustness {text!r}")
     if robustness:
         data["robustness"] = robustness
+    executor = _mapping(data.get("executor"), "executor")
+    for flag, (key, _) in EXECUTOR_FLAGS.items():
+        if getattr(args, flag, None) is not None:
+            executor[key] = getattr(args, flag)
+    if executor:
+        data["executor"] = executor
     return RunConfig.from_dict(data)
 
 

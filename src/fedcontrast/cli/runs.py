@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import ConfigError
-from .common import _add_run_flags, config_from_args
+from .common import _add_executor_flags, _add_run_flags, config_from_args
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -144,6 +144,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="run a federation in one process")
     _add_run_flags(p)
+    _add_executor_flags(p)
     p.add_argument("--name", help="run name (default: from the settings)")
     p.add_argument("--runs-dir", default="runs")
     p.add_argument("--resume", action="store_true", help="continue the run from its last finished round")
@@ -166,6 +167,7 @@ def _add_probe(sub: argparse._SubParsersAction) -> None:
 def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="several algorithms on the same partitions and seeds")
     _add_run_flags(p, skip=("algorithm",))
+    _add_executor_flags(p)
     p.add_argument("--algorithms", nargs="+", default=["fedavg", "fedprox", "moon"],
                    help="algorithms, or variants such as moon:mu=1,temperature=0.2; the first is the reference")
     p.add_argument("--seeds", nargs="+", type=int)

@@ -12,7 +12,8 @@ from typing import Any
 from ..errors import ConfigError
 from ..yamlio import load_yaml_file
 from .checks import MAX_IMAGE_SIZE, MAX_PROJECTION_DIM, _check, _check_types, _finite, _tuple, _typed_section
-from .sections import MIN_ROBUST_SITES, DataSchema, PrivacyConfig, PublicDataConfig, RobustnessConfig, TrainingConfig
+from .sections import (MIN_ROBUST_SITES, DataSchema, ExecutorConfig, PrivacyConfig, PublicDataConfig, RobustnessConfig,
+                       TrainingConfig)
 
 # A site's name is its certificate's common name: OpenFL lower-cases it and uses it in file names.
 SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
@@ -51,6 +52,8 @@ class RunConfig:
     public_data: PublicDataConfig | None = None
     # What the aggregator accepts from a site and how model weights are combined (hostile sites).
     robustness: RobustnessConfig = field(default_factory=RobustnessConfig)
+    # How the simulator runs a round's sites (sequential or on Ray); not part of an OpenFL plan.
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "privacy", _typed_section(PrivacyConfig, self.privacy, "privacy"))
@@ -58,6 +61,8 @@ class RunConfig:
         object.__setattr__(self, "public_data", _typed_section(PublicDataConfig, self.public_data, "public_data"))
         object.__setattr__(self, "robustness",
                            _typed_section(RobustnessConfig, self.robustness, "robustness") or RobustnessConfig())
+        object.__setattr__(self, "executor",
+                           _typed_section(ExecutorConfig, self.executor, "executor") or ExecutorConfig())
         object.__setattr__(self, "sites", _tuple(self.sites))
         _check_types(self)
         _check(isinstance(self.sites, tuple) and all(isinstance(n, str) and SITE_NAME.match(n) for n in self.sites),
@@ -143,7 +148,8 @@ class RunConfig:
         for key, value in changes.items():
             if key == "training":
                 data["training"] = {**data["training"], **value}
-            elif key in ("privacy", "data_schema", "public_data") and dataclasses.is_dataclass(value):
+            elif key in ("privacy", "data_schema", "public_data", "robustness", "executor") and \
+                    dataclasses.is_dataclass(value):
                 data[key] = _plain(dataclasses.asdict(value))
             else:
                 data[key] = value

@@ -253,3 +253,43 @@ class RobustnessConfig:
         :data:`MIN_ROBUST_SITES` sites in a round to tolerate one hostile site."""
         needs = [f"rule {self.rule}"] if self.rule != "mean" else []
         return needs + [name for name in ("max_update_spread", "min_update_cosine") if getattr(self, name) is not None]
+
+
+EXECUTORS = ("sequential", "ray")
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """How the simulator runs the sites' work of a round (the simulator's own setting: OpenFL plans
+    leave it out). ``kind``: ``sequential`` (one site after another in this process, the reference)
+    or ``ray`` (each site's tasks a Ray task; results identical at the same per-site threads).
+    ``site_cpus``: torch threads (and Ray CPUs) per site — None: torch's default in the sequential
+    engine, 1 under Ray. ``site_gpus``: the fraction of a GPU a Ray site task asks for, used when CUDA
+    is present. ``address``: a Ray cluster to join (``ray start --head`` on its head node), else a
+    local Ray is started for the run on ``cpus`` cores (default: every core) and stopped after it."""
+
+    kind: str = "sequential"
+    site_cpus: int | None = None
+    site_gpus: float = 0.0
+    address: str | None = None
+    cpus: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_types(self, "executor.")
+        _check(self.kind in EXECUTORS, f"executor.kind must be one of {', '.join(EXECUTORS)}, got {self.kind!r}")
+        _check(self.site_cpus is None or (isinstance(self.site_cpus, int) and self.site_cpus >= 1),
+               f"executor.site_cpus must be an integer >= 1, got {self.site_cpus!r}")
+        _check(_finite(self.site_gpus) and 0 <= self.site_gpus <= 1,
+               f"executor.site_gpus must be a fraction of one GPU in [0, 1], got {self.site_gpus!r}")
+        _check(self.cpus is None or (isinstance(self.cpus, int) and self.cpus >= 1),
+               f"executor.cpus must be an integer >= 1, got {self.cpus!r}")
+        _check(self.address is None or (isinstance(self.address, str) and self.address.strip() != ""),
+               f"executor.address must be a Ray address such as 10.0.0.1:6379, got {self.address!r}")
+        _check(self.kind == "ray" or (self.address is None and self.cpus is None and not self.site_gpus),
+               "executor.address, executor.cpus and executor.site_gpus are settings of the ray executor: set "
+               "executor.kind to ray")
+
+    @property
+    def threads(self) -> int | None:
+        """torch threads per site: ``site_cpus``, else 1 under Ray, else torch's default (None)."""
+        return self.site_cpus if self.site_cpus is not None else (1 if self.kind == "ray" else None)

@@ -57,14 +57,21 @@ def run_comparison(base: RunConfig, algorithms: Sequence[str], seeds: Sequence[i
     out.mkdir(parents=True, exist_ok=True)
     curves: dict[str, list[list[float]]] = {}
     walls: dict[str, list[float]] = {}
-    for algorithm in algorithms:
-        for seed in seeds:
-            config = configs[algorithm].replace(seed=seed)
-            progress: Progress | None = progress_factory(f"{algorithm} seed {seed}") if progress_factory else None
-            run_name = algorithm.replace(":", "-").replace(",", "-").replace("=", "")
-            summary = run_simulation(config, out / f"{run_name}-s{seed}", resume=resume, progress=progress)
-            curves.setdefault(algorithm, []).append(summary["accuracy_curve"])
-            walls.setdefault(algorithm, []).append(summary["wall_time_s"])
+    from .ray_executor import make_executor, site_progress
+
+    executor = make_executor(base, progress=site_progress() if progress_factory else None)  # one for every run
+    try:
+        for algorithm in algorithms:
+            for seed in seeds:
+                config = configs[algorithm].replace(seed=seed)
+                progress: Progress | None = progress_factory(f"{algorithm} seed {seed}") if progress_factory else None
+                run_name = algorithm.replace(":", "-").replace(",", "-").replace("=", "")
+                summary = run_simulation(config, out / f"{run_name}-s{seed}", resume=resume, progress=progress,
+                                         executor=executor)
+                curves.setdefault(algorithm, []).append(summary["accuracy_curve"])
+                walls.setdefault(algorithm, []).append(summary["wall_time_s"])
+    finally:
+        executor.close()
 
     reference = algorithms[0]
     ref_final = statistics.fmean(c[-1] for c in curves[reference])

@@ -42,14 +42,27 @@ class Site:
     state: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class SiteOutcome:
+    """One site's round: its uploads (on the run's device), aggregation weight, metrics rows, and
+    its state afterwards (MOON's previous model, personal heads, DP accountants…)."""
+
+    uploads: dict[str, torch.Tensor]
+    weight: float
+    rows: list[dict[str, Any]]
+    state: dict[str, Any]
+
+
 class Federation:
     """Sites holding their shards and state, a server holding the downlink, one plugin."""
 
-    def __init__(self, config: RunConfig, *, local_evaluation: bool | None = None, linear_probe: bool = False) -> None:
+    def __init__(self, config: RunConfig, *, local_evaluation: bool | None = None, linear_probe: bool = False,
+                 executor: Any = None) -> None:
         """``local_evaluation``: evaluate every site's uploaded local model each round (default: when
         the plugin asks for it, :attr:`Algorithm.evaluates_local_models`). ``linear_probe``: also
         report the linear-probe accuracy of the global model's encoder (``probe_accuracy``)."""
         self.config = config
+        self.executor = executor if executor is not None else SequentialExecutor()  # who trains a round's sites
         self.device = resolve_device(config.device)
         self.algorithm = build_algorithm(config)
         splits = self.splits = load_splits(config)
@@ -139,6 +152,29 @@ class Federation:
             raise RejectedUpload(reasons + ("" if accepted else "; no upload left to aggregate" + hint))
         logger.warning("round %d aggregated without rejected upload(s): %s", round_num + 1, reasons)
 
+    def train_site(self, site: Site, round_num: int, received: dict[str, torch.Tensor]) -> SiteOutcome:
+        """Every collaborator task of ``site`` in round ``round_num`` on what it ``received``: what an
+        executor dispatches. Depends only on the configuration, the site's state and ``received``."""
+        cfg = self.config
+        down = nbytes(received)
+        merged: dict[str, torch.Tensor] = {}
+        rows, weight = [], 0.0
+        for t, task in enumerate(self.algorithm.tasks):
+            ctx = self.site_context(site, round_num, task_seed(cfg, round_num, site.index, t))
+            result = self.algorithm.run_task(task, ctx, received)
+            weight = result.weight
+            if ctx.privacy is not None:  # the count as a deployment releases it: noised once under DP
+                weight = ctx.privacy.released_count(result.weight)
+                result.metrics.update(ctx.privacy.metrics())
+            merged.update({k: v.to(self.device) for k, v in result.uploads.items()})
+            rows.append(metric_row(round_num + 1, site.name, task, len(site.data), result.metrics,
+                                   nbytes(result.uploads), down if t == 0 else 0))
+        return SiteOutcome(merged, weight, rows, site.state)
+
+    def received(self, site: Site) -> dict[str, torch.Tensor]:
+        """What ``site`` receives this round, on the run's device."""
+        return {k: v.to(self.device) for k, v in self.downlink.for_site(site.name).items()}
+
     def run_round(self, round_num: int) -> list[dict[str, Any]]:
         """Run round ``round_num`` (0-based); returns its metrics rows (``round`` is 1-based)."""
         cfg = self.config
@@ -146,27 +182,19 @@ class Federation:
         weights: dict[str, float] = {}
         rows = []
         rejected: dict[str, str] = {}
-        for site in self.select_sites(round_num):
-            received = {k: v.to(self.device) for k, v in self.downlink.for_site(site.name).items()}
-            down = nbytes(received)
-            merged: dict[str, torch.Tensor] = {}
-            for t, task in enumerate(self.algorithm.tasks):
-                ctx = self.site_context(site, round_num, task_seed(cfg, round_num, site.index, t))
-                result = self.algorithm.run_task(task, ctx, received)
-                weight = result.weight
-                if ctx.privacy is not None:  # the count as a deployment releases it: noised once under DP
-                    weight = ctx.privacy.released_count(result.weight)
-                    result.metrics.update(ctx.privacy.metrics())
-                merged.update({k: v.to(self.device) for k, v in result.uploads.items()})
-                weights[site.name] = weight
-                rows.append(metric_row(round_num + 1, site.name, task, len(site.data), result.metrics,
-                                       nbytes(result.uploads), down if t == 0 else 0))
+        selected = self.select_sites(round_num)
+        outcomes = self.executor.train_sites(self, selected, round_num)
+        for site in selected:
+            outcome = outcomes[site.name]
+            site.state = outcome.state
+            weights[site.name] = outcome.weight
+            rows.extend(outcome.rows)
             try:
-                validate_uploads(site.name, merged, self.upload_specs)
+                validate_uploads(site.name, outcome.uploads, self.upload_specs)
             except InvalidUploadError as exc:
                 rejected[site.name] = f"round {round_num + 1}: {exc}"
                 continue
-            uploads[site.name] = merged
+            uploads[site.name] = outcome.uploads
         # The aggregator's screen (fedcontrast.robust): bounds, the plugin's checks, replays, clipping.
         received = self.downlink.global_tensors
         accepted, kept, refused = self.screen.screen(round_num + 1, uploads, weights, received)
@@ -205,3 +233,15 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 def _to_device(data, device: torch.device):
     return dataclasses.replace(data, x=data.x.to(device), y=data.y.to(device))
+
+
+class SequentialExecutor:
+    """The reference executor: a round's sites one after another, in this process."""
+
+    name = "sequential"
+
+    def train_sites(self, federation: Federation, sites: list[Site], round_num: int) -> dict[str, SiteOutcome]:
+        return {site.name: federation.train_site(site, round_num, federation.received(site)) for site in sites}
+
+    def close(self) -> None:
+        pass

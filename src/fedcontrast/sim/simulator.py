@@ -23,7 +23,7 @@ from .federation import Federation
 OUTPUT_FILES = ("metrics.csv", "summary.json", "accuracy.png", "config.yaml", "checkpoint.pt", "tensorboard")
 RESULT_FILES = ("metrics.csv", "summary.json", "accuracy.png")  # what a finished round leaves
 # Settings that may change when a run is resumed: more rounds, another device.
-RESUMABLE_CHANGES = {"rounds", "device", "target_accuracy"}
+RESUMABLE_CHANGES = {"rounds", "device", "target_accuracy", "executor"}  # the executor: results are equal
 
 # (rounds done, total, the round's global row): called once with row None when set-up has succeeded
 # (``rounds done`` is then the round a resumed run starts from), then after every round.
@@ -54,7 +54,8 @@ def _check_resumable(saved: dict[str, Any], config: RunConfig, path: Path) -> No
 
 def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
                    progress: Progress | None = None, stop_after: int | None = None,
-                   local_evaluation: bool | None = None, linear_probe: bool = False) -> dict[str, Any]:
+                   local_evaluation: bool | None = None, linear_probe: bool = False,
+                   executor: Any = None) -> dict[str, Any]:
     """Run (or continue) ``config`` in ``run_dir``; returns the summary.
 
     ``local_evaluation``: also evaluate every site's uploaded local model each round (see
@@ -62,7 +63,8 @@ def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = Fal
     global encoder's linear-probe accuracy each round.
 
     ``stop_after`` ends the call after that many rounds in total have finished, as a kill would
-    (used by tests of resume).
+    (used by tests of resume). ``executor``: who trains a round's sites (default: the one
+    ``config.executor`` names, started here and stopped at the end; ``compare`` passes its own).
     """
     run_dir = Path(run_dir)
     prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)
@@ -77,9 +79,28 @@ def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = Fal
     if checkpoint is not None:
         _check_resumable(checkpoint["config"], config, ckpt_path)
 
-    federation = Federation(config, local_evaluation=local_evaluation, linear_probe=linear_probe)  # data, partition, model: fails early on bad input
-    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
-    return _run_rounds(config, run_dir, federation, checkpoint, progress, stop_after)  # a full disk: OutputError says what to do
+    from .ray_executor import Threads, make_executor
+
+    with Threads(config.executor.threads):  # the run's threads per site (the driver's too: results equal)
+        # data, partition, model: fails early on bad input
+        federation = Federation(config, local_evaluation=local_evaluation, linear_probe=linear_probe)
+        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
+        own = executor is None
+        federation.executor = make_executor(config, progress=site_progress_for(progress)) if own else executor
+        try:
+            return _run_rounds(config, run_dir, federation, checkpoint, progress, stop_after)  # a full disk: OutputError
+        finally:
+            if own:
+                federation.executor.close()
+
+
+def site_progress_for(progress: Progress | None):
+    """A per-round bar of sites done where the run shows progress (the ray executor calls it)."""
+    if progress is None:
+        return None
+    from .ray_executor import site_progress
+
+    return site_progress()
 
 
 def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkpoint: dict[str, Any] | None,

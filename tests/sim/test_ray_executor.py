@@ -1,0 +1,118 @@
+"""The simulator on Ray: a run whose sites are Ray tasks equals the sequential run at the same threads
+per site, bit for bit (metrics.csv and the final downlink), for every registered algorithm, DP,
+partial participation and a resumed run; a worker that dies is retried once, then the run stops
+naming the site; a bad cluster is one sentence."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedcontrast import device_check
+from fedcontrast.algorithms import available_algorithms
+from fedcontrast.errors import ConfigError
+from fedcontrast.sim.checkpoint import load_checkpoint
+from fedcontrast.sim.simulator import run_simulation
+
+ray = pytest.importorskip("ray", reason="Ray is an install extra (pip install -e '.[ray]'; included in .[test])")
+
+from fedcontrast.sim.ray_executor import RayExecutor, SiteTaskFailed, train_site_task  # noqa: E402
+
+
+def config(algorithm: str, kind: str, **settings):
+    """4 sites, 2 rounds, one thread per site (both executors)."""
+    executor = {"kind": kind, "site_cpus": 1, **({"cpus": 2} if kind == "ray" else {})}
+    return device_check.config(algorithm, "cpu", rounds=2, executor=executor, **settings).replace(clients=4)
+
+
+def test_a_cluster_without_room_for_one_site_and_a_bad_address_are_one_sentence():
+    with pytest.raises(ConfigError, match=r"has 2 CPU\(s\), fewer than one site needs \(executor.site_cpus 3\)"):
+        RayExecutor(config("fedavg", "ray").replace(executor={"kind": "ray", "site_cpus": 3, "cpus": 2}))
+    assert not ray.is_initialized()  # the local Ray it started is stopped again
+    with pytest.raises(ConfigError, match="cannot reach the Ray cluster at 127.0.0.1:1"):
+        RayExecutor(config("fedavg", "ray").replace(executor={"kind": "ray", "address": "127.0.0.1:1"}))
+
+
+def test_without_ray_installed_the_executor_is_refused_in_one_sentence(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ConfigError, match=r"executor ray needs Ray, which is not installed: pip install -e \"\.\[ray\]\""):
+        RayExecutor(config("fedavg", "ray"))
+
+
+@pytest.fixture(scope="module")
+def executor():
+    ex = RayExecutor(config("fedavg", "ray"))
+    yield ex
+    ex.close()
+
+
+def same_as_sequential(tmp_path: Path, executor, algorithm: str, **settings) -> None:
+    run_simulation(config(algorithm, "sequential", **settings), tmp_path / "sequential")
+    run_simulation(config(algorithm, "ray", **settings), tmp_path / "ray", executor=executor)
+    a, b = device_check._metrics(tmp_path / "sequential"), device_check._metrics(tmp_path / "ray")
+    assert device_check.differences(a, b) == []
+    assert (tmp_path / "ray" / "config.yaml").read_text().count("kind: ray") == 1  # recorded with the run
+
+
+@pytest.mark.parametrize("algorithm", available_algorithms())
+def test_every_algorithm_on_ray_equals_the_sequential_run(tmp_path, executor, algorithm):
+    same_as_sequential(tmp_path, executor, algorithm)
+
+
+@pytest.mark.parametrize("algorithm,privacy", [("fedavg", device_check.DP_SGD),
+                                               ("fedssc", device_check.REPRESENTATIONS),
+                                               ("flesd", device_check.REPRESENTATIONS)])
+def test_dp_and_its_accounting_on_ray_equal_the_sequential_run(tmp_path, executor, algorithm, privacy):
+    same_as_sequential(tmp_path, executor, algorithm, privacy=privacy)
+
+
+def test_partial_participation_on_ray_equals_the_sequential_run(tmp_path, executor):
+    same_as_sequential(tmp_path, executor, "moon", sample_fraction=0.5)
+
+
+def test_a_killed_ray_run_resumed_equals_the_uninterrupted_one(tmp_path, executor):
+    run_simulation(config("moon", "sequential"), tmp_path / "whole")
+    run_simulation(config("moon", "ray"), tmp_path / "parts", executor=executor, stop_after=1)
+    run_simulation(config("moon", "ray"), tmp_path / "parts", executor=executor, resume=True)
+    assert device_check.differences(device_check._metrics(tmp_path / "whole"),
+                                    device_check._metrics(tmp_path / "parts")) == []
+
+
+def dying(marker: str, times: int):
+    """A site task whose worker process dies the first ``times`` times it runs (counted in ``marker``)."""
+    def task(*args):
+        path = Path(marker)
+        died = int(path.read_text()) if path.exists() else 0
+        if died < times:
+            path.write_text(str(died + 1))
+            os._exit(1)  # the worker process dies mid-task
+        return train_site_task(*args)
+    return task
+
+
+def test_a_worker_that_dies_once_is_retried_with_the_same_result(tmp_path, executor):
+    run_simulation(config("fedavg", "sequential"), tmp_path / "sequential")
+    stock = executor.remote
+    executor.remote = executor.remote_of(dying(str(tmp_path / "deaths"), 1))
+    try:
+        run_simulation(config("fedavg", "ray"), tmp_path / "ray", executor=executor)
+    finally:
+        executor.remote = stock
+    assert (tmp_path / "deaths").read_text() == "1"
+    assert device_check.differences(device_check._metrics(tmp_path / "sequential"),
+                                    device_check._metrics(tmp_path / "ray")) == []
+
+
+def test_a_worker_that_dies_twice_stops_the_run_naming_the_site_and_keeps_finished_rounds(tmp_path, executor):
+    run = tmp_path / "ray"
+    run_simulation(config("fedavg", "ray"), run, executor=executor, stop_after=1)
+    stock = executor.remote
+    executor.remote = executor.remote_of(dying(str(tmp_path / "deaths"), 99))
+    try:
+        with pytest.raises(SiteTaskFailed, match=r"site site_\d's task of round 2 failed twice on the Ray cluster"):
+            run_simulation(config("fedavg", "ray"), run, executor=executor, resume=True)
+    finally:
+        executor.remote = stock
+    assert load_checkpoint(run / "checkpoint.pt")["rounds_done"] == 1  # round 1 is kept
+    run_simulation(config("fedavg", "ray"), run, executor=executor, resume=True)  # and the run goes on
