@@ -113,7 +113,10 @@ class RunConfig:
 
     # --- (de)serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return _plain(dataclasses.asdict(self))
+        data = _plain(dataclasses.asdict(self))
+        if self.executor == ExecutorConfig():  # the simulator's default: left out (plans, config.yaml as before)
+            data.pop("executor")
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:

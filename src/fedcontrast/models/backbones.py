@@ -95,7 +95,9 @@ def backbone_set(archs: tuple[str, ...], files: tuple[str, ...], public, *, in_c
     fingerprint = (len(public), float(public.x.double().sum()), str(public.x.device)) if public is not None else None
     encoders = []
     for k, arch in enumerate(archs):
-        key = (arch, files[k] if files else None, in_channels, image_size, seed + k, pretrain_epochs, fingerprint)
+        # pre-training's float sums depend on the threads: a backbone is reused only at the same count
+        key = (arch, files[k] if files else None, in_channels, image_size, seed + k, pretrain_epochs, fingerprint,
+               None if files else torch.get_num_threads())
         if key not in _CACHE:
             _CACHE[key] = (load_backbone(arch, files[k], in_channels=in_channels, image_size=image_size) if files
                            else pretrain_backbone(arch, public, seed=seed + k, epochs=pretrain_epochs))

@@ -94,7 +94,7 @@ def build_plan(config: RunConfig, *, shape: dict[str, int] | None = None,
                           "sites' own evaluation; rename it")
     shape = shape or data_shape(config)  # from the data schema when there is one: no data read
     run_config = config.to_dict()  # one object, referenced four times: YAML writes it once
-    run_config.pop("executor")  # the simulator's setting: a plan's sites run under OpenFL
+    run_config.pop("executor", None)  # the simulator's setting: a plan's sites run under OpenFL
     plan = deployment_defaults(**network)
     plan["aggregator"]["settings"].update(run_config=run_config, model_shape=shape, rounds_to_train=config.rounds,
                                           round_timeout=float(round_timeout), min_sites=min_sites)
