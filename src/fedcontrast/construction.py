@@ -16,6 +16,7 @@ from .algorithms import Algorithm, get_algorithm
 from .config import RunConfig, site_names
 from .data import ArrayDataset, DataSplits, load_dataset, partition_indices
 from .errors import ConfigError
+from .seeds import derive_seed  # noqa: F401  (engines and tests import it from here)
 from .models import ContrastiveNet, build_model
 
 
@@ -23,11 +24,6 @@ def site_index(config: RunConfig, name: str) -> int | None:
     """A site's position in the federation (``config.sites``, else ``site_0`` …); None if absent."""
     names = site_names(config)
     return names.index(name) if name in names else None
-
-
-def derive_seed(*parts: int) -> int:
-    """A 63-bit seed from integers: the same parts always give the same seed, in any process."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0] >> 1)
 
 
 def task_seed(config: RunConfig, round_num: int, site_index: int, task_index: int) -> int:

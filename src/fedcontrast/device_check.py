@@ -8,6 +8,7 @@ test accuracy where it has one.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 from collections.abc import Callable
@@ -123,40 +124,45 @@ def pretrain(cfg: RunConfig) -> Outcome:
     return Outcome({k: v.cpu() for k, v in encoder.state_dict().items()})
 
 
+@contextlib.contextmanager
+def _fresh_aggregation():
+    """The OpenFL aggregation function as in a fresh aggregator process: its module-wide state (left by
+    an aggregator built earlier in this process) emptied, and its singleton (OpenFL's
+    ``SingletonABCMeta``) built anew; the process's own put back afterwards."""
+    from .openfl import aggregation as module
+
+    kept = (module.PERSONAL_DIR, list(module.REJECTED), dict(module.EXCLUDED), dict(module.LOCAL_MODELS))
+    instances = type(module.PluginAggregation)._instances
+    earlier = instances.pop(module.PluginAggregation, None)
+    module.PERSONAL_DIR = None
+    module.REJECTED.clear(), module.EXCLUDED.clear(), module.LOCAL_MODELS.clear()
+    try:
+        yield module.PluginAggregation
+    finally:
+        module.PERSONAL_DIR = kept[0]
+        module.REJECTED[:] = kept[1]
+        module.EXCLUDED.clear(), module.EXCLUDED.update(kept[2])
+        module.LOCAL_MODELS.clear(), module.LOCAL_MODELS.update(kept[3])
+        instances.pop(module.PluginAggregation, None)
+        if earlier is not None:
+            instances[module.PluginAggregation] = earlier
+
+
 def openfl_round(cfg: RunConfig) -> Outcome:
     """One round of the OpenFL task runner in-process: two collaborators train on what the
     aggregator's initial model is, the aggregation function aggregates their packed uploads, and
     each site evaluates the result."""
-    from .openfl import aggregation as aggregation_module
-
-    settings = {"run_config": cfg.to_dict()}
-    values: dict[str, Any] = {}
-    uploads, rows = {}, []
-    # The aggregation function's process-wide state (set by an aggregator built earlier in this process):
-    # this round is on its own, as in a fresh aggregator process.
-    kept = (aggregation_module.PERSONAL_DIR, list(aggregation_module.REJECTED), dict(aggregation_module.EXCLUDED),
-            dict(aggregation_module.LOCAL_MODELS))
-    aggregation_module.PERSONAL_DIR = None
-    aggregation_module.REJECTED.clear(), aggregation_module.EXCLUDED.clear(), aggregation_module.LOCAL_MODELS.clear()
-    try:
-        return _openfl_round(cfg, settings, values, uploads, rows)
-    finally:
-        aggregation_module.PERSONAL_DIR = kept[0]
-        aggregation_module.REJECTED[:] = kept[1]
-        aggregation_module.EXCLUDED.clear(), aggregation_module.EXCLUDED.update(kept[2])
-        aggregation_module.LOCAL_MODELS.clear(), aggregation_module.LOCAL_MODELS.update(kept[3])
-
-
-def _openfl_round(cfg: RunConfig, settings: dict[str, Any], values: dict[str, Any], uploads: dict, rows: list) -> Outcome:
     import numpy as np
     import pandas as pd
 
-    from .openfl.aggregation import PluginAggregation
     from .openfl.loader import SiteDataLoader
     from .openfl.packing import GLOBAL_PACKED
     from .openfl.runner import WEIGHT_METRIC, PluginTaskRunner
 
-    with tempfile.TemporaryDirectory() as tmp:
+    settings = {"run_config": cfg.to_dict()}
+    values: dict[str, Any] = {}
+    uploads, rows = {}, []
+    with tempfile.TemporaryDirectory() as tmp, _fresh_aggregation() as PluginAggregation:
         runners = {}
         for i in range(cfg.clients):
             loader = SiteDataLoader(data_path=f"shard:{i}", **settings)
@@ -164,9 +170,8 @@ def _openfl_round(cfg: RunConfig, settings: dict[str, Any], values: dict[str, An
         first = next(iter(runners.values()))
         initial = first.initial_packed.copy()
         for name, runner in runners.items():
-            received = {GLOBAL_PACKED: initial}
             for task in runner.algorithm.tasks:
-                sent, _ = getattr(runner, task)(col_name=name, round_num=0, input_tensor_dict=received)
+                sent, _ = getattr(runner, task)(col_name=name, round_num=0, input_tensor_dict={GLOBAL_PACKED: initial})
                 for key, array in sent.items():
                     if key.tensor_name == GLOBAL_PACKED:
                         uploads[name] = array
@@ -174,17 +179,7 @@ def _openfl_round(cfg: RunConfig, settings: dict[str, Any], values: dict[str, An
                         rows.append({"tensor_name": WEIGHT_METRIC, "round": 0, "tags": ("metric", name),
                                      "nparray": array})  # as OpenFL stores it: tagged with the sender
                     values[f"{name}/{task}/{key.tensor_name}"] = np.asarray(array).copy()
-        shape = first.data_loader.shape
-        # OpenFL's aggregation functions are singletons (SingletonABCMeta): one built afresh for this
-        # round, the process's own put back afterwards.
-        instances = type(PluginAggregation)._instances
-        earlier = instances.pop(PluginAggregation, None)
-        try:
-            aggregation = PluginAggregation(run_config=cfg.to_dict(), model_shape=shape)
-        finally:
-            instances.pop(PluginAggregation, None)
-            if earlier is not None:
-                instances[PluginAggregation] = earlier
+        aggregation = PluginAggregation(run_config=cfg.to_dict(), model_shape=first.data_loader.shape)
         db = pd.DataFrame(rows, columns=["tensor_name", "round", "tags", "nparray"])
         local = [type("Local", (), {"col_name": s, "tensor": a})() for s, a in sorted(uploads.items())]
         aggregated = aggregation.call(local, db, GLOBAL_PACKED, 0, ("trained",))

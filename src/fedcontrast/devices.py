@@ -67,11 +67,6 @@ def device_generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def cpu_generator(seed: int) -> torch.Generator:
-    """A CPU generator seeded with ``seed``: for choices made on the host (batches, subsampling)."""
-    return torch.Generator(device="cpu").manual_seed(seed)
-
-
 # --- the CPU stand-in -------------------------------------------------------------------------------
 
 class DeviceMistake(RuntimeError):

@@ -18,11 +18,12 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from ..config import PrivacyConfig
+from ..devices import device_generator
+from ..seeds import derive_seed
 from .accounting import RELEASE_MECHANISMS, compact, count_history, epsilon
 
 # secure_csprng_available lives beside the Opacus code that needs it; re-exported (imported from here before)
@@ -63,8 +64,7 @@ class SitePrivacy:
         """A generator on ``device`` for one DP-SGD session's gradient noise, seeded from this task's
         noise seed and the session's number (never the same stream twice; secret when the seed is)."""
         self._sessions += 1
-        seed = np.random.SeedSequence([self.generator.initial_seed(), self._sessions]).generate_state(2, np.uint64)[0]
-        return torch.Generator(device=device).manual_seed(int(seed >> np.uint64(1)))
+        return device_generator(device, derive_seed(self.generator.initial_seed(), self._sessions))
 
     # --- accounting -----------------------------------------------------------------------------
     def record(self, entries: list[list[float]]) -> None:

@@ -171,9 +171,8 @@ class RayExecutor:
         try:
             return ray.get(ref)
         except ray.exceptions.RayTaskError as exc:  # the task's own error: raised as in the sequential engine
-            cause = exc.as_instanceof_cause()
-            original = getattr(exc, "cause", None)
-            raise (original if isinstance(original, BaseException) else cause) from None
+            cause = getattr(exc, "cause", None)
+            raise (cause if isinstance(cause, BaseException) else exc.as_instanceof_cause()) from None
         except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.RaySystemError,
                 ray.exceptions.ObjectLostError) as exc:
             raise SiteTaskFailed(f"site {site}'s task of round {round_num + 1} failed twice on the Ray cluster (its "
