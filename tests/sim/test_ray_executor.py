@@ -17,7 +17,7 @@ from fedcontrast.sim.simulator import run_simulation
 
 ray = pytest.importorskip("ray", reason="Ray is an install extra (pip install -e '.[ray]'; included in .[test])")
 
-from fedcontrast.sim.ray_executor import RayExecutor, SiteTaskFailed, train_site_task  # noqa: E402
+from fedcontrast.sim.ray_executor import RayExecutor, SiteTaskFailed, plan_tasks, train_sites_task  # noqa: E402
 
 
 def config(algorithm: str, kind: str, **settings):
@@ -79,16 +79,42 @@ def test_a_killed_ray_run_resumed_equals_the_uninterrupted_one(tmp_path, executo
                                     device_check._metrics(tmp_path / "parts")) == []
 
 
-def dying(marker: str, times: int):
-    """A site task whose worker process dies the first ``times`` times it runs (counted in ``marker``)."""
-    def task(*args):
+def dying(marker: str, times: int, site: int | None = None):
+    """A site task whose worker process dies the first ``times`` times it runs (counted in ``marker``);
+    with ``site``, only a task that trains that site (by index) dies."""
+    def task(config, round_num, received, jobs, threads):
         path = Path(marker)
         died = int(path.read_text()) if path.exists() else 0
-        if died < times:
+        if died < times and (site is None or any(index == site for index, _, _ in jobs)):
             path.write_text(str(died + 1))
             os._exit(1)  # the worker process dies mid-task
-        return train_site_task(*args)
+        return train_sites_task(config, round_num, received, jobs, threads)
     return task
+
+
+def test_sites_are_sent_in_few_balanced_tasks():
+    from types import SimpleNamespace
+
+    sites = [SimpleNamespace(index=i, data=range(n)) for i, n in enumerate([90, 10, 40, 40, 30, 50, 20, 60, 5, 5])]
+    groups = plan_tasks(sites, 4, fixed=0)
+    assert len(groups) == 4
+    assert sorted(s.index for g in groups for s in g) == list(range(10))  # every site once
+    loads = [sum(len(s.data) for s in g) for g in groups]
+    assert max(loads) - min(loads) <= 90  # no group heavier than the lightest by more than the largest site
+    assert sum(loads) == 350
+    assert [len(g) for g in plan_tasks(sites[:3], 8)] == [1, 1, 1]  # never more tasks than sites
+
+
+def test_a_task_of_several_sites_whose_worker_dies_twice_names_the_site_at_fault(tmp_path, executor):
+    run = tmp_path / "ray"
+    stock, slots = executor.remote, executor.slots
+    executor.remote, executor.slots = executor.remote_of(dying(str(tmp_path / "deaths"), 99, site=2)), 1
+    try:  # one slot: 4 sites in 2 tasks of 2; the one with site_2 dies twice, then site_2 alone twice
+        with pytest.raises(SiteTaskFailed, match=r"site site_2's task of round 1 failed twice on the Ray cluster"):
+            run_simulation(config("fedavg", "ray"), run, executor=executor)
+    finally:
+        executor.remote, executor.slots = stock, slots
+    assert (tmp_path / "deaths").read_text() == "4"
 
 
 def test_a_worker_that_dies_once_is_retried_with_the_same_result(tmp_path, executor):

@@ -63,6 +63,8 @@ class Federation:
         report the linear-probe accuracy of the global model's encoder (``probe_accuracy``)."""
         self.config = config
         self.executor = executor if executor is not None else SequentialExecutor()  # who trains a round's sites
+        self.last_round: int | None = None  # the last round (0-based) this process will run: none sent beyond
+        self.ahead: tuple[int, Any] | None = None  # (round, the executor's handle) of sites sent ahead
         self.device = resolve_device(config.device)
         self.algorithm = build_algorithm(config)
         splits = self.splits = load_splits(config)
@@ -171,6 +173,21 @@ class Federation:
                                    nbytes(result.uploads), down if t == 0 else 0))
         return SiteOutcome(merged, weight, rows, site.state)
 
+    def _send_ahead(self, round_num: int) -> None:
+        """An executor that trains sites elsewhere (:class:`~.ray_executor.RayExecutor`) gets round
+        ``round_num``'s sites as soon as the downlink they receive exists, so that they train while
+        this process evaluates the previous round, writes its checkpoint and metrics. The sites'
+        work depends only on the downlink and their states, both final by now: results are equal."""
+        start = getattr(self.executor, "start", None)
+        if start is not None and self.last_round is not None and round_num <= self.last_round:
+            self.ahead = (round_num, start(self, self.select_sites(round_num), round_num))
+
+    def cancel_ahead(self) -> None:
+        """Drops work sent ahead for a round that will not run here (the run stopped)."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            self.executor.cancel(ahead[1])
+
     def received(self, site: Site) -> dict[str, torch.Tensor]:
         """What ``site`` receives this round, on the run's device."""
         return {k: v.to(self.device) for k, v in self.downlink.for_site(site.name).items()}
@@ -183,7 +200,11 @@ class Federation:
         rows = []
         rejected: dict[str, str] = {}
         selected = self.select_sites(round_num)
-        outcomes = self.executor.train_sites(self, selected, round_num)
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead[0] == round_num:  # sent while the previous round was evaluated
+            outcomes = self.executor.collect(ahead[1])
+        else:
+            outcomes = self.executor.train_sites(self, selected, round_num)
         for site in selected:
             outcome = outcomes[site.name]
             site.state = outcome.state
@@ -206,6 +227,7 @@ class Federation:
         self.downlink, blamed = self.screen.aggregate(lambda u, w: self.algorithm.aggregate(u, w, self.server),
                                                       accepted, kept, self.server.state, round_num + 1)
         self._rejected(round_num, blamed, accepted)
+        self._send_ahead(round_num + 1)
         rows.extend(metric_row(round_num + 1, site, "rejected", 0, {}) for site in sorted({**rejected, **blamed}))
         rows.extend(metric_row(round_num + 1, site, "likely_cause", 0,
                                {"moved_round": m.round, "update_ratio": m.update_ratio, "spread": m.spread,

@@ -1,5 +1,5 @@
-"""The simulator's sites on Ray: each site's work of a round is one Ray task, on any core, GPU or machine
-of a Ray cluster; everything else (the round loop, aggregation, evaluation, checkpoints, outputs) stays
+"""The simulator's sites on Ray: a round's sites run as Ray tasks, on any core, GPU or machine of a Ray
+cluster; everything else (the round loop, aggregation, evaluation, checkpoints, outputs) stays
 the simulator's own, on the driver.
 
 A site's task depends only on the configuration, the site's state and what it received, so a run on
@@ -10,9 +10,15 @@ Ray equals the sequential run at the same threads per site, bit for bit on the C
 * per round, the global downlink once (``ray.put``) and each site's personal part;
 * each site's state (MOON's previous model, personal heads, DP accountants) to its task and back.
 
+A round's sites go out as two tasks per site slot of the cluster (a slot: ``site_cpus`` CPUs, and
+``site_gpus`` of a GPU where used), each task running its group of sites one after another, groups
+balanced by samples: Ray's cost per task (a few milliseconds) is then paid a few times per round, not
+once per site.
+
 A worker that dies mid-task is retried once (Ray's ``max_retries``: the same inputs give the same
-result); a second death, or a task's own error, stops the run naming the site, with every finished
-round kept (the checkpoint is written after each round).
+result). If it dies again, each site of the task is sent alone (retried once too), so that a second
+death names the site at fault and stops the run, with every finished round kept (the checkpoint is
+written after each round). A task's own error stops the run as in the sequential engine.
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from ..config import RunConfig
@@ -36,6 +43,12 @@ logger = logging.getLogger(__name__)
 class SiteTaskFailed(FedContrastError):
     """A site's task could not be run on the cluster (its worker died twice); names the site."""
 
+
+class _WorkerDied(Exception):
+    """A task of several sites lost its worker twice: its sites are sent again one by one."""
+
+
+TASKS_PER_SLOT = 2  # Ray tasks per site slot and round: few enough to cost little, enough to balance
 
 def ray_module():
     """``ray``, or one sentence saying how to install it."""
@@ -62,29 +75,84 @@ def _worker_federation(config: dict[str, Any]):
     return _FEDERATIONS[key]
 
 
-def train_site_task(config: dict[str, Any], site_index: int, round_num: int, received: dict[str, torch.Tensor],
-                    personal: dict[str, torch.Tensor], state: dict[str, Any], threads: int):
-    """The Ray task: one site's round on a worker. Returns its :class:`~.federation.SiteOutcome`
-    (tensors on the CPU, for the trip back)."""
+def train_sites_task(config: dict[str, Any], round_num: int, received: dict[str, torch.Tensor],
+                     jobs: list[tuple[int, dict[str, torch.Tensor], dict[str, Any]]], threads: int):
+    """The Ray task: the round of a few sites, one after another on one worker. ``jobs`` holds each
+    site's ``(index, personal downlink, state)``. Returns their :class:`~.federation.SiteOutcome` objects
+    (tensors on the CPU, for the trip back), the Ray node that ran them and the seconds they took."""
+    start = time.perf_counter()
     torch.set_num_threads(threads)
     federation = _worker_federation(config)
-    site = federation.sites[site_index]
-    site.state = state
     device = federation.device
-    outcome = federation.train_site(site, round_num, {k: v.to(device) for k, v in {**received, **personal}.items()})
-    outcome.uploads = {k: v.cpu() for k, v in outcome.uploads.items()}
-    outcome.state = _to_cpu(outcome.state)
-    return outcome
+    shared = unpack(received, device)
+    outcomes = []
+    for index, personal, state in jobs:
+        site = federation.sites[index]
+        site.state = unpack(state)
+        outcome = federation.train_site(site, round_num, {**shared, **unpack(personal, device)})
+        site.state = {}  # the state travels back with the outcome; the worker keeps none between rounds
+        outcome.uploads, outcome.state = pack(outcome.uploads), pack(outcome.state)
+        outcomes.append(outcome)
+    return outcomes, _node_id(), time.perf_counter() - start
 
 
-def _to_cpu(value: Any) -> Any:
+def _node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"  # "local": a direct call
+
+
+def plan_tasks(sites: list, tasks: int, fixed: int = 32) -> list[list]:
+    """``sites`` in at most ``tasks`` groups of about equal work (the heaviest first, each to the
+    lightest group; a site's work: its samples plus ``fixed`` for what every site costs, such as
+    building its optimiser): fewer, larger Ray tasks cost less per site than one task per site."""
+    groups: list[list] = [[] for _ in range(max(1, min(tasks, len(sites))))]
+    loads = [0] * len(groups)
+    for site in sorted(sites, key=lambda s: (-len(s.data), s.index)):
+        i = min(range(len(groups)), key=loads.__getitem__)
+        groups[i].append(site)
+        loads[i] += len(site.data) + fixed
+    return [sorted(g, key=lambda s: s.index) for g in groups if g]
+
+
+class _Array(NamedTuple):
+    """A tensor on its way between the driver and a worker, as a numpy array: Ray hands numpy arrays
+    over without copying them through pickle (a tensor would be serialised through ``torch.save``)."""
+
+    array: np.ndarray
+    dtype: torch.dtype
+
+
+def pack(value: Any) -> Any:
+    """``value`` with every tensor (in dicts, lists, tuples) as an :class:`_Array`, on the CPU."""
     if isinstance(value, torch.Tensor):
-        return value.cpu()
+        value = value.detach().cpu()
+        if value.dtype in _NUMPY_DTYPES:
+            return _Array(value.numpy(), value.dtype)
+        return value
     if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(v) for v in value)
+        return {k: pack(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and not isinstance(value, _Array):
+        return type(value)(pack(v) for v in value)
     return value
+
+
+def unpack(value: Any, device: torch.device | None = None) -> Any:
+    """The inverse of :func:`pack` (tensors on ``device``; own copies, writable)."""
+    if isinstance(value, _Array):
+        tensor = torch.from_numpy(np.array(value.array, copy=True))
+        return tensor if device is None else tensor.to(device)
+    if isinstance(value, torch.Tensor):
+        return value if device is None else value.to(device)
+    if isinstance(value, dict):
+        return {k: unpack(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(unpack(v, device) for v in value)
+    return value
+
+
+_NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8,
+                 torch.uint8, torch.bool, torch.complex64, torch.complex128}
 
 
 # --- on the driver -------------------------------------------------------------------------------------
@@ -126,10 +194,16 @@ class RayExecutor:
                               f"(executor.site_cpus {self.threads})")
         self.site_gpus = spec.site_gpus if (gpus > 0 and config.device != "cpu") else 0.0
         self.config_ref, self.config_of = None, None  # the run's configuration, put once per run
-        self.remote = self.remote_of(train_site_task)
+        self.slots = max(1, int(cpus // self.threads))  # sites that run at once
+        if self.site_gpus:
+            self.slots = min(self.slots, max(1, int(gpus / self.site_gpus)))
+        self.remote = self.remote_of(train_sites_task)
+        self.isolated: set = set()  # tasks of one site, sent again after their group's worker died twice
+        self.nodes: set[str] = set()  # the Ray nodes that have run sites
+        self.last_round: dict[str, Any] = {}
         where = spec.address or f"local, {cpus:g} CPUs"
         print(f"executor: ray ({where}{f', {gpus:g} GPUs' if gpus else ''}); each site {self.threads} CPU thread(s)"
-              f"{f', {self.site_gpus:g} GPU' if self.site_gpus else ''}; {int(cpus // self.threads)} site(s) at once",
+              f"{f', {self.site_gpus:g} GPU' if self.site_gpus else ''}; {self.slots} site(s) at once",
               file=sys.stderr, flush=True)
 
     def remote_of(self, task: Callable[..., Any]):
@@ -139,34 +213,63 @@ class RayExecutor:
                                              retry_exceptions=False)
 
     def train_sites(self, federation, sites, round_num: int) -> dict[str, Any]:
+        """Every selected site's round; outcomes by site name."""
+        return self.collect(self.start(federation, sites, round_num))
+
+    def start(self, federation, sites, round_num: int) -> dict[str, Any]:
+        """Sends round ``round_num`` of ``sites`` as :data:`TASKS_PER_SLOT` Ray tasks per site slot of
+        the cluster (sites grouped by :func:`plan_tasks`) and returns at once: a handle for
+        :meth:`collect`."""
         ray = self.ray
         if self.config_of is not federation.config:  # `compare` runs several configurations on one executor
             self.config_ref, self.config_of = ray.put(federation.config.to_dict()), federation.config
-        downlink = federation.downlink
-        received = ray.put({k: v.detach().cpu() for k, v in downlink.global_tensors.items()})
-        pending = {}
-        for site in sites:
-            personal = {k: v.detach().cpu() for k, v in downlink.personal.get(site.name, {}).items()}
-            ref = self.remote.remote(self.config_ref, site.index, round_num, received, personal, site.state,
-                                     self.threads)
-            pending[ref] = site
-        outcomes, done = {}, 0
+        received = ray.put(pack(federation.downlink.global_tensors))
+        send = lambda group, isolated=False: self._submit(federation, group, round_num, received,
+                                                         isolated=isolated)
+        pending = {send(group): group for group in plan_tasks(sites, TASKS_PER_SLOT * self.slots)}
+        return {"pending": pending, "send": send, "sites": len(sites), "round": round_num,
+                "device": federation.device, "start": time.perf_counter()}
+
+    def collect(self, handle: dict[str, Any]) -> dict[str, Any]:
+        """The outcomes of the sites sent by :meth:`start`, as they finish (with the progress bar)."""
+        ray, pending, total = self.ray, handle["pending"], handle["sites"]
+        outcomes: dict[str, Any] = {}
+        seconds: list[float] = []
         if self.progress is not None:
-            self.progress(0, len(sites))
-        waiting = list(pending)
-        while waiting:
-            ready, waiting = ray.wait(waiting, num_returns=1)
-            site = pending[ready[0]]
-            outcomes[site.name] = self._result(ready[0], site.name, round_num)
-            done += 1
+            self.progress(0, total)
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            group = pending.pop(ready[0])
+            try:
+                done, node, took = self._result(ready[0], group, handle["round"])
+            except _WorkerDied:  # the group's worker died twice: each site on its own, to name the one at fault
+                for site in group:
+                    pending[handle["send"]([site], True)] = [site]
+                continue
+            self.nodes.add(node)
+            seconds.append(took)
+            outcomes.update((site.name, outcome) for site, outcome in zip(group, done))
             if self.progress is not None:
-                self.progress(done, len(sites))
-        device = federation.device
+                self.progress(len(outcomes), total)
+        self.last_round = {"seconds": time.perf_counter() - handle["start"], "task_seconds": seconds}
         for outcome in outcomes.values():
-            outcome.uploads = {k: v.to(device) for k, v in outcome.uploads.items()}
+            outcome.uploads, outcome.state = unpack(outcome.uploads, handle["device"]), unpack(outcome.state)
         return outcomes
 
-    def _result(self, ref, site: str, round_num: int):
+    def cancel(self, handle: dict[str, Any]) -> None:
+        """Stops the tasks of a handle whose round will not be collected."""
+        for ref in handle["pending"]:
+            self.ray.cancel(ref, force=True)
+
+    def _submit(self, federation, group, round_num: int, received, *, isolated: bool = False):
+        personal = federation.downlink.personal
+        jobs = [(site.index, pack(personal.get(site.name, {})), pack(site.state)) for site in group]
+        ref = self.remote.remote(self.config_ref, round_num, received, jobs, self.threads)
+        if isolated:
+            self.isolated.add(ref)
+        return ref
+
+    def _result(self, ref, group, round_num: int):
         ray = self.ray
         try:
             return ray.get(ref)
@@ -175,9 +278,11 @@ class RayExecutor:
             raise (cause if isinstance(cause, BaseException) else exc.as_instanceof_cause()) from None
         except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.RaySystemError,
                 ray.exceptions.ObjectLostError) as exc:
-            raise SiteTaskFailed(f"site {site}'s task of round {round_num + 1} failed twice on the Ray cluster (its "
-                                 f"worker died: {type(exc).__name__}); the run stops here, every finished round is "
-                                 "kept: continue with --resume") from None
+            if len(group) > 1 or ref not in self.isolated:
+                raise _WorkerDied from None
+            raise SiteTaskFailed(f"site {group[0].name}'s task of round {round_num + 1} failed twice on the Ray "
+                                 f"cluster (its worker died: {type(exc).__name__}); the run stops here, every "
+                                 "finished round is kept: continue with --resume") from None
 
     def close(self) -> None:
         if self.started:

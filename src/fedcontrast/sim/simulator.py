@@ -115,6 +115,7 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
 
     tb = TensorBoardLog(run_dir / "tensorboard", purge_step=start + 1 if start else None)
     end = config.rounds if stop_after is None else min(config.rounds, stop_after)
+    federation.last_round = end - 1
     if progress is not None:
         progress(start, config.rounds, None)
     try:
@@ -136,6 +137,8 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
             if progress is not None:
                 progress(r + 1, config.rounds, glob)
     except BaseException:  # a kill or a full disk: report that, not a second failure of the outputs below
+        with contextlib.suppress(Exception):
+            federation.cancel_ahead()
         with contextlib.suppress(Exception):
             tb.close()
         with contextlib.suppress(Exception):
