@@ -23,6 +23,7 @@ written after each round). A task's own error stops the run as in the sequential
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -169,18 +170,19 @@ class RayExecutor:
         self.threads = spec.threads or 1
         self.progress = progress
         self.started = False
+        self.nodes: set[str] = set()  # the Ray nodes that have run sites
         if spec.address and not ray.is_initialized():
             _check_reachable(spec.address)
         try:
             if not ray.is_initialized():
-                if spec.address:
-                    ray.init(address=spec.address, logging_level=logging.ERROR, log_to_driver=False,
-                             include_dashboard=False)
-                else:
-                    ray.init(num_cpus=spec.cpus or os.cpu_count() or 1, num_gpus=torch.cuda.device_count(),
-                             logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False)
+                with _quiet_stderr():  # Ray logs each retry of a failing connection: we say what failed, once
+                    self._init(ray, spec)
                 self.started = True
         except ConnectionError as exc:
+            if "InvalidAuthToken" in str(exc.__cause__) or "AuthenticationError" in str(exc.__cause__):
+                raise ConfigError(f"the Ray cluster at {spec.address} refused this machine: it asks for its token; set "
+                                  "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH to a copy of the cluster's token file "
+                                  "(`ray get-auth-token` on its head)") from None
             raise ConfigError(f"cannot reach the Ray cluster at {spec.address}: {str(exc).splitlines()[0]}; start its "
                               "head with `ray start --head` or leave executor.address out for a local Ray") from None
         except (ValueError, RuntimeError) as exc:
@@ -199,12 +201,19 @@ class RayExecutor:
             self.slots = min(self.slots, max(1, int(gpus / self.site_gpus)))
         self.remote = self.remote_of(train_sites_task)
         self.isolated: set = set()  # tasks of one site, sent again after their group's worker died twice
-        self.nodes: set[str] = set()  # the Ray nodes that have run sites
         self.last_round: dict[str, Any] = {}
         where = spec.address or f"local, {cpus:g} CPUs"
         print(f"executor: ray ({where}{f', {gpus:g} GPUs' if gpus else ''}); each site {self.threads} CPU thread(s)"
               f"{f', {self.site_gpus:g} GPU' if self.site_gpus else ''}; {self.slots} site(s) at once",
               file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _init(ray, spec) -> None:
+        if spec.address:
+            ray.init(address=spec.address, logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False)
+        else:
+            ray.init(num_cpus=spec.cpus or os.cpu_count() or 1, num_gpus=torch.cuda.device_count(),
+                     logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False)
 
     def remote_of(self, task: Callable[..., Any]):
         """``task`` as this executor runs a site: its CPUs and GPU share, one retry if its worker dies
@@ -285,6 +294,9 @@ class RayExecutor:
                                  "finished round is kept: continue with --resume") from None
 
     def close(self) -> None:
+        if self.nodes:
+            print(f"executor: sites ran on {len(self.nodes)} Ray node(s)", file=sys.stderr, flush=True)
+            self.nodes = set()
         if self.started:
             self.started = False
             self.ray.shutdown()
@@ -306,6 +318,20 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
     except OSError as exc:
         raise ConfigError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}; start its head with "
                           "`ray start --head` there, or leave executor.address out for a local Ray") from None
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null for the block (Ray's C++ core writes there directly)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def make_executor(config: RunConfig, *, progress: Callable[[int, int], None] | None = None):
