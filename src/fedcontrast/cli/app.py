@@ -45,6 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     except FedContrastError as exc:
         print(f"fedcontrast: error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 2)
+    except ModuleNotFoundError as exc:  # an engine is an install extra
+        if (exc.name or "").split(".")[0] != "openfl":
+            raise
+        from ..deploy.pki import OPENFL_MISSING
+
+        print(f"fedcontrast: error: {OPENFL_MISSING}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("fedcontrast: interrupted; finished rounds are saved, continue with --resume", file=sys.stderr)
         return 130

@@ -153,7 +153,9 @@ def cmd_federation(args: argparse.Namespace) -> int:
     import shutil
     import time
 
-    from ..deploy.pki import make_dev_pki
+    from ..deploy.pki import fx_executable, make_dev_pki
+
+    fx_executable()  # OpenFL is an install extra: one sentence before anything is written, where it is missing
     from ..deploy.workspace import collaborator_names, read_workspace_config
     from ..openfl.launch import export_results, format_round, initialize_plan, run_federation
     from ..openfl.plan import create_workspace

@@ -15,8 +15,17 @@ from pathlib import Path
 from ..errors import FedContrastError
 
 
+OPENFL_MISSING = ("this command runs OpenFL, which is not installed in this environment: "
+                  "pip install -e \".[openfl]\" (or pip install 'fedcontrast[openfl]')")
+
+
 def fx_executable() -> str:
-    """``fx`` from this environment (the one fedcontrast is installed in)."""
+    """``fx`` from this environment (the one fedcontrast is installed in); one sentence when OpenFL
+    (an install extra) is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("openfl") is None:
+        raise FedContrastError(OPENFL_MISSING)
     candidate = Path(sys.executable).with_name("fx")
     return str(candidate) if candidate.exists() else "fx"
 
