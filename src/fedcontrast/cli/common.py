@@ -40,9 +40,10 @@ EXECUTOR_FLAGS = {"executor": ("kind", str), "site_cpus": ("site_cpus", int), "s
 
 
 def _add_executor_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--executor", default=None, choices=("sequential", "ray"),
-                   help="who trains a round's sites: sequential (this process, the default) or ray (in parallel, "
-                        "results identical at the same --site-cpus)")
+    p.add_argument("--executor", default=None, choices=("sequential", "ray", "flower"),
+                   help="who trains a round's sites: sequential (this process, the default), ray (in parallel) or "
+                        "flower (Flower's simulation runtime; the extra [flower]); results identical at the same "
+                        "--site-cpus")
     p.add_argument("--site-cpus", dest="site_cpus", type=int, default=None,
                    help="torch threads (Ray CPUs) per site (default: 1 under ray, torch's default otherwise)")
     p.add_argument("--site-gpus", dest="site_gpus", type=float, default=None,

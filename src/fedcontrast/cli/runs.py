@@ -17,9 +17,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     run_dir = Path(args.runs_dir) / (args.name or config.default_name())
     header = (f"fedcontrast simulate: {config.algorithm} on {config.dataset}, {config.clients} sites, "
               f"{config.partition} β={config.beta:g}, {config.rounds} rounds → {run_dir}")
-    summary = run_simulation(config, run_dir, resume=args.resume, overwrite=args.overwrite,
-                             progress=None if args.quiet else print_progress(header),
-                             local_evaluation=True if args.local_eval else None, linear_probe=args.linear_probe)
+    run = run_simulation
+    if config.executor.kind == "flower":  # the same round loop, inside a Flower ServerApp
+        from ..sim.flower_executor import run_on_flower as run
+    summary = run(config, run_dir, resume=args.resume, overwrite=args.overwrite,
+                  progress=None if args.quiet else print_progress(header),
+                  local_evaluation=True if args.local_eval else None, linear_probe=args.linear_probe)
     print(f"final test accuracy {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f} "
           f"at round {summary['best_round']}), {summary['wall_time_s']:.1f} s; results in {run_dir}")
     final = summary.get("final_metrics", {})

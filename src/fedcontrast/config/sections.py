@@ -255,14 +255,16 @@ class RobustnessConfig:
         return needs + [name for name in ("max_update_spread", "min_update_cosine") if getattr(self, name) is not None]
 
 
-EXECUTORS = ("sequential", "ray")
+EXECUTORS = ("sequential", "ray", "flower")
 
 
 @dataclass(frozen=True)
 class ExecutorConfig:
     """How the simulator runs the sites' work of a round (the simulator's own setting: OpenFL plans
     leave it out). ``kind``: ``sequential`` (one site after another in this process, the reference)
-    or ``ray`` (each site's tasks a Ray task; results identical at the same per-site threads).
+    or ``ray`` (each site's tasks a Ray task; results identical at the same per-site threads) or
+    ``flower`` (the round loop in a Flower ServerApp, the sites on Flower's simulation runtime; the
+    extra ``[flower]``, in an environment without OpenFL).
     ``site_cpus``: torch threads (and Ray CPUs) per site — None: torch's default in the sequential
     engine, 1 under Ray. ``site_gpus``: the fraction of a GPU a Ray site task asks for, used when CUDA
     is present. ``address``: a Ray cluster to join (``ray start --head`` on its head node), else a
@@ -292,4 +294,4 @@ class ExecutorConfig:
     @property
     def threads(self) -> int | None:
         """torch threads per site: ``site_cpus``, else 1 under Ray, else torch's default (None)."""
-        return self.site_cpus if self.site_cpus is not None else (1 if self.kind == "ray" else None)
+        return self.site_cpus if self.site_cpus is not None else (1 if self.kind != "sequential" else None)

@@ -65,7 +65,8 @@ def ray_module():
 _FEDERATIONS: dict[str, Any] = {}  # one federation per configuration, per worker process
 
 
-def _worker_federation(config: dict[str, Any]):
+def worker_federation(config: dict[str, Any]):
+    """The federation ``config`` describes, built once per process (its data, shards, public set)."""
     from .federation import Federation
 
     key = json.dumps(config, sort_keys=True)
@@ -83,7 +84,7 @@ def train_sites_task(config: dict[str, Any], round_num: int, received: dict[str,
     (tensors on the CPU, for the trip back), the Ray node that ran them and the seconds they took."""
     start = time.perf_counter()
     torch.set_num_threads(threads)
-    federation = _worker_federation(config)
+    federation = worker_federation(config)
     device = federation.device
     shared = unpack(received, device)
     outcomes = []
@@ -340,6 +341,10 @@ def make_executor(config: RunConfig, *, progress: Callable[[int, int], None] | N
 
     if config.executor.kind == "ray":
         return RayExecutor(config, progress=progress)
+    if config.executor.kind == "flower":
+        raise ConfigError("the flower executor runs the round loop inside a Flower ServerApp: use `fedcontrast "
+                          "simulate --executor flower` (or fedcontrast.sim.flower_executor.run_on_flower); compare "
+                          "runs on the sequential or ray executor")
     return SequentialExecutor()
 
 
