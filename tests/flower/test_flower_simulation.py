@@ -54,3 +54,15 @@ def test_simulate_with_the_flower_executor_from_the_command_line(tmp_path, capsy
     assert main(["simulate", "--algorithm", "moon", *common, "--executor", "flower", "--name", "flower"]) == 0
     assert device_check.differences(device_check._metrics(tmp_path / "sequential"),
                                     device_check._metrics(tmp_path / "flower")) == []
+
+
+def test_a_flower_run_stopped_after_round_1_resumes_to_the_uninterrupted_result(tmp_path):
+    pytest.importorskip("flwr", reason="Flower is the extra [flower], in an environment of its own")
+    from fedcontrast.sim.flower_executor import run_on_flower
+
+    run_simulation(config("moon", SEQUENTIAL), tmp_path / "whole")
+    flower = config("moon", {"kind": "flower", "site_cpus": 1})
+    run_on_flower(flower, tmp_path / "parts", stop_after=1)
+    run_on_flower(flower, tmp_path / "parts", resume=True)
+    assert device_check.differences(device_check._metrics(tmp_path / "whole"),
+                                    device_check._metrics(tmp_path / "parts")) == []

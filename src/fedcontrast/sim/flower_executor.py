@@ -73,7 +73,9 @@ def to_bytes(value: Any) -> bytes:
 
 
 def from_bytes(data: bytes) -> Any:
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)  # our own state, from our sites
+    """A site's state as :func:`to_bytes` wrote it. Simulation only: every party is this process's own
+    code; a deployment keeps a site's state at its SuperNode and never unpickles what arrives."""
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
 # --- the ClientApp: one site's round on a SuperNode ------------------------------------------------
@@ -137,14 +139,12 @@ class FlowerExecutor:
                 "state": app.ConfigRecord({"state": to_bytes(site.state)})})
             messages.append(self.grid.create_message(content, MESSAGE_TYPE, self.nodes[site.index % len(self.nodes)],
                                                      group_id=str(round_num + 1)))
-        if self.progress is not None:
-            self.progress(0, len(sites))
-        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
-        by_node = {m.metadata.dst_node_id: s for m, s in zip(messages, sites)} if len(sites) <= len(self.nodes) else {}
+        ids, replies = self._exchange(messages)
+        site_of = dict(zip(ids, sites))  # message id → site
         outcomes: dict[str, Any] = {}
         for reply in replies:
             if reply.has_error():
-                site = by_node.get(reply.metadata.src_node_id)
+                site = site_of.get(reply.metadata.reply_to_message_id)
                 raise SiteFailed(f"site {site.name if site else '?'}'s round {round_num + 1} failed on its Flower "
                                  f"node: {reply.error.reason}")
             record = reply.content["outcome"]
@@ -153,10 +153,28 @@ class FlowerExecutor:
                                                    from_bytes(record["state"]))
         missing = sorted(s.name for s in sites if s.name not in outcomes)
         if missing:
-            raise SiteFailed(f"no reply from site(s) {', '.join(missing)} in round {round_num + 1}")
-        if self.progress is not None:
-            self.progress(len(sites), len(sites))
+            raise SiteFailed(f"no reply from site(s) {', '.join(missing)} in round {round_num + 1} within "
+                             f"{self.timeout or 0:g} s; the run stops here, every finished round is kept")
         return outcomes
+
+    def _exchange(self, messages: list) -> list:
+        """Pushes ``messages`` and pulls the replies as they come (the progress bar counts them), until
+        all are in or ``timeout`` seconds have passed: the messages' ids (in order) and the replies."""
+        ids = list(self.grid.push_messages(messages))
+        pending = set(ids)
+        total, replies = len(pending), []
+        if self.progress is not None:
+            self.progress(0, total)
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while pending and (deadline is None or time.monotonic() < deadline):
+            pulled = list(self.grid.pull_messages(pending))
+            pending.difference_update(m.metadata.reply_to_message_id for m in pulled)
+            replies += pulled
+            if pulled and self.progress is not None:
+                self.progress(len(replies), total)
+            if pending:
+                time.sleep(0.02)
+        return ids, replies
 
     def close(self) -> None:
         pass
@@ -169,7 +187,8 @@ def run_on_flower(config: RunConfig, run_dir: str | Path, **simulation_args: Any
     return run_many_on_flower([(config, Path(run_dir))], **simulation_args)[0]
 
 
-def run_many_on_flower(jobs: list[tuple[RunConfig, Path]], **simulation_args: Any) -> list[dict]:
+def run_many_on_flower(jobs: list[tuple[RunConfig, Path]], *, site_timeout: float | None = None,
+                       **simulation_args: Any) -> list[dict]:
     """Several runs one after another in one Flower simulation (the runtime starts once; as many
     SuperNodes as the largest run has sites); their summaries."""
     _, _, serverapp, simulation = flwr_modules()
@@ -184,7 +203,10 @@ def run_many_on_flower(jobs: list[tuple[RunConfig, Path]], **simulation_args: An
         from .simulator import run_simulation
 
         try:
-            executor = FlowerExecutor(grid, nodes=nodes, threads=threads)
+            from .ray_executor import site_progress
+
+            progress = site_progress() if simulation_args.get("progress") is not None else None
+            executor = FlowerExecutor(grid, nodes=nodes, threads=threads, timeout=site_timeout, progress=progress)
             for config, run_dir in jobs:
                 summaries.append(run_simulation(config, run_dir, executor=executor, **simulation_args))
         except BaseException as exc:  # the ServerApp runs in a thread of its own: carried to the caller
