@@ -56,13 +56,12 @@ class SiteOutcome:
 class Federation:
     """Sites holding their shards and state, a server holding the downlink, one plugin."""
 
-    def __init__(self, config: RunConfig, *, local_evaluation: bool | None = None, linear_probe: bool = False,
-                 executor: Any = None) -> None:
+    def __init__(self, config: RunConfig, *, local_evaluation: bool | None = None, linear_probe: bool = False) -> None:
         """``local_evaluation``: evaluate every site's uploaded local model each round (default: when
         the plugin asks for it, :attr:`Algorithm.evaluates_local_models`). ``linear_probe``: also
         report the linear-probe accuracy of the global model's encoder (``probe_accuracy``)."""
         self.config = config
-        self.executor = executor if executor is not None else SequentialExecutor()  # who trains a round's sites
+        self.executor: Any = SequentialExecutor()  # who trains a round's sites (run_simulation sets the run's)
         self.last_round: int | None = None  # the last round (0-based) this process will run: none sent beyond
         self.ahead: tuple[int, Any] | None = None  # (round, the executor's handle) of sites sent ahead
         self.device = resolve_device(config.device)
@@ -173,6 +172,17 @@ class Federation:
                                    nbytes(result.uploads), down if t == 0 else 0))
         return SiteOutcome(merged, weight, rows, site.state)
 
+    def train_away(self, index: int, round_num: int, received: dict[str, torch.Tensor],
+                   state: dict[str, Any]) -> SiteOutcome:
+        """Site ``index``'s round where its state is not kept (a Ray worker, a Flower node in
+        simulation): ``state`` comes in, goes back in the outcome, and none stays here."""
+        site = self.sites[index]
+        site.state = state
+        try:
+            return self.train_site(site, round_num, received)
+        finally:
+            site.state = {}
+
     def _send_ahead(self, round_num: int) -> None:
         """An executor that trains sites elsewhere (:class:`~.ray_executor.RayExecutor`) gets round
         ``round_num``'s sites as soon as the downlink they receive exists, so that they train while
@@ -246,6 +256,21 @@ class Federation:
         rows.append(metric_row(round_num + 1, GLOBAL_SITE, "evaluate", len(self.test),
                                {**evaluation, **self.downlink.metrics}))
         return rows
+
+
+_FEDERATIONS: dict[str, Federation] = {}  # one federation per configuration, per worker process
+
+
+def worker_federation(config: dict[str, Any]) -> Federation:
+    """The federation ``config`` describes, built once per worker process (its data, shards, public
+    set) for the executors that train sites away from the driver."""
+    import json
+
+    key = json.dumps(config, sort_keys=True)
+    if key not in _FEDERATIONS:
+        _FEDERATIONS.clear()  # one run at a time per worker: the previous run's data is dropped
+        _FEDERATIONS[key] = Federation(RunConfig.from_dict({**config, "executor": {"kind": "sequential"}}))
+    return _FEDERATIONS[key]
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:

@@ -21,9 +21,13 @@ simulator and results are bit-identical to it at the same threads per site.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import logging
+import os
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -81,20 +85,19 @@ def from_bytes(data: bytes) -> Any:
 # --- the ClientApp: one site's round on a SuperNode ------------------------------------------------
 def train_message(msg, context):
     """The ClientApp's ``train`` handler."""
-    from .ray_executor import worker_federation
+    from .federation import worker_federation
 
     app = flwr_modules()[0]
     task = msg.content["task"]
     torch.set_num_threads(int(task["threads"]))
     federation = worker_federation(json.loads(task["config"]))
-    site = federation.sites[int(task["site"])]
-    site.state = from_bytes(msg.content["state"]["state"])
-    received = from_array_record(msg.content["received"], federation.device)
-    outcome = federation.train_site(site, int(task["round"]), received)
-    site.state = {}
+    index = int(task["site"])
+    outcome = federation.train_away(index, int(task["round"]),
+                                    from_array_record(msg.content["received"], federation.device),
+                                    from_bytes(msg.content["state"]["state"]))
     reply = app.RecordDict({
         "uploads": to_array_record(outcome.uploads),
-        "outcome": app.ConfigRecord({"site": site.name, "weight": float(outcome.weight),
+        "outcome": app.ConfigRecord({"site": federation.sites[index].name, "weight": float(outcome.weight),
                                      "rows": json.dumps(outcome.rows), "state": to_bytes(outcome.state)})})
     return app.Message(content=reply, reply_to=msg)
 
@@ -224,25 +227,17 @@ def run_many_on_flower(jobs: list[tuple[RunConfig, Path]], *, site_timeout: floa
     return summaries
 
 
+@contextlib.contextmanager
 def _quiet_flower():
     """Flower's deprecation notice for its Python simulation entry point, and Ray's tip about GPU
     variables, are not for our users: silenced for the call."""
-    import contextlib
-    import logging
-    import os
-    import warnings
-
-    @contextlib.contextmanager
-    def quiet():
-        logger = logging.getLogger("flwr")
-        level = logger.level
-        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-        logger.setLevel(logging.ERROR)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                yield
-        finally:
-            logger.setLevel(level)
-
-    return quiet()
+    logger = logging.getLogger("flwr")
+    level = logger.level
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        logger.setLevel(level)

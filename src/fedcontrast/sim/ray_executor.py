@@ -24,7 +24,6 @@ written after each round). A task's own error stops the run as in the sequential
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -62,21 +61,6 @@ def ray_module():
 
 
 # --- on the worker -------------------------------------------------------------------------------------
-_FEDERATIONS: dict[str, Any] = {}  # one federation per configuration, per worker process
-
-
-def worker_federation(config: dict[str, Any]):
-    """The federation ``config`` describes, built once per process (its data, shards, public set)."""
-    from .federation import Federation
-
-    key = json.dumps(config, sort_keys=True)
-    if key not in _FEDERATIONS:
-        _FEDERATIONS.clear()  # one run at a time per worker: the previous run's data is dropped
-        sequential = RunConfig.from_dict({**config, "executor": {"kind": "sequential"}})
-        _FEDERATIONS[key] = Federation(sequential)
-    return _FEDERATIONS[key]
-
-
 def train_sites_task(config: dict[str, Any], round_num: int, received: dict[str, torch.Tensor],
                      jobs: list[tuple[int, dict[str, torch.Tensor], dict[str, Any]]], threads: int):
     """The Ray task: the round of a few sites, one after another on one worker. ``jobs`` holds each
@@ -84,15 +68,14 @@ def train_sites_task(config: dict[str, Any], round_num: int, received: dict[str,
     (tensors on the CPU, for the trip back), the Ray node that ran them and the seconds they took."""
     start = time.perf_counter()
     torch.set_num_threads(threads)
+    from .federation import worker_federation
+
     federation = worker_federation(config)
     device = federation.device
     shared = unpack(received, device)
     outcomes = []
     for index, personal, state in jobs:
-        site = federation.sites[index]
-        site.state = unpack(state)
-        outcome = federation.train_site(site, round_num, {**shared, **unpack(personal, device)})
-        site.state = {}  # the state travels back with the outcome; the worker keeps none between rounds
+        outcome = federation.train_away(index, round_num, {**shared, **unpack(personal, device)}, unpack(state))
         outcome.uploads, outcome.state = pack(outcome.uploads), pack(outcome.state)
         outcomes.append(outcome)
     return outcomes, _node_id(), time.perf_counter() - start
