@@ -7,14 +7,15 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "fedcontrast"
-ENGINES = ("fedcontrast.sim", "fedcontrast.openfl")  # one folder per engine: only the adapter
+ENGINES = ("fedcontrast.sim", "fedcontrast.openfl", "fedcontrast.flower")  # one folder per engine: only the adapter
 # Layers every engine uses: they import no engine (and no engine's library).
 BELOW_ENGINES = ("fedcontrast.algorithms", "fedcontrast.aggregation", "fedcontrast.config", "fedcontrast.construction",
                  "fedcontrast.data", "fedcontrast.deploy", "fedcontrast.devices", "fedcontrast.evaluation",
                  "fedcontrast.losses", "fedcontrast.models", "fedcontrast.outputs", "fedcontrast.privacy",
                  "fedcontrast.robust", "fedcontrast.site")
 # (engine, a library only that engine imports): the simulator's executors run on Ray and on Flower
-ENGINE_LIBRARIES = [("fedcontrast.openfl", "openfl"), ("fedcontrast.sim", "ray"), ("fedcontrast.sim", "flwr")]
+ENGINE_LIBRARIES = [("fedcontrast.openfl", "openfl"), ("fedcontrast.sim", "ray"), ("fedcontrast.sim", "flwr"),
+                    ("fedcontrast.flower", "flwr")]
 MAX_LINES = 420  # "about 400"
 
 

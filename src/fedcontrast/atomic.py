@@ -8,8 +8,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .errors import OutputError
 
 DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
@@ -45,6 +43,8 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 def atomic_torch_save(obj: Any, path: str | Path) -> None:
     """``torch.save`` into memory first: torch's own writer reports a full disk only as "unexpected
     pos N vs M"; Python's file writes say what happened."""
+    import torch  # here: the module serves processes that import no torch (a site's SuperNode wrapper)
+
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     atomic_write_bytes(path, buffer.getbuffer())

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import FedContrastError
-from . import audit, federation, runs, sites
+from . import audit, federation, flower, runs, sites
 from .sites import cmd_site_start
 
-GROUPS = (runs, federation, sites, audit)
+GROUPS = (runs, federation, sites, audit, flower)
 # the order `fedcontrast --help` lists the commands in (the groups interleave); any other goes last
 COMMAND_ORDER = ("simulate", "probe", "compare", "partition", "federation", "workspace", "ca", "site", "report",
-                 "public", "pretrain", "plan", "pki", "audit", "doctor", "algorithms")
+                 "public", "pretrain", "plan", "pki", "audit", "doctor", "flower", "algorithms")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,9 +37,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("arguments after -- are passed on to fx by `fedcontrast site start` only")
         args.fx_args = extra
     try:
-        from ..devices import cpu_stand_in, stand_in_requested
+        # FEDCONTRAST_DEVICE_STAND_IN=1: device mistakes fail as on CUDA (devices.py). Read here without
+        # importing torch, which commands that need none (a site's SuperNode wrapper) would carry for nothing.
+        if os.environ.get("FEDCONTRAST_DEVICE_STAND_IN", "") not in ("", "0"):
+            from ..devices import cpu_stand_in
 
-        if stand_in_requested():  # FEDCONTRAST_DEVICE_STAND_IN=1: device mistakes fail as on CUDA (devices.py)
             with cpu_stand_in():
                 return args.func(args)
         return args.func(args)
@@ -46,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedcontrast: error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 2)
     except ModuleNotFoundError as exc:  # an engine is an install extra
+        if (exc.name or "").split(".")[0] == "flwr":
+            from ..flower.records import INSTALL_HINT
+
+            print(f"fedcontrast: error: {INSTALL_HINT}", file=sys.stderr)
+            return 2
         if (exc.name or "").split(".")[0] != "openfl":
             raise
         from ..deploy.pki import OPENFL_MISSING

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig
-from ..openfl.records import read_records
 from .netns import NetnsLab
 
 OPERATOR = "aggregator"  # the operator's host (it runs the aggregator)
@@ -52,6 +51,8 @@ class Experiment:
         return lab.disk(party) / self.name
 
     def records(self, lab: CrossSiloLab) -> list[dict[str, Any]]:
+        from ..openfl.records import read_records  # the lab serves the Flower environment too: no OpenFL there
+
         return read_records(self.workspace(lab, OPERATOR) / "save")
 
 

@@ -15,7 +15,7 @@ import yaml
 
 from ..config import RunConfig, site_names
 from ..construction import build_algorithm, data_shape
-from ..deploy.workspace import EVALUATE_TASK
+from ..deploy.workspace import EVALUATE_TASK, pin_shared_files
 from ..errors import ConfigError
 
 PACKAGE = "fedcontrast.openfl"
@@ -202,18 +202,3 @@ def create_workspace(directory: str | Path, config: RunConfig, *, collaborators:
     (ws / "src" / "README.md").write_text(SRC_README.format(version=__version__))
     (ws / ".workspace").write_text("current_plan_name: default\n")
     return ws
-
-
-def pin_shared_files(config: RunConfig, ws: Path, *, log=print) -> RunConfig:
-    """The plugin's files that every site must hold identically (e.g. FedPCL's frozen backbones),
-    made or copied into the workspace's ``save/`` (which the workspace package ships) and pinned in
-    the plan by their SHA-256 (:meth:`~fedcontrast.algorithms.Algorithm.share_files`)."""
-    from ..algorithms import get_algorithm
-    from ..construction import load_public
-
-    cls = get_algorithm(config.algorithm)
-    settings = dict(config.hyperparameters.get(config.algorithm, {}))
-    pinned = cls.share_files(settings, ws, public=lambda: load_public(config, base_dir=ws), seed=config.seed, log=log)
-    if pinned == settings:
-        return config
-    return config.replace(hyperparameters={**config.hyperparameters, config.algorithm: pinned})

@@ -1,0 +1,236 @@
+"""``fedcontrast flower ...``: a real Flower deployment (the extra ``[flower]``), operator and sites.
+
+Operator: ``init`` → ``superlink`` (leave running) → ``register`` (each site's public key) → ``run``.
+Site: ``site-key`` (once; send the ``.pub`` file) → ``supernode`` (leave running).
+The guide is docs/flower.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..errors import ConfigError
+from .common import _add_run_flags
+
+REFUSED_MARKERS = ("Failed to activate SuperNode", "No SuperNode found with the given public key")
+REFUSED_RETRY_S = 10.0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from ..flower.deploy import init_operator, pin_shared
+    from .federation import deployment_config
+
+    config, public_source = deployment_config(args)
+    folder = Path(args.directory).resolve()
+    if public_source is not None:
+        import shutil
+
+        shutil.copytree(public_source, folder / config.public_data.folder, dirs_exist_ok=True)
+    config = pin_shared(config, folder)
+    init_operator(folder, config, host=args.address, port=args.port, round_timeout=args.round_timeout,
+                  start_timeout=args.start_timeout, threads=args.threads)
+    print(f"Flower deployment of {config.algorithm} for {', '.join(config.sites or ())} in {folder}")
+    print(f"  send {folder / 'certs' / 'ca.crt'} to every site, with the SuperLink's address {args.address}:{args.port}")
+    print(f"  next: fedcontrast flower superlink {folder}   (leave it running)")
+    return 0
+
+
+def cmd_superlink(args: argparse.Namespace) -> int:
+    from ..flower.deploy import flower_env, superlink_command
+
+    return _run_child(superlink_command(args.directory), flower_env(Path(args.directory)))
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    from ..flower.deploy import register_site
+
+    node_id, fingerprint = register_site(args.directory, args.public_key, args.site)
+    print(f"registered site {args.site}: SuperNode {node_id}, key {fingerprint} (read this fingerprint to the site)")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ..flower.deploy import (
+        OUTCOME_FILE,
+        RUN_DIR,
+        flower_env,
+        load_operator,
+        run_command,
+    )
+
+    folder = load_operator(args.directory)[0]
+    command = run_command(folder)
+    overrides = {"round-timeout": args.round_timeout, "start-timeout": args.start_timeout}
+    overrides = " ".join(f"{k}={float(v)}" for k, v in overrides.items() if v is not None)
+    if overrides:
+        command += ["--run-config", overrides]
+    outcome = folder / RUN_DIR / OUTCOME_FILE
+    outcome.unlink(missing_ok=True)
+    code = _run_child(command, flower_env(folder))
+    if not outcome.exists():
+        raise ConfigError(f"the Flower run ended (flwr exit code {code}) without a result in {outcome}; see the "
+                          "SuperLink's output")
+    result = json.loads(outcome.read_text())
+    if result.get("status") != "finished":
+        print(f"fedcontrast: error: {result.get('error')}", file=sys.stderr)
+        return 1
+    print(f"finished: the sites' held-out accuracy of the final model {result.get('final_accuracy')}; "
+          f"outputs in {folder / RUN_DIR}")
+    return 0
+
+
+def cmd_site_key(args: argparse.Namespace) -> int:
+    from ..flower.deploy import make_site_key
+
+    private, public, fingerprint = make_site_key(args.directory, args.name)
+    print(f"{args.name}'s SuperNode key: {private} (stays here) and {public} (send it to the operator)")
+    print(f"  fingerprint {fingerprint}: read it to the operator by another channel")
+    return 0
+
+
+def cmd_supernode(args: argparse.Namespace) -> int:
+    from ..flower.deploy import start_worker, supernode_command
+
+    supernode_command(superlink=args.superlink, ca=args.ca, key=args.key, name=args.name, data=args.data,
+                      workdir=args.workdir, public=args.public, policy=args.policy, port=args.port)  # checks first
+    worker, address = start_worker(Path(args.workdir).resolve(), args.threads) if args.worker else (None, None)
+    try:
+        command = supernode_command(superlink=args.superlink, ca=args.ca, key=args.key, name=args.name,
+                                    data=args.data, workdir=args.workdir, public=args.public, policy=args.policy,
+                                    port=args.port, wait=args.wait, threads=args.threads, worker=address)
+        return _supernode(args, command)
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(timeout=30)
+
+
+def _supernode(args: argparse.Namespace, command: list[str]) -> int:
+    from ..flower.deploy import flower_env, key_fingerprint, public_of_private
+
+    deadline = time.monotonic() + args.retry_refused
+    while True:
+        seen: list[str] = []
+        code = _run_child(command, flower_env(), watch=seen)
+        refused = code != 0 and any(m in line for line in seen for m in REFUSED_MARKERS)
+        if not refused or time.monotonic() >= deadline:
+            break
+        # A SuperNode stopped less than two heartbeats (60 s) ago still counts as connected: its key
+        # is refused until the SuperLink notices; try again.
+        print(f"fedcontrast: the SuperLink refused this SuperNode for now; trying again in {REFUSED_RETRY_S:g} s",
+              flush=True)
+        time.sleep(REFUSED_RETRY_S)
+    if refused:
+        fingerprint = key_fingerprint(public_of_private(Path(args.key)))
+        raise ConfigError(f"the SuperLink at {args.superlink} refused this site's key {args.key} ({fingerprint}): the "
+                          f"operator has not registered it (send {Path(args.key).with_suffix('.pub').name} to the "
+                          "operator: `fedcontrast flower register`), or a SuperNode with this key is connected already")
+    return code
+
+
+def _run_child(command: list[str], env: dict[str, str], *, watch: list[str] | None = None) -> int:
+    """Runs a Flower program in the foreground, its output passed through (and kept in ``watch``),
+    SIGTERM/SIGINT passed on; its exit code."""
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            start_new_session=True)
+
+    def forward(signum, _frame):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if watch is not None:
+                watch.append(line)
+
+    # The output is read by a thread: helpers the program started may hold the pipe open after it exits.
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        with contextlib.suppress(ProcessLookupError):  # Flower's helpers it started (flower-superexec) go too
+            os.killpg(proc.pid, signal.SIGTERM)
+        reader.join(timeout=5)
+
+
+def _add_flower(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("flower", help="a real Flower deployment: SuperLink at the operator, a SuperNode per site")
+    fsub = p.add_subparsers(dest="flower_command", required=True)
+    w = fsub.add_parser("init", help="operator: the CA, the SuperLink's certificate and the Flower App (no data)")
+    _add_run_flags(w, skip=("clients",))
+    w.add_argument("--sites", required=True, help="the institutions' names, comma-separated, e.g. hosp1,hosp2,hosp3")
+    w.add_argument("--input-shape", help="the sites' images as CHANNELSxHEIGHTxWIDTH, e.g. 1x32x32")
+    w.add_argument("--classes", help="class folder names in label order, or a number N for the folders 0 … N-1")
+    w.add_argument("--mean", help="per-channel normalisation mean, comma-separated")
+    w.add_argument("--std", help="per-channel normalisation std, comma-separated")
+    w.add_argument("--public-data", help="a public image folder every party holds (FLESD, FedPCL)")
+    w.add_argument("--address", default="localhost", help="the SuperLink's host name or address (its certificate's)")
+    w.add_argument("--port", type=int, default=9092, help="the SuperLink's port (9092)")
+    w.add_argument("--round-timeout", type=float, default=1800.0, help="seconds a round may take before the run "
+                                                                       "stops naming the silent sites (1800)")
+    w.add_argument("--start-timeout", type=float, default=600.0,
+                   help="seconds to wait for every site's SuperNode to connect (600)")
+    w.add_argument("--threads", type=int, default=1, help="torch threads of the ServerApp (1)")
+    w.add_argument("directory")
+    w.set_defaults(func=cmd_init)
+    w = fsub.add_parser("superlink", help="operator: start the SuperLink (TLS, only registered SuperNode keys)")
+    w.add_argument("directory")
+    w.set_defaults(func=cmd_superlink)
+    w = fsub.add_parser("register", help="operator: register a site's SuperNode public key (SuperLink running)")
+    w.add_argument("directory")
+    w.add_argument("public_key")
+    w.add_argument("--site", required=True, help="the site this key belongs to")
+    w.set_defaults(func=cmd_register)
+    w = fsub.add_parser("run", help="operator: run the federation (flwr run) and print its outcome")
+    w.add_argument("--round-timeout", type=float, help="this run's round timeout (default: init's)")
+    w.add_argument("--start-timeout", type=float, help="this run's wait for the sites' SuperNodes (default: init's)")
+    w.add_argument("directory")
+    w.set_defaults(func=cmd_run)
+    w = fsub.add_parser("site-key", help="site: make its SuperNode key pair (send the .pub file to the operator)")
+    w.add_argument("--name", required=True)
+    w.add_argument("directory", nargs="?", default=".")
+    w.set_defaults(func=cmd_site_key)
+    w = fsub.add_parser("supernode", help="site: start its SuperNode on its own folder, with its own key")
+    w.add_argument("--superlink", required=True, help="HOST:PORT of the operator's SuperLink")
+    w.add_argument("--ca", required=True, help="the federation's CA certificate (from the operator)")
+    w.add_argument("--key", required=True, help="this site's private key (fedcontrast flower site-key)")
+    w.add_argument("--name", required=True, help="this site's name in the plan")
+    w.add_argument("--data", required=True, help="this site's image folder (one sub-folder per class)")
+    w.add_argument("--workdir", default=".", help="where its state, report and final model stay (.)")
+    w.add_argument("--public", help="the public folder it holds (FLESD, FedPCL)")
+    w.add_argument("--policy", help="this site's policy (site_policy.yaml), checked before any data is read")
+    w.add_argument("--port", type=int, default=9094, help="the SuperNode's local port for its ClientApp (9094)")
+    w.add_argument("--threads", type=int, default=1, help="torch threads this site trains with (1)")
+    w.add_argument("--no-worker", dest="worker", action="store_false",
+                   help="run each message in the ClientApp process Flower starts for it (imports and the folder "
+                        "read every round), not in the site's long-lived worker")
+    w.add_argument("--retry-refused", type=float, default=90.0, metavar="SECONDS",
+                   help="how long to keep trying when the SuperLink refuses this key (a SuperNode of this key stopped "
+                        "less than a minute ago still counts as connected) (90)")
+    w.add_argument("--wait", type=float, default=600.0, help="seconds to keep trying to reach the SuperLink (600)")
+    w.set_defaults(func=cmd_supernode)
+
+
+COMMANDS = {"flower": _add_flower}
+
+
+def register(subparsers: argparse._SubParsersAction, names: Iterable[str] | None = None) -> None:
+    for name in COMMANDS if names is None else names:
+        COMMANDS[name](subparsers)

@@ -1,0 +1,108 @@
+"""The ``ClientApp`` of a Flower deployment: a light shell that imports neither torch nor the
+plugins. Flower starts a fresh ClientApp process for every message; the site's work
+(:func:`.site_app.handle`) runs in the site's long-lived worker (:mod:`.worker`, started by
+``fedcontrast flower supernode`` and named in the node configuration as ``worker``), so a site pays
+for its imports and for reading its folder once, not every round. A SuperNode started by hand,
+without a worker, runs the same function in the ClientApp process itself.
+
+Records cross as plain data (arrays as numpy, config values as Python values); the site's state
+comes from and goes back to the SuperNode's ``context.state``.
+"""
+
+from __future__ import annotations
+
+import time
+from multiprocessing.connection import Client
+from pathlib import Path
+from typing import Any
+
+STATE_RECORD = "fedcontrast"  # context.state[STATE_RECORD]["state"]: the site's state, torch.save bytes
+WORKER_WAIT_S = 120.0  # how long a message waits for a worker that is still starting
+
+
+def node_settings(context) -> dict[str, str]:
+    """The node configuration's fedcontrast keys, checked: one sentence for a missing one."""
+    nc = {k: str(v) for k, v in dict(context.node_config).items()}
+    missing = [k for k in ("site-name", "data", "workdir") if not nc.get(k, "").strip()]
+    if missing:
+        raise ValueError(f"this SuperNode was started without {', '.join(missing)} in its --node-config; start it "
+                         "with `fedcontrast flower supernode --name SITE --data FOLDER`")
+    return nc
+
+
+def plain_content(msg) -> dict[str, Any]:
+    from flwr.app import ArrayRecord
+
+    out: dict[str, Any] = {}
+    for name, record in msg.content.items():
+        if isinstance(record, ArrayRecord):
+            out[name] = {k: a.numpy() for k, a in record.items()}
+        else:
+            out[name] = dict(record.items())
+    return out
+
+
+def ask_worker(settings: dict[str, str], request: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
+    """The site's worker answers ``request`` (waits for a worker still starting)."""
+    address, key = settings["worker"], Path(settings["worker-key"]).read_bytes()
+    deadline = time.monotonic() + WORKER_WAIT_S
+    while True:
+        try:
+            conn = Client(address, family="AF_UNIX", authkey=key)
+            break
+        except (FileNotFoundError, ConnectionRefusedError):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"this site's worker ({address}) is not running; restart `fedcontrast flower "
+                                   "supernode`") from None
+            time.sleep(0.2)
+    with conn:
+        conn.send(request)
+        status, *answer = conn.recv()
+    if status != "ok":
+        raise RuntimeError(answer[0])
+    return answer[0], answer[1]
+
+
+def handler(msg, context):
+    """Every message type: the site's answer as Flower records; a refusal as one sentence."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+
+    name = dict(context.node_config).get("site-name", "this site")
+    try:
+        settings = node_settings(context)
+        record = context.state.config_records.get(STATE_RECORD)
+        request = {"kind": msg.metadata.message_type.split(".")[0], "run_id": int(msg.metadata.run_id),
+                   "run_config": str(context.run_config["fedcontrast-config"]), "settings": settings,
+                   "content": plain_content(msg), "state": bytes(record["state"]) if record is not None else None}
+        if settings.get("worker"):
+            reply, state = ask_worker(settings, request)
+        else:
+            from .site_app import handle, refusal
+
+            try:
+                reply, state = handle(**request)
+            except Exception as exc:  # noqa: BLE001 - named below
+                raise RuntimeError(refusal(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - every failure reaches the operator as one sentence
+        sentence = f"site {name}: {exc}"
+        print(f"fedcontrast flower site: error: {sentence}", flush=True)
+        raise RuntimeError(sentence) from None
+    if state is not None:
+        context.state[STATE_RECORD] = ConfigRecord({"state": state})
+    records = {k: ArrayRecord(array_dict={n: Array.from_numpy_ndarray(a) for n, a in v.items()}) if k == "uploads"
+               else ConfigRecord(v) for k, v in reply.items()}
+    return Message(content=RecordDict(records), reply_to=msg)
+
+
+def client_app():
+    """The ClientApp of every plugin, for a deployment."""
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+    app.query()(handler)
+    app.train()(handler)
+    app.evaluate()(handler)
+    return app
+
+
+client = client_app()  # the component the Flower App names: fedcontrast.flower.client_app:client

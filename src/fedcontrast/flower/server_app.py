@@ -1,0 +1,297 @@
+"""The operator's side of a real Flower deployment: the ``ServerApp`` the SuperLink runs. It holds
+no data.
+
+It drives the plugin's server calls (``initial_downlink``, the upload screen, ``aggregate``) over the
+sites it reaches through Flower's grid, one SuperNode per site, each admitted by its registered key
+(:mod:`fedcontrast.flower.deploy` records which node is which site). The run's settings come from the
+Flower App's run config (written by ``fedcontrast flower init``): the typed run configuration
+(``fedcontrast-config``), the output folder, the registered nodes, the timeouts.
+
+What it writes, in the operator's run folder: ``metrics.csv`` (each site's released training
+metrics and held-out evaluation per round; a ``global`` row per round: the sites' held-out accuracy of
+the global model, weighted by their held-out sizes), ``summary.json``, ``accuracy.png`` and
+``outcome.json`` (``finished``, or ``failed`` with the one sentence that stopped the run), which
+``fedcontrast flower run`` reads and prints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..algorithms import InvalidUploadError, ServerContext, validate_uploads
+from ..config import RunConfig, site_names
+from ..construction import (
+    attach_public,
+    build_algorithm,
+    data_shape,
+    initial_model,
+    load_public,
+    server_seed,
+    upload_screen,
+)
+from ..devices import resolve_device
+from ..errors import FedContrastError
+from ..outputs import (
+    GLOBAL_SITE,
+    build_summary,
+    metric_row,
+    plot_curves,
+    test_accuracy_curve,
+    write_json,
+    write_metrics_csv,
+)
+from ..robust import RejectedUpload
+from .records import CONFIG_KEY, flwr_app, from_array_record, plan_pins, to_array_record
+
+logger = logging.getLogger("fedcontrast.flower.server")
+
+OUTCOME_FILE = "outcome.json"
+
+
+class SiteProblem(FedContrastError):
+    """A site did not answer, refused, or failed: the run stops naming it."""
+
+
+def say(text: str) -> None:
+    """A progress line on the operator's terminal (``flwr run --stream`` shows the ServerApp's output)."""
+    print(f"fedcontrast: {text}", flush=True)
+
+
+class FlowerServer:
+    def __init__(self, grid, config: RunConfig, out_dir: Path, site_nodes: dict[str, int], *,
+                 round_timeout: float, start_timeout: float, shared: dict[str, bytes] | None = None,
+                 base_dir: Path = Path(".")) -> None:
+        self.grid, self.config, self.out = grid, config, out_dir
+        self.round_timeout, self.start_timeout = round_timeout, start_timeout
+        self.sites = site_names(config)
+        unregistered = [s for s in self.sites if s not in site_nodes]
+        if unregistered:
+            raise SiteProblem(f"site(s) {', '.join(unregistered)} of the plan have no registered SuperNode key: "
+                              "register each with `fedcontrast flower register`")
+        self.node_of = {s: int(site_nodes[s]) for s in self.sites}
+        self.site_of = {n: s for s, n in self.node_of.items()}
+        self.shared = shared or {}
+        self.algorithm = build_algorithm(config)
+        self.device = resolve_device(config.device)
+        shape = data_shape(config)
+        model = initial_model(config, **shape).to(self.device)
+        self.server = ServerContext(model=model, round_num=0, seed=server_seed(config, 0), device=self.device,
+                                    num_classes=shape["num_classes"], sites=list(self.sites))
+        if self.algorithm.requires_public:
+            public = load_public(config, base_dir=base_dir)
+            attach_public(self.algorithm, public)
+            self.server.public = public
+        self.specs = self.algorithm.upload_specs(model, shape["num_classes"])
+        self.screen = upload_screen(config, self.algorithm)
+        self.downlink = self.algorithm.initial_downlink(self.server)
+        self.rows: list[dict[str, Any]] = []
+
+    # --- messages ----------------------------------------------------------------------------------
+    def message(self, site: str, kind: str, records: dict[str, Any], round_num: int):
+        app = flwr_app()
+        return app.Message(app.RecordDict(records), dst_node_id=self.node_of[site], message_type=kind,
+                           group_id=str(round_num))
+
+    def exchange(self, messages: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
+        """Sends one message per site and waits up to ``timeout`` seconds for every reply; a site
+        that fails or stays silent stops the run, named with its reason."""
+        ids = dict(zip(self.grid.push_messages(list(messages.values())), messages))  # message id → site
+        pending, replies = set(ids), {}
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            for reply in self.grid.pull_messages(list(pending)):
+                site = ids.get(reply.metadata.reply_to_message_id)
+                if site is None:
+                    continue
+                pending.discard(reply.metadata.reply_to_message_id)
+                if reply.has_error():
+                    raise SiteProblem(f"{what}: {_reason(reply.error.reason, site)}")
+                replies[site] = reply
+            if pending:
+                time.sleep(0.05)
+        if pending:
+            silent = sorted(ids[m] for m in pending)
+            raise SiteProblem(f"{what}: no answer from site(s) {', '.join(silent)} within {timeout:g} s (stopped, "
+                              "or its SuperNode lost the connection); the run stops here")
+        return replies
+
+    # --- the run -----------------------------------------------------------------------------------
+    def connect(self) -> None:
+        """Waits for every site's SuperNode, then asks each to check the plan (policy, audit) and
+        read its folder."""
+        deadline = time.monotonic() + self.start_timeout
+        online: set[int] = set()
+        while time.monotonic() < deadline:
+            online = set(self.grid.get_node_ids())
+            if set(self.node_of.values()) <= online:
+                break
+            time.sleep(0.5)
+        missing = [s for s in self.sites if self.node_of[s] not in online]
+        if missing:
+            raise SiteProblem(f"site(s) {', '.join(missing)} did not connect within {self.start_timeout:g} s "
+                              f"(their SuperNode is not running, or cannot reach this SuperLink)")
+        app = flwr_app()
+        content = {"shared": app.ConfigRecord(dict(self.shared))} if self.shared else {}
+        replies = self.exchange({s: self.message(s, "query", dict(content), 0) for s in self.sites},
+                                self.round_timeout, "start-up")
+        for site, reply in replies.items():
+            claimed = str(reply.content["site"]["site"])
+            if claimed != site:
+                raise SiteProblem(f"the SuperNode registered as site {site} says it is {claimed!r}; the run stops")
+        say(f"{len(self.sites)} sites ready: {', '.join(self.sites)} (each checked the plan against its policy "
+            "before reading its data)")
+
+    def run(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self.connect()
+        start = time.perf_counter()
+        for round_num in range(self.config.rounds):
+            r0 = time.perf_counter()
+            self.run_round(round_num)
+            write_metrics_csv(self.out / "metrics.csv", self.rows)
+            acc = [r["accuracy"] for r in self.rows if r["site"] == GLOBAL_SITE and r["round"] == round_num]
+            say(f"round {round_num + 1}/{self.config.rounds} done in {time.perf_counter() - r0:.1f} s"
+                + (f"; sites' held-out accuracy of the model after round {round_num}: {acc[0]:.4f}" if acc else ""))
+        self.final_evaluation()
+        write_metrics_csv(self.out / "metrics.csv", self.rows)
+        summary = build_summary(self.rows, config=self.config.to_dict(), wall_time_s=time.perf_counter() - t0,
+                                rounds_total=self.config.rounds)
+        summary["startup_s"] = round(start - t0, 3)
+        summary["seconds_per_round"] = round((time.perf_counter() - start) / max(1, self.config.rounds), 3)
+        write_json(self.out / "summary.json", summary)
+        curve = test_accuracy_curve(self.rows)
+        if curve:
+            plot_curves(self.out / "accuracy.png", {self.config.algorithm: curve},
+                        title=f"{self.config.algorithm} on Flower", ylabel="sites' held-out accuracy")
+        return summary
+
+    def run_round(self, round_num: int) -> None:
+        app = flwr_app()
+        task = app.ConfigRecord({"round": round_num})
+        messages = {s: self.message(s, "train", {"task": task, "received": to_array_record(self.downlink.for_site(s))},
+                                    round_num + 1) for s in self.sites}
+        replies = self.exchange(messages, self.round_timeout, f"round {round_num + 1}")
+        uploads, weights, rejected = {}, {}, {}
+        evaluations = {}
+        for site in self.sites:
+            outcome = replies[site].content["outcome"]
+            weights[site] = float(outcome["weight"])
+            for task_name, metrics in json.loads(str(outcome["metrics"])).items():
+                self.rows.append(metric_row(round_num + 1, site, task_name, 0, metrics))
+            evaluations[site] = json.loads(str(outcome["evaluation"]))
+            received = from_array_record(replies[site].content["uploads"], self.device)
+            try:
+                validate_uploads(site, received, self.specs)
+            except InvalidUploadError as exc:
+                rejected[site] = f"round {round_num + 1}: {exc}"
+                continue
+            uploads[site] = received
+        self.evaluation_rows(round_num, evaluations)
+        previous = self.downlink.global_tensors
+        accepted, kept, refused = self.screen.screen(round_num + 1, uploads, weights, previous)
+        rejected.update(refused)
+        self._rejected(round_num, rejected, accepted)
+        self.server.round_num = round_num
+        self.server.seed = server_seed(self.config, round_num)
+        self.server.previous = previous
+        self.downlink, blamed = self.screen.aggregate(lambda u, w: self.algorithm.aggregate(u, w, self.server),
+                                                      accepted, kept, self.server.state, round_num + 1)
+        self._rejected(round_num, blamed, accepted)
+        self.rows.extend(metric_row(round_num + 1, s, "rejected", 0, {}) for s in sorted({**rejected, **blamed}))
+
+    def _rejected(self, round_num: int, rejected: dict[str, str], accepted: dict) -> None:
+        """As the simulator: stop naming them (``robustness.on_rejected: stop``), or go on without."""
+        if not rejected:
+            return
+        rejected, hint = self.screen.explain(round_num + 1, rejected, bool(accepted))
+        reasons = "; ".join(rejected[s] for s in sorted(rejected))
+        if self.config.robustness.on_rejected == "stop" or not accepted:
+            raise RejectedUpload(reasons + ("" if accepted else "; no upload left to aggregate" + hint))
+        say(f"round {round_num + 1} aggregated without rejected upload(s): {reasons}")
+
+    def evaluation_rows(self, round_num: int, evaluations: dict[str, dict[str, float]]) -> None:
+        """Each site's held-out score of what it received at the start of ``round_num`` (the model
+        after ``round_num`` rounds), and their weighted mean as the ``global`` row of that round."""
+        if round_num == 0:
+            return
+        total, weighted = 0.0, 0.0
+        for site in self.sites:
+            measured = evaluations.get(site) or {}
+            if not measured:
+                continue  # withheld by the plan's DP or the site's policy
+            samples = float(measured.get("samples", 0.0))
+            self.rows.append(metric_row(round_num, site, "evaluate", int(samples),
+                                        {k: v for k, v in measured.items() if k != "samples"}))
+            if "accuracy" in measured and samples > 0:
+                total += samples
+                weighted += samples * float(measured["accuracy"])
+        if total > 0:
+            self.rows.append(metric_row(round_num, GLOBAL_SITE, "evaluate", int(total),
+                                        {"accuracy": weighted / total, **self.downlink.metrics}))
+
+    def final_evaluation(self) -> None:
+        """The final model goes to every site, which scores it and keeps it (``site_report/``)."""
+        app = flwr_app()
+        rounds = self.config.rounds
+        task = app.ConfigRecord({"round": rounds})
+        messages = {s: self.message(s, "evaluate", {"task": task, "received": to_array_record(self.downlink.for_site(s))},
+                                    rounds + 1) for s in self.sites}
+        replies = self.exchange(messages, self.round_timeout, "final evaluation")
+        self.evaluation_rows(rounds, {s: json.loads(str(r.content["outcome"]["evaluation"]))
+                                      for s, r in replies.items()})
+
+
+def _reason(reason: str, site: str) -> str:
+    """A ClientApp's error as Flower reports it, down to the site's own sentence."""
+    text = str(reason).strip()
+    marker = f"site {site}:"
+    if marker in text:
+        text = text[text.index(marker):].splitlines()[0]
+        return re.split(r"""['"]>|['"]\)""", text)[0].rstrip(". ")
+    return f"site {site} failed: {text.splitlines()[-1] if text else 'no reason given'}"
+
+
+def server_app():
+    """The ServerApp of every plugin, for a deployment."""
+    from flwr.serverapp import ServerApp
+
+    app = ServerApp()
+
+    @app.main()
+    def main(grid, context) -> None:
+        rc = context.run_config
+        out = Path(str(rc["out-dir"]))
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            config = RunConfig.from_dict(json.loads(str(rc[CONFIG_KEY])))
+            base = Path(str(rc.get("base-dir", ".") or "."))
+            shared = {rel: (base / rel).read_bytes() for rel in plan_pins(config)}  # e.g. FedPCL's backbones
+            torch.set_num_threads(int(rc.get("threads", 1)))
+            server = FlowerServer(grid, config, out, json.loads(str(rc["site-nodes"])),
+                                  round_timeout=float(rc["round-timeout"]), start_timeout=float(rc["start-timeout"]),
+                                  shared=shared, base_dir=base)
+            summary = server.run()
+        except FedContrastError as exc:
+            say(f"error: {exc}")
+            write_json(out / OUTCOME_FILE, {"status": "failed", "error": str(exc)})
+            return
+        except Exception as exc:
+            logger.exception("the ServerApp failed")
+            write_json(out / OUTCOME_FILE, {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
+            return
+        write_json(out / OUTCOME_FILE, {"status": "finished", "final_accuracy": summary.get("final_accuracy"),
+                                        "rounds": summary.get("rounds_completed")})
+        say(f"finished: {config.rounds} rounds; the sites' held-out accuracy of the final model "
+            f"{summary.get('final_accuracy')}; outputs in {out}")
+
+    return app
+
+
+server = server_app()  # the component the Flower App names: fedcontrast.flower.server_app:server

@@ -1,0 +1,233 @@
+"""A site of a real Flower deployment: what it does with each message of the operator's ServerApp,
+on the institution's own folder (the Flower ``ClientApp`` around it is :mod:`.client_app`; with
+``fedcontrast flower supernode`` it runs in the site's long-lived worker, :mod:`.worker`).
+
+The SuperNode is started by ``fedcontrast flower supernode`` (or by hand) with a node
+configuration naming the site and its folders: ``site-name``, ``data`` (its image folder), ``workdir``
+(where its state, report and final model stay), optionally ``policy`` (its site policy) and
+``public`` (the public folder it holds). Three messages come from the operator's ServerApp:
+
+* ``query`` (``hello``): the site checks the plan against its policy and runs the audit **before it
+  reads any data** (:class:`~fedcontrast.site.data.SiteData`), checks files every site must share
+  (FedPCL's frozen backbones, sent with the message and pinned by SHA-256 in the plan), then reads
+  its folder and answers with its name;
+* ``train``: what it received this round is scored on its own held-out split (its report's row),
+  then the plugin's collaborator tasks run; the uploads and the aggregation weight go back, with
+  the metrics the plan and its policy let leave;
+* ``evaluate`` (after the last round): the final model is scored and written at the site
+  (``site_report/<name>/``: :mod:`fedcontrast.site.report`).
+
+The site's state (MOON's previous model, personal heads, DP accountants) never leaves it: it is
+kept in the SuperNode's ``context.state`` between rounds (and a copy under ``workdir/local_state/``).
+Nothing that arrives is unpickled: tensors come as Flower arrays, shared files as bytes checked
+against the plan's SHA-256 pins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..algorithms import SiteContext
+from ..atomic import atomic_write_bytes
+from ..config import RunConfig, site_names
+from ..construction import (
+    attach_public,
+    build_algorithm,
+    data_shape,
+    initial_model,
+    site_index,
+    site_privacy,
+    task_seed,
+)
+from ..devices import resolve_device
+from ..errors import FedContrastError
+from ..site.report import REPORT_DIR, SiteReport, snapshot, write_final_model
+from .records import plan_pins
+
+logger = logging.getLogger("fedcontrast.flower.site")
+
+EVALUATION_STREAM = 1 << 16  # the seed stream of the evaluation (as the OpenFL engine's)
+_RUNTIMES: dict[tuple[int, str], SiteRuntime] = {}  # one per (run, site) in a long-lived ClientApp process
+
+
+class SiteRefused(FedContrastError):
+    """The site refuses the run (its policy, its folder, a shared file): one sentence."""
+
+
+class SiteRuntime:
+    """One site's side of one run: its data (read after its policy accepted the plan), the plugin,
+    its report."""
+
+    def __init__(self, config: RunConfig, settings: dict[str, str], shared: dict[str, bytes]) -> None:
+        from ..privacy.releases import release_choices
+        from ..site.data import SiteData
+
+        self.name = settings["site-name"]
+        self.run_id = 0  # the Flower run this runtime serves (set by :func:`runtime`)
+        self.workdir = Path(settings["workdir"]).resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        os.chdir(self.workdir)  # the plan's relative paths (public folder, shared files) are the site's own
+        if self.name not in site_names(config):
+            raise SiteRefused(f"this site is {self.name!r}, which is not one of the plan's sites "
+                              f"({', '.join(site_names(config))})")
+        if settings.get("public") and config.public_data is not None:  # else the plan needs none
+            config = config.replace(public_data=type(config.public_data)(config.public_data.sha256,
+                                                                         str(Path(settings["public"]).resolve())))
+        if settings.get("policy"):
+            os.environ["FEDCONTRAST_SITE_POLICY"] = str(Path(settings["policy"]).resolve())
+        self._write_shared(shared, plan_pins(config))
+        self.config = config
+        self.shape = data_shape(config)
+        # Flower's transport as this SuperNode was started: TLS to the SuperLink, and its own key (the
+        # SuperLink admits only registered keys); the site's policy is checked against these facts.
+        network = {"use_tls": settings.get("tls", "true") == "true",
+                   "require_client_auth": settings.get("node-auth", "true") == "true"}
+        try:
+            self.data = SiteData(data_path=str(Path(settings["data"]).resolve()), run_config=config.to_dict(),
+                                 network=network, model_shape=self.shape)
+        except SystemExit as exc:  # SiteData stops an OpenFL collaborator; here the sentence goes to the operator
+            raise SiteRefused(str(exc).removeprefix("fedcontrast collaborator: error: ")) from None
+        self.releases = release_choices(config.privacy, self.data.site_policy)
+        self.algorithm = build_algorithm(config)
+        self.device = resolve_device(config.device)
+        self.model = initial_model(config, **self.shape).to(self.device)
+        attach_public(self.algorithm, self.data.public)
+        self.algorithm.check_shared_files(self.workdir)
+        self.index = site_index(config, self.name)
+        policy = self.data.site_policy
+        self.report = SiteReport(self.workdir / REPORT_DIR / self.name, self.name, config.rounds,
+                                 getattr(policy, "max_epsilon", None))
+
+    def _write_shared(self, shared: dict[str, bytes], pins: dict[str, str]) -> None:
+        """Files the plan pins by SHA-256 (FedPCL's backbones), received as bytes: written only if
+        the plan names them and their hash matches (the plugin checks them again when it loads them)."""
+        for rel, data in shared.items():
+            if rel not in pins:
+                raise SiteRefused(f"the operator sent a file {rel!r} that the plan does not pin; refused")
+            if hashlib.sha256(data).hexdigest() != pins[rel]:
+                raise SiteRefused(f"the shared file {rel!r} the operator sent does not match the plan's SHA-256 pin")
+            target = (self.workdir / rel).resolve()
+            if not target.is_relative_to(self.workdir):
+                raise SiteRefused(f"the shared file {rel!r} would be written outside this site's folder; refused")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(target, data)
+
+    def state_path(self) -> Path:
+        """A copy of the site's state in this run, on its own disk (the SuperNode's context.state holds
+        it too; a restarted SuperNode has lost that): one file per run, so a new run starts afresh."""
+        return self.workdir / "local_state" / f"{self.name}.run{self.run_id}.pt"
+
+    # --- the round ----------------------------------------------------------------------------------
+    def context(self, round_num: int, seed: int, state: dict[str, Any], privacy: Any = None) -> SiteContext:
+        return SiteContext(name=self.name, data=self.data.train, model=self.model, training=self.config.training,
+                           round_num=round_num, seed=seed, device=self.device, state=state, public=self.data.public,
+                           index=self.index, privacy=privacy)
+
+    def evaluate(self, round_num: int, received: dict[str, torch.Tensor], state: dict[str, Any],
+                 nbytes: int) -> dict[str, float]:
+        """What it received at the start of ``round_num`` on its own held-out split (its report's row)."""
+        site = self.context(round_num, task_seed(self.config, round_num, self.index, EVALUATION_STREAM), state)
+        final = snapshot(self.model, received) if round_num >= self.config.rounds else None
+        measured = self.algorithm.evaluate_at_site(site, received, self.data.test)
+        self.report.evaluated(round_num, measured, len(self.data.test), nbytes, 0)
+        if final is not None:
+            write_final_model(self.report.folder, site=site, config=self.config, shape=self.shape, model=final,
+                              received=received, metrics=measured)
+            self.report.finish(round_num)
+        logger.info("%s, round %d: what it received scores %.4f on its %d held-out images", self.name, round_num,
+                    measured.get("accuracy", float("nan")), len(self.data.test))
+        return {**measured, "samples": float(len(self.data.test))} if self.releases.evaluation_metrics else {}
+
+    def train(self, round_num: int, received: dict[str, torch.Tensor], state: dict[str, Any], nbytes: int):
+        """The plugin's tasks of ``round_num``: (uploads, weight, released metrics per task, state)."""
+        uploads: dict[str, torch.Tensor] = {}
+        metrics: dict[str, dict[str, float]] = {}
+        weight = 0.0
+        for t, task in enumerate(self.algorithm.tasks):
+            site = self.context(round_num, task_seed(self.config, round_num, self.index, t), state,
+                                site_privacy(self.config, state, round_num, noise_seed=None))
+            result = self.algorithm.run_task(task, site, received)
+            weight = result.weight
+            if site.privacy is not None and not self.releases.exact_count:
+                weight = site.privacy.released_count(result.weight)
+            released = {k: float(v) for k, v in result.metrics.items()
+                        if self.releases.training_metrics and k in self.algorithm.task_metrics.get(task, ())}
+            epsilon = site.privacy.metrics() if site.privacy is not None else {}
+            if self.releases.epsilon_metrics:
+                released.update(epsilon)
+            metrics[task] = released
+            uploads.update(result.uploads)
+            state = site.state
+            sent = sum(v.numel() * v.element_size() for v in result.uploads.values())
+            self.report.trained(round_num, task, result.metrics, nbytes, sent, epsilon)
+        self.report.finish(round_num)
+        return uploads, float(weight), metrics, state
+
+
+def runtime(run_id: int, run_config: str, settings: dict[str, str], shared: dict[str, bytes]) -> SiteRuntime:
+    """This site's runtime for run ``run_id`` (built at its first message; kept by a long-lived
+    process, the site's worker)."""
+    torch.set_num_threads(int(settings.get("threads", "1")))
+    key = (int(run_id), settings["site-name"])
+    if key not in _RUNTIMES:
+        _RUNTIMES[key] = SiteRuntime(RunConfig.from_dict(json.loads(run_config)), settings, shared)
+        _RUNTIMES[key].run_id = int(run_id)
+    return _RUNTIMES[key]
+
+
+def refusal(exc: BaseException) -> str:
+    """The one sentence an exception becomes for both parties."""
+    if isinstance(exc, FedContrastError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _state_in(data: bytes | None, site: SiteRuntime) -> dict[str, Any]:
+    if data is None and site.state_path().exists():  # a restarted SuperNode: the copy on the site's disk
+        data = site.state_path().read_bytes()
+    return torch.load(io.BytesIO(data), map_location=site.device, weights_only=True) if data else {}
+
+
+def _state_out(state: dict[str, Any], site: SiteRuntime) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    site.state_path().parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(site.state_path(), buffer.getvalue())
+    return buffer.getvalue()
+
+
+def _tensors(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(np.array(v, copy=True)).to(device) for k, v in arrays.items()}
+
+
+def _arrays(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy() for k, v in tensors.items()}
+
+
+def handle(kind: str, run_id: int, run_config: str, settings: dict[str, str], content: dict[str, Any],
+           state: bytes | None) -> tuple[dict[str, Any], bytes | None]:
+    """One message, in plain data: ``content`` maps each record's name to its values (arrays as
+    numpy); returns the reply's records and the site's state afterwards (None: unchanged)."""
+    site = runtime(run_id, run_config, settings, content.get("shared") or {})
+    if kind == "query":
+        return {"site": {"site": site.name}}, None
+    round_num = int(content["task"]["round"])
+    received = _tensors(content["received"], site.device)
+    nbytes = sum(v.numel() * v.element_size() for v in received.values())
+    current = _state_in(state, site)
+    evaluation = site.evaluate(round_num, received, current, nbytes)
+    if kind == "evaluate":
+        return {"outcome": {"site": site.name, "evaluation": json.dumps(evaluation)}}, None
+    uploads, weight, metrics, current = site.train(round_num, received, current, nbytes)
+    return ({"uploads": _arrays(uploads),
+             "outcome": {"site": site.name, "weight": weight, "metrics": json.dumps(metrics),
+                         "evaluation": json.dumps(evaluation)}}, _state_out(current, site))

@@ -1,0 +1,63 @@
+"""A site's long-lived worker: the process that holds its data, the plugin and torch between
+rounds, answering the ClientApp processes Flower starts for every message (:mod:`.client_app`) over
+a Unix socket in the site's folder, authenticated by a random key only the site's own processes can
+read (mode 600). ``fedcontrast flower supernode`` starts it beside the SuperNode and stops it with it.
+
+    python -m fedcontrast.flower.worker --socket PATH --key KEYFILE [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from multiprocessing.connection import Listener
+from pathlib import Path
+
+
+def serve(socket_path: str, key_path: str) -> None:
+    from .site_app import (  # imported before the first message: torch, the plugins
+        handle,
+        refusal,
+    )
+
+    key = Path(key_path).read_bytes()
+    if os.path.exists(socket_path):
+        os.unlink(socket_path)  # left by a worker that was killed
+    with Listener(socket_path, family="AF_UNIX", authkey=key) as listener:
+        os.chmod(socket_path, 0o600)
+        while True:
+            try:
+                conn = listener.accept()
+            except (OSError, EOFError):
+                continue  # a client that did not know the key, or went away
+            with conn:
+                try:
+                    request = conn.recv()
+                except (OSError, EOFError):
+                    continue
+                try:
+                    conn.send(("ok", *handle(**request)))
+                except Exception as exc:  # noqa: BLE001 - the ClientApp names it to the operator
+                    conn.send(("error", refusal(exc)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="a Flower site's long-lived worker")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    import logging
+
+    import torch
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the site's round lines on its terminal
+    torch.set_num_threads(args.threads)
+    try:
+        serve(args.socket, args.key)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
