@@ -116,6 +116,7 @@ def make_certificates(cert_dir: Path, host: str, *, days: int = 365) -> None:
 
 def key_fingerprint(public_key_file: str | Path) -> str:
     """``SHA256:<hex>`` of an OpenSSH public key (what both parties read to each other)."""
+    from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -124,7 +125,7 @@ def key_fingerprint(public_key_file: str | Path) -> str:
         raise ConfigError(f"public key file {path} does not exist")
     try:
         key = serialization.load_ssh_public_key(path.read_bytes())
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, UnsupportedAlgorithm):
         raise ConfigError(f"{path} is not an OpenSSH public key (make one with `fedcontrast flower site-key`)") from None
     if not isinstance(key, ec.EllipticCurvePublicKey):
         raise ConfigError(f"{path} is not an EC public key; Flower's SuperNode keys are EC (P-384)")
@@ -154,13 +155,14 @@ def make_site_key(folder: str | Path, name: str) -> tuple[Path, Path, str]:
 
 def public_of_private(private_key: Path) -> Path:
     """The public key file beside a private key (``NAME.key`` → ``NAME.pub``), written if missing."""
+    from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
 
     public = private_key.with_suffix(".pub")
     if not public.exists():
         try:
             key = serialization.load_ssh_private_key(private_key.read_bytes(), None)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, UnsupportedAlgorithm):
             raise ConfigError(f"{private_key} is not an OpenSSH private key (make one with `fedcontrast flower "
                               "site-key`)") from None
         public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
