@@ -13,7 +13,12 @@ import time
 
 import pytest
 
-from fedcontrast.lab.deployment import OPERATOR, CrossSiloLab, LabCommandFailed, executable
+from fedcontrast.lab.deployment import (
+    OPERATOR,
+    CrossSiloLab,
+    LabCommandFailed,
+    executable,
+)
 from fedcontrast.lab.netns import netns_unavailable
 
 pytest.importorskip("flwr", reason="the Flower engine is the extra [flower] (its own environment)")
@@ -110,6 +115,8 @@ def test_a_federation_on_flower_across_hosts(lab, deployed, algorithm):
         mean = sum(float(x["accuracy"]) * int(x["samples"]) for x in sites) / sum(int(x["samples"]) for x in sites)
         assert float(r["accuracy"]) == pytest.approx(mean)
     assert {r["site"] for r in rows if r["task"] == "train"} == set(SITES)
+    records = [json.loads(line) for line in (folder / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1, 2] and all(set(r["sites"]) == set(SITES) for r in records)
     summary = json.loads((folder / "run" / "summary.json").read_text())
     assert summary["rounds_completed"] == 2 and (folder / "run" / "accuracy.png").exists()
     assert not (lab.disk(OPERATOR) / "images").exists()  # the operator holds no site's data

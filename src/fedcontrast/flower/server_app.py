@@ -10,6 +10,7 @@ Flower App's run config (written by ``fedcontrast flower init``): the typed run 
 What it writes, in the operator's run folder: ``metrics.csv`` (each site's released training
 metrics and held-out evaluation per round; a ``global`` row per round: the sites' held-out accuracy of
 the global model, weighted by their held-out sizes), ``summary.json``, ``accuracy.png`` and
+``rounds.jsonl`` (a record per round: each site's weight and released metrics, the uploads excluded),
 ``outcome.json`` (``finished``, or ``failed`` with the one sentence that stopped the run), which
 ``fedcontrast flower run`` reads and prints.
 """
@@ -53,6 +54,7 @@ from .records import CONFIG_KEY, flwr_app, from_array_record, plan_pins, to_arra
 logger = logging.getLogger("fedcontrast.flower.server")
 
 OUTCOME_FILE = "outcome.json"
+ROUNDS_FILE = "rounds.jsonl"  # one record per round: each site's weight, released metrics, exclusions
 
 
 class SiteProblem(FedContrastError):
@@ -205,6 +207,13 @@ class FlowerServer:
                                                       accepted, kept, self.server.state, round_num + 1)
         self._rejected(round_num, blamed, accepted)
         self.rows.extend(metric_row(round_num + 1, s, "rejected", 0, {}) for s in sorted({**rejected, **blamed}))
+        from ..jsonl import append_jsonl
+
+        append_jsonl(self.out / ROUNDS_FILE, {  # the round's record, whole on disk (as the OpenFL engine's)
+            "round": round_num + 1, "time": time.time(),
+            "sites": {s: {"weight": weights[s], "training": json.loads(str(replies[s].content["outcome"]["metrics"])),
+                          "evaluation_of_received": evaluations[s]} for s in self.sites},
+            "excluded": {s: r for s, r in sorted({**rejected, **blamed}.items())}})
 
     def _rejected(self, round_num: int, rejected: dict[str, str], accepted: dict) -> None:
         """As the simulator: stop naming them (``robustness.on_rejected: stop``), or go on without."""

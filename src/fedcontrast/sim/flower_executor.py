@@ -140,8 +140,8 @@ class FlowerExecutor:
                                           "threads": self.threads}),
                 "received": to_array_record(federation.downlink.for_site(site.name)),
                 "state": app.ConfigRecord({"state": to_bytes(site.state)})})
-            messages.append(self.grid.create_message(content, MESSAGE_TYPE, self.nodes[site.index % len(self.nodes)],
-                                                     group_id=str(round_num + 1)))
+            messages.append(app.Message(content, dst_node_id=self.nodes[site.index % len(self.nodes)],
+                                        message_type=MESSAGE_TYPE, group_id=str(round_num + 1)))
         ids, replies = self._exchange(messages)
         site_of = dict(zip(ids, sites))  # message id → site
         outcomes: dict[str, Any] = {}

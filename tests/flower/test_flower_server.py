@@ -1,0 +1,111 @@
+"""The Flower deployment's ServerApp on a stand-in grid (no network): the same upload screen as the
+other engines, and one sentence naming a silent site."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr", reason="the Flower engine is the extra [flower] (its own environment)")
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+
+from fedcontrast.config import DataSchema, RobustnessConfig, RunConfig, TrainingConfig
+from fedcontrast.flower.server_app import FlowerServer, SiteProblem
+from fedcontrast.robust import RejectedUpload
+
+SITES = ("hosp1", "hosp2", "hosp3")
+
+
+@pytest.fixture(autouse=True)
+def task_identity():
+    """What Flower sets in a ServerApp process: the run and node the messages come from."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    before = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = before
+NODES = {"hosp1": 11, "hosp2": 22, "hosp3": 33}
+
+
+class Grid:
+    """Answers every message as a site would: its name; its received weights (scaled by
+    ``scale[site]``) as its upload; ``silent`` sites never answer."""
+
+    def __init__(self, scale=None, silent=()):
+        self.scale, self.silent = scale or {}, set(silent)
+        self.ids = itertools.count()
+        self.pending = {}
+
+    def get_node_ids(self):
+        return list(NODES.values())
+
+    def push_messages(self, messages):
+        out = []
+        for msg in messages:
+            mid = str(next(self.ids))
+            self.pending[mid] = msg
+            out.append(mid)
+        return out
+
+    def pull_messages(self, ids):
+        replies = []
+        for mid in list(ids):
+            msg = self.pending.get(mid)
+            site = next(s for s, n in NODES.items() if n == msg.metadata.dst_node_id)
+            if site in self.silent:
+                continue
+            del self.pending[mid]
+            kind = msg.metadata.message_type
+            if kind == "query":
+                content = {"site": ConfigRecord({"site": site})}
+            else:
+                received = {k: a.numpy() * self.scale.get(site, 1.0) for k, a in msg.content["received"].items()}
+                content = {"uploads": ArrayRecord({k: Array.from_numpy_ndarray(np.ascontiguousarray(v))
+                                                   for k, v in received.items()}),
+                           "outcome": ConfigRecord({"site": site, "weight": 100.0, "metrics": "{}",
+                                                    "evaluation": json.dumps({"accuracy": 0.5, "samples": 10.0})})}
+            reply = Message(RecordDict(content), reply_to=msg)
+            reply.metadata._reply_to_message_id = mid  # the stand-in grid's own message ids
+            replies.append(reply)
+        return replies
+
+
+def config(**robustness):
+    schema = DataSchema((1, 32, 32), tuple(str(i) for i in range(10)))
+    return RunConfig(algorithm="fedavg", dataset="imagefolder", data_schema=schema, sites=SITES, clients=3, rounds=2,
+                     training=TrainingConfig(local_epochs=1), robustness=RobustnessConfig(**{"reject_replays": False, **robustness}))
+
+
+def test_the_same_screen_rejects_a_hostile_upload_and_names_its_site(tmp_path):
+    server = FlowerServer(Grid(), config(max_update_ratio=10.0), tmp_path, NODES,
+                          round_timeout=5, start_timeout=5)
+    server.connect()
+    server.run_round(0)  # round 1: every upload equals what was received, an update of zero
+    server.grid.scale = {"hosp2": 1e30}
+    with pytest.raises(RejectedUpload, match="hosp2"):
+        server.run_round(1)
+
+
+def test_a_run_writes_the_operators_records(tmp_path):
+    server = FlowerServer(Grid(), config(), tmp_path, NODES, round_timeout=5, start_timeout=5)
+    summary = server.run()
+    assert summary["rounds_completed"] == 2 and summary["final_accuracy"] == pytest.approx(0.5)
+    records = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1, 2] and set(records[0]["sites"]) == set(SITES)
+    assert (tmp_path / "metrics.csv").exists() and (tmp_path / "summary.json").exists()
+
+
+def test_a_silent_site_is_named_within_the_round_timeout(tmp_path):
+    server = FlowerServer(Grid(silent={"hosp3"}), config(), tmp_path, NODES, round_timeout=1, start_timeout=1)
+    with pytest.raises(SiteProblem, match=r"no answer from site\(s\) hosp3 within 1 s"):
+        server.connect()
+
+
+def test_a_site_without_a_registered_key_is_named(tmp_path):
+    with pytest.raises(SiteProblem, match=r"site\(s\) hosp3 of the plan have no registered SuperNode key"):
+        FlowerServer(Grid(), config(), tmp_path, {"hosp1": 11, "hosp2": 22}, round_timeout=1, start_timeout=1)
