@@ -59,4 +59,40 @@ def _guard():
         _refuse(party, f"the workspace could not be checked ({type(exc).__name__}: {exc}); nothing was run")
 
 
+def _flower_app_bundles():
+    """The folder where a SuperNode installs the operator's app bundles (FABs): FLWR_HOME/apps."""
+    home = os.environ.get("FLWR_HOME") or os.path.join(os.path.expanduser("~"), ".flwr")
+    return os.path.realpath(os.path.join(home, "apps"))
+
+
+class _NoBundleCode:
+    """A meta path finder for a site's ``flwr-clientapp`` processes: a module found inside an app bundle
+    the operator sent is refused; the ClientApp a site runs is the fedcontrast it installed itself."""
+
+    def __init__(self, bundles):
+        from importlib.machinery import PathFinder  # here: an import inside find_spec would call find_spec
+
+        self.bundles, self.finder = bundles + os.sep, PathFinder
+
+    def find_spec(self, name, path=None, target=None):
+        spec = self.finder.find_spec(name, path)
+        origin = getattr(spec, "origin", None) or ""
+        locations = list(getattr(spec, "submodule_search_locations", None) or [])
+        if any(os.path.realpath(p).startswith(self.bundles) for p in [origin, *locations] if p):
+            _refuse("flower site", f"the operator's Flower app bundle carries code ({name}, in "
+                                   f"{os.path.dirname(origin) or locations[0]}): this site runs only the fedcontrast "
+                                   "it installed itself; nothing of the bundle was run")
+        return None  # found normally by the finders after this one
+
+
+def _guard_flower_site():
+    """In a ClientApp process of a SuperNode started by ``fedcontrast flower supernode`` (which sets
+    FEDCONTRAST_FLOWER_SITE=1): no module of the operator's app bundle is ever imported."""
+    argv = list(getattr(sys, "argv", None) or [])
+    if not argv or os.path.basename(argv[0]) != "flwr-clientapp" or os.environ.get("FEDCONTRAST_FLOWER_SITE") != "1":
+        return
+    sys.meta_path.insert(0, _NoBundleCode(_flower_app_bundles()))
+
+
 _guard()
+_guard_flower_site()

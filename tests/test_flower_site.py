@@ -200,3 +200,27 @@ def test_a_supernode_names_what_it_lacks_before_it_starts(tmp_path, folders):
         busy.listen()
         with pytest.raises(ConfigError, match=f"port {busy.getsockname()[1]} on this machine is in use"):
             deploy.supernode_command(**common, data=folders["hosp1"], port=busy.getsockname()[1])
+
+
+def test_a_sites_clientapp_process_refuses_code_from_the_operators_bundle(tmp_path):
+    """The interpreter-start guard (fedcontrast_fx_guard.pth) in a process named flwr-clientapp of a
+    SuperNode that `fedcontrast flower supernode` started: a module inside FLWR_HOME/apps is refused
+    before any of it runs; installed modules load as usual."""
+    import subprocess
+    import sys
+
+    bundle = tmp_path / "home" / "apps" / "operator.app.1.0.0"
+    bundle.mkdir(parents=True)
+    (bundle / "evil.py").write_text("open('ran', 'w').write('yes')\n")
+    script = tmp_path / "flwr-clientapp"
+    script.write_text(f"import sys, json\nsys.path.insert(0, {str(bundle)!r})\nimport json\nimport evil\n")
+    env = {**os.environ, "FLWR_HOME": str(tmp_path / "home"), "FEDCONTRAST_FLOWER_SITE": "1"}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 1
+    assert "the operator's Flower app bundle carries code (evil" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "ran").exists()
+    env.pop("FEDCONTRAST_FLOWER_SITE")  # another Flower app in this environment is left alone
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0 and (tmp_path / "ran").exists()

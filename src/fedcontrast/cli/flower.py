@@ -116,12 +116,12 @@ def cmd_supernode(args: argparse.Namespace) -> int:
 
 
 def _supernode(args: argparse.Namespace, command: list[str]) -> int:
-    from ..flower.deploy import flower_env, key_fingerprint, public_of_private
+    from ..flower.deploy import key_fingerprint, public_of_private, site_env
 
     deadline = time.monotonic() + args.retry_refused
     while True:
         seen: list[str] = []
-        code = _run_child(command, flower_env(), watch=seen)
+        code = _run_child(command, site_env(), watch=seen)
         refused = code != 0 and any(m in line for line in seen for m in REFUSED_MARKERS)
         if not refused or time.monotonic() >= deadline:
             break

@@ -308,6 +308,12 @@ def _check_free(port: int) -> None:
                               "with --port") from None
 
 
+def site_env() -> dict[str, str]:
+    """A site's SuperNode environment: Flower's, plus FEDCONTRAST_FLOWER_SITE=1, which makes every
+    ClientApp process it starts refuse code from the operator's app bundle (``_fedcontrast_fx_guard``)."""
+    return {**flower_env(), "FEDCONTRAST_FLOWER_SITE": "1"}
+
+
 def start_worker(workdir: Path, threads: int):
     """The site's long-lived worker (:mod:`.worker`) and its (socket, key file): the key is random,
     readable by this user only."""
