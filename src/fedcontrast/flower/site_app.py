@@ -25,6 +25,7 @@ against the plan's SHA-256 pins.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -82,8 +83,6 @@ class SiteRuntime:
         if settings.get("public") and config.public_data is not None:  # else the plan needs none
             config = config.replace(public_data=type(config.public_data)(config.public_data.sha256,
                                                                          str(Path(settings["public"]).resolve())))
-        if settings.get("policy"):
-            os.environ["FEDCONTRAST_SITE_POLICY"] = str(Path(settings["policy"]).resolve())
         self._write_shared(shared, plan_pins(config))
         self.config = config
         self.shape = data_shape(config)
@@ -92,8 +91,9 @@ class SiteRuntime:
         network = {"use_tls": settings.get("tls", "true") == "true",
                    "require_client_auth": settings.get("node-auth", "true") == "true"}
         try:
-            self.data = SiteData(data_path=str(Path(settings["data"]).resolve()), run_config=config.to_dict(),
-                                 network=network, model_shape=self.shape)
+            with _policy(settings.get("policy")):  # the site's policy file, else site_policy.yaml in its folder
+                self.data = SiteData(data_path=str(Path(settings["data"]).resolve()), run_config=config.to_dict(),
+                                     network=network, model_shape=self.shape)
         except SystemExit as exc:  # SiteData stops an OpenFL collaborator; here the sentence goes to the operator
             raise SiteRefused(str(exc).removeprefix("fedcontrast collaborator: error: ")) from None
         self.releases = release_choices(config.privacy, self.data.site_policy)
@@ -171,6 +171,24 @@ class SiteRuntime:
             self.report.trained(round_num, task, result.metrics, nbytes, sent, epsilon)
         self.report.finish(round_num)
         return uploads, float(weight), metrics, state
+
+
+@contextlib.contextmanager
+def _policy(path: str | None):
+    """``FEDCONTRAST_SITE_POLICY`` (what :func:`~fedcontrast.site.checks.enforce_site_policy` reads)
+    set to ``path`` for the check only."""
+    if not path:
+        yield
+        return
+    before = os.environ.get("FEDCONTRAST_SITE_POLICY")
+    os.environ["FEDCONTRAST_SITE_POLICY"] = str(Path(path).resolve())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("FEDCONTRAST_SITE_POLICY", None)
+        else:
+            os.environ["FEDCONTRAST_SITE_POLICY"] = before
 
 
 def runtime(run_id: int, run_config: str, settings: dict[str, str], shared: dict[str, bytes]) -> SiteRuntime:
