@@ -42,6 +42,10 @@ def build_algorithm(config: RunConfig) -> Algorithm:
     algorithm.validate_training(config.training)
     algorithm.num_sites = config.clients
     algorithm.robustness = config.robustness
+    if config.secure_aggregation is not None and not algorithm.secure_sum:
+        raise ConfigError(f"secure aggregation gives the aggregator only the sum of the uploads, but {algorithm.name} "
+                          "combines individual uploads (e.g. FedSiam-DA's cosine weights, per-site prototypes or "
+                          "similarities); it supports fedavg, fedprox and moon")
     if config.privacy is not None:
         unsupported = sorted(config.privacy.kinds - algorithm.dp_kinds)
         if unsupported:

@@ -174,6 +174,9 @@ class Algorithm(ABC):
     # Engines also evaluate each site's uploaded local model (``model.*`` weights) on the site's own
     # label distribution each round; the simulator can switch this on for any weight-uploading plugin.
     evaluates_local_models: ClassVar[bool] = False
+    # The aggregate is the sample-weighted mean of every upload (FedAvg's rule), so secure aggregation
+    # (the aggregator sees only Σ n_k·u_k and Σ n_k) gives it exactly.
+    secure_sum: ClassVar[bool] = False
     requires_public: ClassVar[bool] = False  # needs the public data set on every site and the aggregator
     # The numbers each collaborator task reports besides its uploads (they leave the site as OpenFL
     # metrics when the site shares them; the privacy audit lists them): task → metric names. And those

@@ -17,6 +17,7 @@ class FedAvg(Algorithm):
     Aggregator: ``w = Σ_k n_k/n · w_k``."""
 
     name = "fedavg"
+    secure_sum = True  # w = Σ n_k·w_k / Σ n_k: FedProx and MOON inherit it
     dp_kinds = frozenset({"dp_sgd"})
     task_metrics = {"train": ("loss", "ce", "accuracy")}
 

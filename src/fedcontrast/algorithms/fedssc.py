@@ -100,6 +100,7 @@ class FedSSC(Moon):
     local epoch with its count. Aggregator: FedAvg on weights; ``s^c`` from ``k`` random senders."""
 
     name = "fedssc"
+    secure_sum = False  # its class representations come from individual sites, not from a sum alone
     task_metrics = {"train": ("loss", "ce", "accuracy", "contrastive", "global_contrastive")}
     Hyperparameters = FedSSCHyperparameters
     dp_kinds = frozenset({"dp_sgd", "representations"})

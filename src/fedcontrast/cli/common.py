@@ -32,6 +32,12 @@ def _add_run_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) ->
                    help="what the aggregator accepts from a site, e.g. --robustness rule=median, "
                         "--robustness max_update_ratio=1, --robustness 'max_samples={hosp1: 900, hosp2: 400}', "
                         "--robustness on_rejected=exclude (docs/hostile-sites.md)")
+    p.add_argument("--secure-aggregation", dest="secure_aggregation", action="store_true", default=None,
+                   help="the aggregator learns only the sum of the uploads (fedavg, fedprox, moon; simulator only "
+                        "for now; docs/privacy.md)")
+    p.add_argument("--secagg", dest="secagg_settings", action="append", default=[], metavar="KEY=VALUE",
+                   help="a secure-aggregation setting (implies --secure-aggregation): threshold=T, clip=C, "
+                        "max_samples=S, bits=32|64")
 
 
 # flag → key of the executor section (how the simulator runs a round's sites)
@@ -102,6 +108,18 @@ def config_from_args(args: argparse.Namespace, *, default_algorithm_for_set: boo
         robustness[key.strip()] = loads_yaml(value, f"--robustness {text!r}")
     if robustness:
         data["robustness"] = robustness
+    secagg = data.get("secure_aggregation")
+    secagg = _mapping(secagg, "secure_aggregation") if secagg is not None else None
+    settings = getattr(args, "secagg_settings", []) or []
+    if getattr(args, "secure_aggregation", None) or settings:
+        secagg = secagg or {}
+    for text in settings:
+        key, value = text.split("=", 1) if "=" in text else (text, None)
+        if value is None or not key:
+            raise ConfigError(f"--secagg expects KEY=VALUE, got {text!r}")
+        secagg[key.strip()] = loads_yaml(value, f"--secagg {text!r}")
+    if secagg is not None:
+        data["secure_aggregation"] = secagg
     executor = _mapping(data.get("executor"), "executor")
     for flag, (key, _) in EXECUTOR_FLAGS.items():
         if getattr(args, flag, None) is not None:

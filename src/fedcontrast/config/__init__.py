@@ -13,10 +13,10 @@ from .checks import (MAX_CLIP, MAX_DELTA, MAX_IMAGE_SIZE, MAX_NOISE_MULTIPLIER, 
 from .run import SITE_NAME, RunConfig, load_yaml, site_names
 from .sections import (ACCOUNTANTS, AUGMENTATIONS, MIN_ROBUST_SITES, ON_REJECTED, ROBUST_RULES, SHA256_HEX, DataSchema,
                        DPSGDConfig, ExecutorConfig, PrivacyConfig, PublicDataConfig, RepresentationDPConfig, RobustnessConfig,
-                       TrainingConfig)
+                       SecureAggregationConfig, TrainingConfig)
 
 __all__ = ["ACCOUNTANTS", "AUGMENTATIONS", "MAX_CLIP", "MAX_DELTA", "MAX_IMAGE_SIZE", "MAX_NOISE_MULTIPLIER",
            "MAX_PROJECTION_DIM", "MIN_NOISE_MULTIPLIER", "MIN_ROBUST_SITES", "ON_REJECTED", "ROBUST_RULES",
            "SHA256_HEX", "SITE_NAME", "DPSGDConfig", "DataSchema", "ExecutorConfig", "PrivacyConfig", "PublicDataConfig",
-           "RepresentationDPConfig", "RobustnessConfig", "RunConfig", "TrainingConfig", "_finite", "load_yaml",
+           "RepresentationDPConfig", "RobustnessConfig", "RunConfig", "SecureAggregationConfig", "TrainingConfig", "_finite", "load_yaml",
            "site_names"]

@@ -13,7 +13,7 @@ from ..errors import ConfigError
 from ..yamlio import load_yaml_file
 from .checks import MAX_IMAGE_SIZE, MAX_PROJECTION_DIM, _check, _check_types, _finite, _tuple, _typed_section
 from .sections import (MIN_ROBUST_SITES, DataSchema, ExecutorConfig, PrivacyConfig, PublicDataConfig, RobustnessConfig,
-                       TrainingConfig)
+                       SecureAggregationConfig, TrainingConfig)
 
 # A site's name is its certificate's common name: OpenFL lower-cases it and uses it in file names.
 SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
@@ -54,6 +54,8 @@ class RunConfig:
     robustness: RobustnessConfig = field(default_factory=RobustnessConfig)
     # How the simulator runs a round's sites (sequential or on Ray); not part of an OpenFL plan.
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    # The aggregator learns only the sum of the uploads (privacy/secagg.py); None: off.
+    secure_aggregation: SecureAggregationConfig | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "privacy", _typed_section(PrivacyConfig, self.privacy, "privacy"))
@@ -63,6 +65,8 @@ class RunConfig:
                            _typed_section(RobustnessConfig, self.robustness, "robustness") or RobustnessConfig())
         object.__setattr__(self, "executor",
                            _typed_section(ExecutorConfig, self.executor, "executor") or ExecutorConfig())
+        object.__setattr__(self, "secure_aggregation", _typed_section(SecureAggregationConfig, self.secure_aggregation,
+                                                                      "secure_aggregation"))
         object.__setattr__(self, "sites", _tuple(self.sites))
         _check_types(self)
         _check(isinstance(self.sites, tuple) and all(isinstance(n, str) and SITE_NAME.match(n) for n in self.sites),
@@ -106,6 +110,13 @@ class RunConfig:
         _check(not needs or per_round >= MIN_ROBUST_SITES,
                f"robustness {' and '.join(needs)} need{'s' if len(needs) == 1 else ''} at least {MIN_ROBUST_SITES} "
                f"sites per round to tolerate one hostile site; this plan has {per_round}{sampled}")
+        if self.secure_aggregation is not None:
+            _check(self.robustness.rule == "mean" and not needs and self.robustness.clip_update_norm is None,
+                   f"secure aggregation hides each site's upload from the aggregator, so it cannot apply "
+                   f"robustness rule {self.robustness.rule!r} or checks across sites (max_update_spread, "
+                   "min_update_cosine, clip_update_norm): use rule mean without them, or turn secure aggregation off")
+            needed = self.secure_aggregation.sites_needed(per_round)
+            _check(needed <= per_round, f"secure_aggregation.threshold {needed} exceeds the {per_round} sites of a round")
         if isinstance(self.robustness.max_samples, dict):
             strangers = sorted(set(self.robustness.max_samples) - set(site_names(self)))
             _check(not strangers, f"robustness.max_samples names {', '.join(strangers)}, which the plan does not "
@@ -116,6 +127,8 @@ class RunConfig:
         data = _plain(dataclasses.asdict(self))
         if self.executor == ExecutorConfig():  # the simulator's default: left out (plans, config.yaml as before)
             data.pop("executor")
+        if self.secure_aggregation is None:  # off: left out too
+            data.pop("secure_aggregation")
         return data
 
     @classmethod

@@ -295,3 +295,33 @@ class ExecutorConfig:
     def threads(self) -> int | None:
         """torch threads per site: ``site_cpus``, else 1 under Ray, else torch's default (None)."""
         return self.site_cpus if self.site_cpus is not None else (1 if self.kind != "sequential" else None)
+
+
+@dataclass(frozen=True)
+class SecureAggregationConfig:
+    """Secure aggregation (:mod:`fedcontrast.privacy.secagg`): the aggregator learns only the sum of
+    the sites' uploads. ``threshold``: the sites needed to unmask a round (Shamir t of n; default a
+    majority of the round's sites); a round with fewer survivors ends without a sum. ``clip``: every
+    weight a site uploads is clipped to ``[-clip, clip]`` before masking (the bound the aggregator can
+    no longer check itself). ``max_samples``: a site's count is clipped to it and uploads are scaled by
+    it (``n_k·w_k / max_samples`` and ``n_k / max_samples`` are what is summed). ``bits``: the ring, 32
+    (bytes as float32 uploads) or 64."""
+
+    threshold: int | None = None
+    clip: float = 10.0
+    max_samples: float = 100000.0
+    bits: int = 32
+
+    def __post_init__(self) -> None:
+        _check_types(self, "secure_aggregation.")
+        _check(self.threshold is None or (isinstance(self.threshold, int) and self.threshold >= 2),
+               f"secure_aggregation.threshold must be an integer >= 2 (or left out), got {self.threshold!r}")
+        _check(_finite(self.clip) and self.clip >= 1, f"secure_aggregation.clip must be a number >= 1, got {self.clip!r}")
+        _check(_finite(self.max_samples) and self.max_samples >= 1,
+               f"secure_aggregation.max_samples must be a number >= 1, got {self.max_samples!r}")
+        _check(self.bits in (32, 64), f"secure_aggregation.bits must be 32 or 64, got {self.bits!r}")
+
+    def sites_needed(self, sites: int) -> int:
+        """The threshold for a round of ``sites`` sites."""
+        return self.threshold if self.threshold is not None else sites // 2 + 1
+

@@ -175,6 +175,9 @@ def init_operator(folder: str | Path, config: RunConfig, *, host: str, port: int
                   round_timeout: float = 1800.0, start_timeout: float = 600.0, threads: int = 1) -> Path:
     """The operator's folder: certificates, the Flower App (run config = the typed run configuration),
     the flwr CLI's connection. Refuses a folder that holds one already."""
+    if config.secure_aggregation is not None:
+        raise ConfigError("secure aggregation runs in the simulator only for now (fedcontrast simulate); a Flower "
+                          "deployment cannot carry it yet: remove the secure_aggregation section")
     folder = Path(folder).resolve()
     if (folder / APP_DIR / "pyproject.toml").exists():
         raise ConfigError(f"{folder} holds a Flower deployment already; choose a new folder")

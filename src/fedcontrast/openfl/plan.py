@@ -81,6 +81,9 @@ def build_plan(config: RunConfig, *, shape: dict[str, int] | None = None,
     ``round_timeout``: seconds a round may take before the federation stops naming the sites that did
     not answer; ``min_sites``: how many answering sites let such a round be aggregated without the
     others instead (None: all are needed)."""
+    if config.secure_aggregation is not None:
+        raise ConfigError("secure aggregation runs in the simulator only for now (fedcontrast simulate); an OpenFL "
+                          "plan cannot carry it yet: remove the secure_aggregation section")
     if config.sample_fraction != 1.0:
         raise ConfigError("sample_fraction < 1 is not supported in an OpenFL deployment yet: every "
                           "collaborator takes part in every round")

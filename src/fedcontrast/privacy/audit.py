@@ -74,6 +74,8 @@ class AuditReport:
     here: list[str] = field(default_factory=list)  # the sites whose data is on this machine (counted from it)
     code: list[Any] = field(default_factory=list)  # provenance.CodeLine: the code every party runs (pinned, here)
     foreign_code: list[str] = field(default_factory=list)  # plan components that are not installed code
+    # Secure aggregation: the fewest sites inside any sum the aggregator unmasks (None: it sees each upload)
+    secure_sum_sites: int | None = None
 
     @property
     def weights_leave(self) -> list[str]:
@@ -350,6 +352,9 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
                        mechanisms=mechanism_lines or ["none"], guarantee=guarantee, tensors=tensors, sites=lines,
                        tls=bool(network.get("use_tls", True)), client_auth=bool(network.get("require_client_auth", True)),
                        certificates=certs, class_minimum=minimum, guarantee_kind=kind,
-                       releases=releases, secure_noise=_secure_noise(config), here=here)
+                       releases=releases, secure_noise=_secure_noise(config), here=here,
+                       secure_sum_sites=(config.secure_aggregation.sites_needed(
+                           max(1, int(round(config.sample_fraction * config.clients))))
+                           if config.secure_aggregation is not None else None))
 
 

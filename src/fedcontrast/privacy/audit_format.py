@@ -67,6 +67,10 @@ def format_report(report: AuditReport) -> str:
         else:
             lines.append("  the plan builds only installed components (no code travels in a package): fedcontrast's "
                          "aggregator, collaborator, data loader, task runner, assigner, aggregation")
+    lines += ["", ("aggregation: secure — the aggregator sees the uploads above only inside sums of at least "
+                   f"{report.secure_sum_sites} sites (pairwise and self masks; Shamir t = {report.secure_sum_sites})"
+                   if report.secure_sum_sites is not None else
+                   "aggregation: plain — the aggregator sees each site's uploads above one by one")]
     lines += ["", f"transport: TLS {'on' if report.tls else 'OFF'}, client authentication "
                   f"{'on' if report.client_auth else 'OFF'}"]
     if report.certificates is None:

@@ -51,6 +51,8 @@ class SitePolicy:
     public_sample_count: bool = False
     share_training_metrics: bool | None = None  # None: shared without DP, withheld under DP
     share_evaluation_metrics: bool | None = None
+    require_secure_aggregation: bool = False  # the aggregator may see this site's uploads only inside a sum
+    min_secure_sites: int | None = None  # … of at least this many sites (the plan's threshold)
 
     def __post_init__(self) -> None:
         if self.max_epsilon is not None and not (_finite(self.max_epsilon) and self.max_epsilon > 0):
@@ -59,13 +61,13 @@ class SitePolicy:
             raise ConfigError(f"policy max_delta must be in (0, 1) (a plan's δ is at most {MAX_DELTA:g}), "
                               f"got {self.max_delta!r}")
         for name in ("require_tls", "require_client_auth", "allow_weights", "accept_conditional_guarantees",
-                     "public_sample_count"):
+                     "public_sample_count", "require_secure_aggregation"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"policy {name} must be true or false, got {getattr(self, name)!r}")
         for name in ("share_training_metrics", "share_evaluation_metrics"):
             if getattr(self, name) not in (None, True, False):
                 raise ConfigError(f"policy {name} must be true or false, got {getattr(self, name)!r}")
-        for name in ("min_class_count", "site_samples"):
+        for name in ("min_class_count", "site_samples", "min_secure_sites"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise ConfigError(f"policy {name} must be an integer >= 1, got {value!r}")
@@ -113,6 +115,14 @@ def check_policy(report: AuditReport, policy: SitePolicy, *, sites: list[str] | 
             elif site.epsilon_total > policy.max_epsilon:
                 violations.append(f"ε = {site.epsilon_total:.3g} at δ = {report.delta:g} after {report.rounds} rounds "
                                   f"for {site.name} is over the policy's max_epsilon {policy.max_epsilon:g}")
+    if policy.require_secure_aggregation or policy.min_secure_sites is not None:
+        wanted = policy.min_secure_sites or 2
+        if report.secure_sum_sites is None:
+            violations.append("the plan has no secure aggregation: the aggregator would see this site's uploads one by "
+                              "one, but the policy requires secure aggregation")
+        elif report.secure_sum_sites < wanted:
+            violations.append(f"the plan's secure aggregation unmasks sums of {report.secure_sum_sites} sites, fewer "
+                              f"than the policy's min_secure_sites {wanted}")
     violations += list(report.foreign_code)  # whatever else it says, a plan that runs code no one installed
     for line in report.code:
         if line.mismatch:

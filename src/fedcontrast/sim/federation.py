@@ -198,6 +198,18 @@ class Federation:
         if ahead is not None:
             self.executor.cancel(ahead[1])
 
+    def _secure_aggregate(self, round_num: int, uploads: dict, weights: dict) -> dict[str, Any]:
+        """The round's downlink from the secure sum of the uploads (each site masks ``n_k·u_k`` and
+        ``n_k``; the plugin aggregates their weighted mean as one upload); its cost as a metrics row."""
+        from ..privacy.secagg import secure_weighted_mean
+
+        mean, cost = secure_weighted_mean(uploads, weights, self.config.secure_aggregation, round_num)
+        self.downlink = self.algorithm.aggregate({"secure sum": mean}, {"secure sum": 1.0}, self.server)
+        return metric_row(round_num + 1, "aggregator", "secure_aggregation", len(uploads),
+                          {"bytes_per_site": cost.bytes_per_site, "plain_bytes_per_site": cost.plain_bytes_per_site,
+                           "threshold": cost.threshold, "site_cpu_s": cost.site_seconds,
+                           "aggregator_cpu_s": cost.aggregator_seconds})
+
     def received(self, site: Site) -> dict[str, torch.Tensor]:
         """What ``site`` receives this round, on the run's device."""
         return {k: v.to(self.device) for k, v in self.downlink.for_site(site.name).items()}
@@ -226,17 +238,21 @@ class Federation:
                 rejected[site.name] = f"round {round_num + 1}: {exc}"
                 continue
             uploads[site.name] = outcome.uploads
-        # The aggregator's screen (fedcontrast.robust): bounds, the plugin's checks, replays, clipping.
         received = self.downlink.global_tensors
-        accepted, kept, refused = self.screen.screen(round_num + 1, uploads, weights, received)
-        rejected.update(refused)
-        self._rejected(round_num, rejected, accepted)
         self.server.round_num = round_num
         self.server.seed = server_seed(cfg, round_num)
         self.server.previous = received
-        self.downlink, blamed = self.screen.aggregate(lambda u, w: self.algorithm.aggregate(u, w, self.server),
-                                                      accepted, kept, self.server.state, round_num + 1)
-        self._rejected(round_num, blamed, accepted)
+        if cfg.secure_aggregation is not None:  # the aggregator sees only the sum (privacy/secagg.py)
+            self._rejected(round_num, rejected, uploads)
+            accepted, blamed = uploads, {}
+            rows.append(self._secure_aggregate(round_num, uploads, weights))
+        else:  # the aggregator's screen (fedcontrast.robust): bounds, the plugin's checks, replays, clipping
+            accepted, kept, refused = self.screen.screen(round_num + 1, uploads, weights, received)
+            rejected.update(refused)
+            self._rejected(round_num, rejected, accepted)
+            self.downlink, blamed = self.screen.aggregate(lambda u, w: self.algorithm.aggregate(u, w, self.server),
+                                                          accepted, kept, self.server.state, round_num + 1)
+            self._rejected(round_num, blamed, accepted)
         self._send_ahead(round_num + 1)
         rows.extend(metric_row(round_num + 1, site, "rejected", 0, {}) for site in sorted({**rejected, **blamed}))
         rows.extend(metric_row(round_num + 1, site, "likely_cause", 0,

@@ -1,0 +1,174 @@
+"""Secure aggregation (fedcontrast.privacy.secagg) against plain sums: every site's mask cancels or is
+removed, dropouts after masking still give the survivors' sum, and what the aggregator holds tells
+it nothing of one site's vector."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from scipy import stats
+
+from fedcontrast.privacy.secagg import (Quantizer, SecAggSite, SecureAggregationError, _combine, prg, unmask)
+
+
+def keys(names):
+    makers = [lambda: ec.generate_private_key(ec.SECP384R1()), ed25519.Ed25519PrivateKey.generate,
+              lambda: rsa.generate_private_key(public_exponent=65537, key_size=2048)]
+    return {name: makers[i % len(makers)]() for i, name in enumerate(names)}
+
+
+def federation(n, t, round_num=0):
+    names = [f"site_{i}" for i in range(n)]
+    private = keys(names)
+    sites = {name: SecAggSite(name, names, t, round_num, private[name]) for name in names}
+    adverts = {name: site.advertise() for name, site in sites.items()}
+    public = {name: key.public_key() for name, key in private.items()}
+    outboxes = {name: site.share(adverts, public) for name, site in sites.items()}
+    for name, site in sites.items():  # the aggregator routes each ciphertext to its receiver
+        site.receive({sender: box[name] for sender, box in outboxes.items() if sender != name})
+    return names, sites, adverts
+
+
+def run(vectors, t, *, drop=(), clip=4.0, bits=64):
+    names, sites, adverts = federation(len(vectors), t)
+    q = Quantizer.for_sites(clip, len(names), bits)
+    masked = {name: sites[name].mask(vectors[i], q) for i, name in enumerate(names) if name not in drop}
+    survivors = [n for n in names if n in masked]
+    reveals = {s: sites[s].reveal(survivors, [n for n in names if n not in masked]) for s in survivors}
+    return unmask(masked, reveals, adverts, names, t, q), q, masked
+
+
+@pytest.mark.parametrize("bits,finest", [(32, 1e-7), (64, 1e-9)])
+def test_the_sum_equals_the_plain_sum_within_the_quantisation_bound(bits, finest):
+    rng = np.random.default_rng(0)
+    vectors = [rng.normal(size=1000) * 2 for _ in range(3)]
+    total, q, masked = run(vectors, t=2, bits=bits)
+    expected = np.sum([np.clip(v, -4.0, 4.0) for v in vectors], axis=0)  # an explicit reference
+    assert np.max(np.abs(total - expected)) <= q.error_bound(3) < finest
+    assert masked["site_0"].itemsize * 8 == bits  # a 32-bit ring sends what float32 would
+
+
+@pytest.mark.parametrize("n,t,drop", [(3, 2, ("site_1",)), (10, 6, ("site_3", "site_8"))])
+def test_sites_that_drop_out_after_masking_leave_the_survivors_sum(n, t, drop):
+    rng = np.random.default_rng(n)
+    vectors = [rng.uniform(-1, 1, size=257) for _ in range(n)]
+    total, q, _ = run(vectors, t=t, drop=drop)
+    expected = sum(v for i, v in enumerate(vectors) if f"site_{i}" not in drop)
+    assert np.max(np.abs(total - expected)) <= q.error_bound(n)
+
+
+def test_the_aggregator_learns_nothing_from_one_masked_vector():
+    """Masked vectors of an all-zero input and of a large constant input both look uniform on the
+    ring (Kolmogorov–Smirnov against U[0, 1) of value / 2^64)."""
+    n = 3
+    _, _, masked_zero = run([np.zeros(4096)] * n, t=2)
+    _, _, masked_big = run([np.full(4096, 3.5)] * n, t=2)
+    for masked in (masked_zero, masked_big):
+        u = masked["site_0"].astype(np.float64) / 2.0**64
+        assert stats.kstest(u, "uniform").pvalue > 1e-3
+    # and the unmasked encodings would differ completely: the masks are what hides them
+    q = Quantizer.for_sites(4.0, n)
+    assert stats.kstest(q.encode(np.zeros(4096)).astype(np.float64) / 2.0**64, "uniform").pvalue < 1e-3
+
+
+def test_fewer_than_t_shares_reveal_nothing():
+    names, sites, adverts = federation(5, 3)
+    q = Quantizer.for_sites(1.0, 5)
+    masked = {n: sites[n].mask(np.ones(64), q) for n in names}
+    reveals = {s: sites[s].reveal(names, []) for s in names[:2]}  # t - 1 = 2 sites answer
+    with pytest.raises(SecureAggregationError, match="fewer than the threshold 3"):
+        unmask(masked, reveals, adverts, names, 3, q)
+    # combining t - 1 shares by hand gives a wrong seed: the mask does not come off
+    shares = [(idx, share) for r in reveals.values() for target, (_, idx, share) in r.items() if target == "site_0"]
+    wrong = _combine(shares)
+    right = _combine([(idx, share) for s in names[:3] for target, (_, idx, share) in sites[s].reveal(names, []).items()
+                      if target == "site_0"])
+    assert wrong != right and np.any(prg(wrong, 8) != prg(right, 8))
+
+
+def test_a_key_the_aggregator_swapped_is_refused_and_named():
+    names = ["a", "b", "c"]
+    private = keys(names)
+    sites = {n: SecAggSite(n, names, 2, 0, private[n]) for n in names}
+    adverts = {n: s.advertise() for n, s in sites.items()}
+    forged = SecAggSite("b", names, 2, 0, ec.generate_private_key(ec.SECP384R1())).advertise()
+    adverts["b"] = {**adverts["b"], "s_pk": forged["s_pk"]}  # the aggregator's own key in b's place
+    public = {n: k.public_key() for n, k in private.items()}
+    with pytest.raises(SecureAggregationError, match="site b's key-agreement keys for round 1 do not carry its "
+                                                     "signature"):
+        sites["a"].share(adverts, public)
+
+
+def test_a_site_never_reveals_both_masks_of_one_site():
+    names, sites, _ = federation(3, 2)
+    with pytest.raises(SecureAggregationError, match="reveal both masks of site_1"):
+        sites["site_0"].reveal(["site_0", "site_1"], ["site_1"])
+    with pytest.raises(SecureAggregationError, match="fewer than the threshold"):
+        sites["site_0"].reveal(["site_0"], ["site_1", "site_2"])
+
+
+# --- in the simulator --------------------------------------------------------------------------------
+def test_a_simulated_federation_with_secure_aggregation_equals_the_plain_one(tmp_path):
+    """FedAvg, 3 sites, 2 rounds: the final global model within the quantisation error of the plain
+    run's; the round's secure-aggregation cost is recorded (bytes per site vs a plain upload)."""
+    import csv
+    import json
+
+    import torch
+
+    from fedcontrast.cli import main
+
+    common = ["simulate", "--algorithm", "fedavg", "--clients", "3", "--rounds", "2", "--local-epochs", "1",
+              "--seed", "1", "--device", "cpu"]
+    runs = ["--runs-dir", str(tmp_path)]
+    assert main([*common, *runs, "--name", "plain"]) == 0
+    assert main([*common, *runs, "--name", "secure", "--secure-aggregation", "--secagg", "bits=64"]) == 0
+    plain = torch.load(tmp_path / "plain" / "checkpoint.pt", weights_only=False)["federation"]["downlink"]["global"]
+    secure = torch.load(tmp_path / "secure" / "checkpoint.pt", weights_only=False)["federation"]["downlink"]["global"]
+    assert set(plain) == set(secure)
+    for name in plain:  # 64-bit ring: far below float32's own rounding of these weights
+        assert torch.allclose(plain[name].double(), secure[name].double(), atol=1e-6), name
+    with open(tmp_path / "secure" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["task"] == "secure_aggregation"]
+    assert [int(r["round"]) for r in rows] == [1, 2]
+    cost = json.loads(rows[0]["extra"])
+    assert cost["threshold"] == 2 and 1.0 < cost["bytes_per_site"] / cost["plain_bytes_per_site"] < 2.1
+
+
+def test_plans_that_need_individual_uploads_are_refused_in_one_sentence():
+    from fedcontrast.config import RunConfig, SecureAggregationConfig
+    from fedcontrast.construction import build_algorithm
+    from fedcontrast.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="fedsiam_da combines individual uploads"):
+        build_algorithm(RunConfig(algorithm="fedsiam_da", secure_aggregation=SecureAggregationConfig()))
+    with pytest.raises(ConfigError, match="cannot apply robustness rule 'median'"):
+        RunConfig(algorithm="fedavg", robustness={"rule": "median"}, secure_aggregation={})
+    with pytest.raises(ConfigError, match="threshold 11 exceeds the 10 sites"):
+        RunConfig(algorithm="fedavg", secure_aggregation={"threshold": 11})
+    assert "secure_aggregation" not in RunConfig().to_dict()  # off: plans and config.yaml as before
+
+
+def test_the_audit_says_who_sees_what_and_a_site_policy_can_require_secure_aggregation():
+    from fedcontrast.config import RunConfig
+    from fedcontrast.privacy.audit import audit_plan
+    from fedcontrast.privacy.audit_format import format_report
+    from fedcontrast.privacy.policy import SitePolicy, check_policy
+
+    def audited(config):
+        plan = {"task_runner": {"settings": {"run_config": config.to_dict()}}, "network": {"settings": {}},
+                "aggregator": {"settings": {"rounds_to_train": config.rounds}}}
+        return audit_plan(plan, source="plan", sites=[], site_samples={})
+
+    plain = audited(RunConfig(algorithm="fedavg", clients=3))
+    secure = audited(RunConfig(algorithm="fedavg", clients=3, secure_aggregation={}))
+    assert plain.secure_sum_sites is None and secure.secure_sum_sites == 2  # a majority of 3
+    assert "aggregator sees each site's uploads above one by one" in format_report(plain)
+    assert "only inside sums of at least 2 sites" in format_report(secure)
+    require = SitePolicy(require_secure_aggregation=True)
+    assert any("no secure aggregation" in v for v in check_policy(plain, require))
+    assert not any("secure aggregation" in v for v in check_policy(secure, require))
+    stricter = SitePolicy(require_secure_aggregation=True, min_secure_sites=3)
+    assert any("sums of 2 sites, fewer than the policy's min_secure_sites 3" in v
+               for v in check_policy(secure, stricter))
