@@ -116,6 +116,3 @@ def cpu_stand_in() -> Iterator[torch.device]:
         torch.set_default_device(previous)
 
 
-def stand_in_requested() -> bool:
-    """``FEDCONTRAST_DEVICE_STAND_IN=1``: the CLI runs its command inside :func:`cpu_stand_in`."""
-    return os.environ.get("FEDCONTRAST_DEVICE_STAND_IN", "") not in ("", "0")

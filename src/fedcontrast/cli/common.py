@@ -40,6 +40,19 @@ def _add_run_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) ->
                         "max_samples=S, bits=32|64")
 
 
+def _add_schema_flags(p: argparse.ArgumentParser) -> None:
+    """The sites' data schema and public folder of a deployment (``workspace create``, ``flower init``)."""
+    p.add_argument("--input-shape", help="the sites' images as CHANNELSxHEIGHTxWIDTH, e.g. 1x32x32 (the operator "
+                                         "needs no data)")
+    p.add_argument("--classes", help="class folder names in label order, e.g. normal,pneumonia; or a number N "
+                                     "for the folders 0 … N-1")
+    p.add_argument("--mean", help="per-channel normalisation mean, comma-separated (default: measured on "
+                                  "--public-data, else each site's own)")
+    p.add_argument("--std", help="per-channel normalisation std, comma-separated")
+    p.add_argument("--public-data", help="a public image folder every party holds (FLESD distils on it; "
+                                         "FedPCL's backbones are pre-trained on it); its fingerprint goes in the plan")
+
+
 # flag → key of the executor section (how the simulator runs a round's sites)
 EXECUTOR_FLAGS = {"executor": ("kind", str), "site_cpus": ("site_cpus", int), "site_gpus": ("site_gpus", float),
                   "ray_address": ("address", str), "ray_cpus": ("cpus", int)}

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..config import RunConfig
 from ..errors import ConfigError
-from .common import _add_run_flags, _free_port, _numbers, check_port, config_from_args, parse_classes, parse_input_shape
+from .common import _add_run_flags, _add_schema_flags, _free_port, _numbers, check_port, config_from_args, parse_classes, parse_input_shape
 
 
 def deployment_config(args: argparse.Namespace) -> tuple[RunConfig, Path | None]:
@@ -224,15 +224,7 @@ def _add_workspace(sub: argparse._SubParsersAction) -> None:
     _add_run_flags(w, skip=("clients",))
     w.add_argument("--collaborators", type=int, help="number of sites (default: those named by --sites)")
     w.add_argument("--sites", help="the institutions' names, comma-separated (lower case), e.g. hosp1,hosp2,hosp3")
-    w.add_argument("--input-shape", help="the sites' images as CHANNELSxHEIGHTxWIDTH, e.g. 1x32x32 (the operator "
-                                         "needs no data)")
-    w.add_argument("--classes", help="class folder names in label order, e.g. normal,pneumonia; or a number N "
-                                     "for the folders 0 … N-1")
-    w.add_argument("--mean", help="per-channel normalisation mean, comma-separated (default: measured on "
-                                  "--public-data, else each site's own)")
-    w.add_argument("--std", help="per-channel normalisation std, comma-separated")
-    w.add_argument("--public-data", help="a public image folder every party holds (FLESD distils on it; "
-                                         "FedPCL's backbones are pre-trained on it); its fingerprint goes in the plan")
+    _add_schema_flags(w)
     w.add_argument("--round-timeout", type=float, default=1800.0,
                    help="seconds a round may take before the federation stops naming the silent sites (1800)")
     w.add_argument("--min-sites", type=int, help="go on without silent sites when at least this many answered "

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import ConfigError
-from .common import _add_run_flags
+from .common import _add_run_flags, _add_schema_flags
 
 REFUSED_MARKERS = ("Failed to activate SuperNode", "No SuperNode found with the given public key")
 REFUSED_RETRY_S = 10.0
@@ -99,15 +99,14 @@ def cmd_site_key(args: argparse.Namespace) -> int:
 
 
 def cmd_supernode(args: argparse.Namespace) -> int:
-    from ..flower.deploy import start_worker, supernode_command
+    from ..flower.deploy import start_worker, supernode_command, worker_address
 
-    supernode_command(superlink=args.superlink, ca=args.ca, key=args.key, name=args.name, data=args.data,
-                      workdir=args.workdir, public=args.public, policy=args.policy, port=args.port)  # checks first
-    worker, address = start_worker(Path(args.workdir).resolve(), args.threads) if args.worker else (None, None)
+    address = worker_address(Path(args.workdir)) if args.worker else None
+    command = supernode_command(superlink=args.superlink, ca=args.ca, key=args.key, name=args.name, data=args.data,
+                                workdir=args.workdir, public=args.public, policy=args.policy, port=args.port,
+                                wait=args.wait, threads=args.threads, worker=address)  # its checks come first
+    worker = start_worker(address, args.threads) if address is not None else None
     try:
-        command = supernode_command(superlink=args.superlink, ca=args.ca, key=args.key, name=args.name,
-                                    data=args.data, workdir=args.workdir, public=args.public, policy=args.policy,
-                                    port=args.port, wait=args.wait, threads=args.threads, worker=address)
         return _supernode(args, command)
     finally:
         if worker is not None:
@@ -176,11 +175,7 @@ def _add_flower(sub: argparse._SubParsersAction) -> None:
     w = fsub.add_parser("init", help="operator: the CA, the SuperLink's certificate and the Flower App (no data)")
     _add_run_flags(w, skip=("clients",))
     w.add_argument("--sites", required=True, help="the institutions' names, comma-separated, e.g. hosp1,hosp2,hosp3")
-    w.add_argument("--input-shape", help="the sites' images as CHANNELSxHEIGHTxWIDTH, e.g. 1x32x32")
-    w.add_argument("--classes", help="class folder names in label order, or a number N for the folders 0 … N-1")
-    w.add_argument("--mean", help="per-channel normalisation mean, comma-separated")
-    w.add_argument("--std", help="per-channel normalisation std, comma-separated")
-    w.add_argument("--public-data", help="a public image folder every party holds (FLESD, FedPCL)")
+    _add_schema_flags(w)
     w.add_argument("--address", default="localhost", help="the SuperLink's host name or address (its certificate's)")
     w.add_argument("--port", type=int, default=9092, help="the SuperLink's port (9092)")
     w.add_argument("--round-timeout", type=float, default=1800.0, help="seconds a round may take before the run "

@@ -317,21 +317,24 @@ def site_env() -> dict[str, str]:
     return {**flower_env(), "FEDCONTRAST_FLOWER_SITE": "1"}
 
 
-def start_worker(workdir: Path, threads: int):
-    """The site's long-lived worker (:mod:`.worker`) and its (socket, key file): the key is random,
-    readable by this user only."""
-    import secrets
+def worker_address(workdir: Path) -> tuple[str, str]:
+    """Where the site's long-lived worker (:mod:`.worker`) will listen: (socket, key file)."""
     import tempfile
 
-    workdir.mkdir(parents=True, exist_ok=True)
-    key = workdir / ".fedcontrast-worker.key"
-    _write_private(key, secrets.token_bytes(32))
-    sock = workdir / ".fedcontrast-worker.sock"
+    sock = workdir.resolve() / ".fedcontrast-worker.sock"
     if len(str(sock)) > 100:  # a Unix socket's path is at most 107 bytes
         sock = Path(tempfile.mkdtemp(prefix="fedcontrast-")) / "worker.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "fedcontrast.flower.worker", "--socket", str(sock), "--key", str(key),
+    return str(sock), str(workdir.resolve() / ".fedcontrast-worker.key")
+
+
+def start_worker(address: tuple[str, str], threads: int) -> subprocess.Popen:
+    """The site's worker at ``address``, with a new random key readable by this user only."""
+    import secrets
+
+    sock, key = address
+    _write_private(Path(key), secrets.token_bytes(32))
+    return subprocess.Popen([sys.executable, "-m", "fedcontrast.flower.worker", "--socket", sock, "--key", key,
                              "--threads", str(threads)], env=flower_env())
-    return proc, (str(sock), str(key))
 
 
 # --- a site ------------------------------------------------------------------------------------------

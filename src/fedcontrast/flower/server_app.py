@@ -48,7 +48,6 @@ from ..outputs import (
     write_json,
     write_metrics_csv,
 )
-from ..robust import RejectedUpload
 from .records import CONFIG_KEY, flwr_app, from_array_record, plan_pins, to_array_record
 
 logger = logging.getLogger("fedcontrast.flower.server")
@@ -217,13 +216,9 @@ class FlowerServer:
 
     def _rejected(self, round_num: int, rejected: dict[str, str], accepted: dict) -> None:
         """As the simulator: stop naming them (``robustness.on_rejected: stop``), or go on without."""
-        if not rejected:
-            return
-        rejected, hint = self.screen.explain(round_num + 1, rejected, bool(accepted))
-        reasons = "; ".join(rejected[s] for s in sorted(rejected))
-        if self.config.robustness.on_rejected == "stop" or not accepted:
-            raise RejectedUpload(reasons + ("" if accepted else "; no upload left to aggregate" + hint))
-        say(f"round {round_num + 1} aggregated without rejected upload(s): {reasons}")
+        reasons = self.screen.settle(round_num, rejected, accepted)
+        if reasons:
+            say(f"round {round_num + 1} aggregated without rejected upload(s): {reasons}")
 
     def evaluation_rows(self, round_num: int, evaluations: dict[str, dict[str, float]]) -> None:
         """Each site's held-out score of what it received at the start of ``round_num`` (the model

@@ -25,7 +25,6 @@ from ..devices import resolve_device
 from ..errors import ConfigError
 from ..evaluation import linear_probe, local_model_accuracy
 from ..outputs import GLOBAL_SITE, metric_row
-from ..robust import RejectedUpload
 
 __all__ = ["Federation", "build_algorithm", "derive_seed"]
 
@@ -145,13 +144,9 @@ class Federation:
         (:meth:`UploadScreen.explain`): the run stops naming them (``robustness.on_rejected: stop``),
         or the round goes on without them (``exclude``; a ``rejected`` row per site in metrics.csv, a
         ``likely_cause`` row per site named as the cause)."""
-        if not rejected:
-            return
-        rejected, hint = self.screen.explain(round_num + 1, rejected, bool(accepted))
-        reasons = "; ".join(rejected[s] for s in sorted(rejected))
-        if self.config.robustness.on_rejected == "stop" or not accepted:
-            raise RejectedUpload(reasons + ("" if accepted else "; no upload left to aggregate" + hint))
-        logger.warning("round %d aggregated without rejected upload(s): %s", round_num + 1, reasons)
+        reasons = self.screen.settle(round_num, rejected, accepted)
+        if reasons:
+            logger.warning("round %d aggregated without rejected upload(s): %s", round_num + 1, reasons)
 
     def train_site(self, site: Site, round_num: int, received: dict[str, torch.Tensor]) -> SiteOutcome:
         """Every collaborator task of ``site`` in round ``round_num`` on what it ``received``: what an
