@@ -283,6 +283,30 @@ class Algorithm(ABC):
                   server: ServerContext) -> Downlink:
         """Combine every selected site's uploads (site → name → tensor) into the next downlink."""
 
+    # secure aggregation (fedcontrast.privacy.secagg): the aggregator sees only Σ over sites of these terms
+    def secure_terms(self, uploads: Mapping[str, torch.Tensor], weight: float, clip: float) -> dict[str, torch.Tensor]:
+        """What one site adds to the round's secure sum (float64 tensors, every element within
+        ``[-clip·weight, clip·weight]``: engines scale them into the ring by ``max_samples``).
+        Default: ``weight·clip(u)`` for every upload (``sum.NAME``) and ``weight`` (``count``), whose
+        sums give the sample-weighted mean :meth:`aggregate_secure` hands :meth:`aggregate`."""
+        n = float(weight)
+        terms = {f"sum.{k}": v.detach().to(torch.float64).clamp(-clip, clip) * n for k, v in uploads.items()}
+        terms["count"] = torch.tensor([n], dtype=torch.float64)
+        return terms
+
+    def aggregate_secure(self, sums: Mapping[str, torch.Tensor], server: ServerContext,
+                         dtypes: Mapping[str, torch.dtype]) -> Downlink:
+        """The next downlink from the sums of every site's :meth:`secure_terms` (float64; ``dtypes``:
+        each upload's dtype). Default: the weighted mean as one upload of weight 1 to :meth:`aggregate`."""
+        count = float(sums["count"].reshape(()))
+        if not count > 0:
+            raise InvalidUploadError("the secure sum of the sites' sample counts is not positive; nothing to average")
+        mean = {}
+        for name, dtype in dtypes.items():
+            value = sums[f"sum.{name}"] / count
+            mean[name] = (value if dtype.is_floating_point else value.round()).to(dtype)
+        return self.aggregate({"secure sum": mean}, {"secure sum": 1.0}, server)
+
     def evaluate(self, downlink: Downlink, server: ServerContext, test: Any) -> dict[str, float]:
         """Test metrics of the global model carried by ``downlink``."""
         load_weights(server.model, downlink.global_tensors)

@@ -299,19 +299,35 @@ class SecureRound:
     aggregator_seconds: float = 0.0  # routing and unmasking
 
 
-def secure_weighted_mean(uploads: dict[str, dict[str, Any]], weights: dict[str, float], settings: Any,
-                         round_num: int, *, dropped: tuple[str, ...] = ()):
-    """``Σ n_k·u_k / Σ n_k`` over the sites of ``uploads`` (torch tensors) by the protocol, every party
-    in this process (each site with a fresh Ed25519 signing key standing in for its certificate's):
-    each site uploads ``n_k·clip(u_k)/S`` and ``n_k/S`` (``S`` = ``settings.max_samples``, ``n_k``
-    clipped to it) masked; the aggregator unmasks only their sums. ``dropped``: sites that go silent
-    after masking. Returns the mean (tensors as the uploads') and a :class:`SecureRound`."""
-    import time
+def flatten_terms(terms: dict[str, Any], scale: float) -> np.ndarray:
+    """A site's secure-sum terms (name → tensor) as one float64 vector, divided by ``scale``, in name order."""
+    return np.concatenate([np.asarray(terms[k].detach().cpu().double().numpy()).ravel() / scale for k in sorted(terms)])
 
+
+def unflatten_terms(total: np.ndarray, layout: dict[str, tuple[int, ...]], scale: float) -> dict[str, Any]:
+    """The inverse of :func:`flatten_terms` for a sum: name → float64 tensor of ``layout``'s shape, times ``scale``."""
     import torch
 
+    out, offset = {}, 0
+    for k in sorted(layout):
+        size = math.prod(layout[k])
+        out[k] = torch.from_numpy(total[offset:offset + size].reshape(layout[k]) * scale)
+        offset += size
+    if offset != total.size:
+        raise SecureAggregationError(f"the secure sum has {total.size} values where the plugin's terms declare {offset}")
+    return out
+
+
+def secure_sum(vectors: dict[str, np.ndarray], settings: Any, round_num: int, *,
+               dropped: tuple[str, ...] = ()) -> tuple[np.ndarray, SecureRound]:
+    """``Σ vectors`` (site → float64 vector within ``[-settings.clip, settings.clip]``) by the
+    protocol, every party in this process (each site with a fresh Ed25519 signing key standing in for
+    its certificate's); ``dropped``: sites that go silent after masking (their vectors are not in the
+    sum). Returns the sum and what it cost (:class:`SecureRound`)."""
+    import time
+
     t0 = time.process_time()
-    names = sorted(uploads)
+    names = sorted(vectors)
     t = settings.sites_needed(len(names))
     private = {n: ed25519.Ed25519PrivateKey.generate() for n in names}
     sites = {n: SecAggSite(n, names, t, round_num, private[n]) for n in names}
@@ -321,31 +337,32 @@ def secure_weighted_mean(uploads: dict[str, dict[str, Any]], weights: dict[str, 
     for n, site in sites.items():
         site.receive({sender: box[n] for sender, box in boxes.items() if sender != n})
     quantizer = Quantizer.for_sites(settings.clip, len(names), settings.bits)
-    reference = uploads[names[0]]
-    order = sorted(reference)
-    masked = {}
-    for n in names:
-        count = min(float(weights[n]), settings.max_samples) / settings.max_samples
-        flat = [np.clip(uploads[n][k].detach().cpu().double().numpy().ravel(), -settings.clip, settings.clip) * count
-                for k in order]
-        masked[n] = sites[n].mask(np.concatenate([*flat, [count]]), quantizer)
+    masked = {n: sites[n].mask(vectors[n], quantizer) for n in names}
     survivors = [n for n in names if n not in dropped]
-    kept = {n: masked[n] for n in survivors}
     reveals = {n: sites[n].reveal(survivors, [d for d in names if d in dropped]) for n in survivors}
     t1 = time.process_time()
-    total = unmask(kept, reveals, adverts, names, t, quantizer)
+    total = unmask({n: masked[n] for n in survivors}, reveals, adverts, names, t, quantizer)
     t2 = time.process_time()
-    mean, offset = {}, 0
-    for k in order:
-        ref = reference[k]
-        part = total[offset:offset + ref.numel()] / total[-1]
-        offset += ref.numel()
-        value = torch.from_numpy(part.reshape(tuple(ref.shape)))
-        mean[k] = (value.round() if not ref.is_floating_point() else value).to(dtype=ref.dtype, device=ref.device)
     size = masked[names[0]].nbytes
     key_bytes = sum(len(v) for v in adverts[names[0]].values())
     share_bytes = sum(len(c) for c in boxes[names[0]].values())
     reveal_bytes = sum(1 + 1 + len(r[2]) for r in reveals[survivors[0]].values()) if survivors else 0
-    plain = sum(v.numel() * 4 for v in reference.values()) + 4
-    return mean, SecureRound(len(names), t, float(size + key_bytes + share_bytes + reveal_bytes), float(plain),
-                             (t1 - t0) / len(names), t2 - t1)
+    plain = vectors[names[0]].size * 4
+    return total, SecureRound(len(names), t, float(size + key_bytes + share_bytes + reveal_bytes), float(plain),
+                              (t1 - t0) / len(names), t2 - t1)
+
+
+def secure_aggregate(algorithm: Any, uploads: dict[str, dict[str, Any]], weights: dict[str, float], settings: Any,
+                     round_num: int, server: Any, *, dropped: tuple[str, ...] = ()):
+    """A plugin's downlink from the secure sum of its sites' :meth:`~fedcontrast.algorithms.Algorithm.secure_terms`
+    (counts clipped to ``settings.max_samples``, terms scaled by it into the ring), every party in this
+    process: (downlink, :class:`SecureRound`)."""
+    scale = float(settings.max_samples)
+    names = sorted(uploads)
+    terms = {n: algorithm.secure_terms(uploads[n], min(float(weights[n]), scale), float(settings.clip)) for n in names}
+    layout = {k: tuple(v.shape) for k, v in terms[names[0]].items()}
+    total, cost = secure_sum({n: flatten_terms(terms[n], scale) for n in names}, settings, round_num, dropped=dropped)
+    sums = {k: v.to(server.device) for k, v in unflatten_terms(total, layout, scale).items()}
+    cost.plain_bytes_per_site = float(sum(v.numel() * v.element_size() for v in uploads[names[0]].values()) + 4)
+    dtypes = {k: v.dtype for k, v in uploads[names[0]].items()}
+    return algorithm.aggregate_secure(sums, server, dtypes), cost

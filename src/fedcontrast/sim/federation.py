@@ -194,12 +194,12 @@ class Federation:
             self.executor.cancel(ahead[1])
 
     def _secure_aggregate(self, round_num: int, uploads: dict, weights: dict) -> dict[str, Any]:
-        """The round's downlink from the secure sum of the uploads (each site masks ``n_k·u_k`` and
-        ``n_k``; the plugin aggregates their weighted mean as one upload); its cost as a metrics row."""
-        from ..privacy.secagg import secure_weighted_mean
+        """The round's downlink from the secure sum of the plugin's terms (each site masks, say,
+        ``n_k·u_k`` and ``n_k``: :meth:`~fedcontrast.algorithms.Algorithm.secure_terms`); its cost as a metrics row."""
+        from ..privacy.secagg import secure_aggregate
 
-        mean, cost = secure_weighted_mean(uploads, weights, self.config.secure_aggregation, round_num)
-        self.downlink = self.algorithm.aggregate({"secure sum": mean}, {"secure sum": 1.0}, self.server)
+        self.downlink, cost = secure_aggregate(self.algorithm, uploads, weights, self.config.secure_aggregation,
+                                               round_num, self.server)
         return metric_row(round_num + 1, "aggregator", "secure_aggregation", len(uploads),
                           {"bytes_per_site": cost.bytes_per_site, "plain_bytes_per_site": cost.plain_bytes_per_site,
                            "threshold": cost.threshold, "site_cpu_s": cost.site_seconds,
