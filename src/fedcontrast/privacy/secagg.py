@@ -208,12 +208,13 @@ class SecAggSite:
                                              "altered on the way") from None
             self.held[sender] = (plain[0], plain[1:33], plain[33:65])
 
-    def mask(self, vector: np.ndarray, quantizer: Quantizer) -> np.ndarray:
-        """The vector as the aggregator receives it: encoded, plus the self mask and pairwise masks."""
+    def mask(self, vector: np.ndarray, quantizer: Quantizer, peers: list[str] | None = None) -> np.ndarray:
+        """The vector as the aggregator receives it: encoded, plus the self mask and pairwise masks
+        with ``peers`` (default: every site; in a deployment, those whose shares arrived)."""
         y = quantizer.encode(vector).ravel()
         with np.errstate(over="ignore"):
             y = y + prg(self._b, y.size, quantizer.unsigned)
-            for site in self.sites:
+            for site in (self.sites if peers is None else peers):
                 if site == self.name:
                     continue
                 pairwise = prg(self._pair_seed(self._s, self.peers[site]["s_pk"]), y.size, quantizer.unsigned)
