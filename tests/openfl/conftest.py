@@ -38,11 +38,11 @@ def small_config(**changes) -> RunConfig:
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory):
-    """cert/ of a CA with aggregator, site_0, site_1 and intruder certificates, plus a client
+    """cert/ of a CA with aggregator, site_0, site_1, site_2 and intruder certificates, plus a client
     certificate for site_1 signed by a second, unrelated CA."""
     root = tmp_path_factory.mktemp("pki")
     main = create_workspace(root / "main", small_config())
-    make_dev_pki(main, ["site_0", "site_1", "intruder"], log=lambda m: None)
+    make_dev_pki(main, ["site_0", "site_1", "site_2", "intruder"], log=lambda m: None)
     other = create_workspace(root / "other", small_config())
     fx = fx_executable()
     for args in (["workspace", "certify"],

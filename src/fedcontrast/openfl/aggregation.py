@@ -45,6 +45,9 @@ PERSONAL_DIR: str | None = None
 # The round's uploaded local models (site → model.* tensors) of a plugin that asks for local-model
 # evaluation; components.RoundReport evaluates and clears them after the round.
 LOCAL_MODELS: dict[str, dict[str, torch.Tensor]] = {}
+# Under secure aggregation: the aggregator's relay (openfl/secure.py), which holds the round's unmasked
+# sum; the sites' uploads are placeholders. Set by components.SafeAggregator.
+RELAY = None
 
 
 class AggregationFailure(FedContrastError):
@@ -104,6 +107,8 @@ class PluginAggregation(AggregationFunction):
         return {k: v.to(self.server.device) for k, v in tensors.items()}
 
     def _aggregate_round(self, db, fl_round: int, packed: dict[str, np.ndarray]) -> np.ndarray:
+        if self.config.secure_aggregation is not None:
+            return self._aggregate_secure_sum(db, fl_round)
         sites = tuple(sorted(packed))
         weights = read_weights(db, fl_round, sites)
         unpacked, rejected = {}, {}
@@ -142,6 +147,10 @@ class PluginAggregation(AggregationFunction):
             LOCAL_MODELS.clear()
             LOCAL_MODELS.update({site: {k: v for k, v in up.items() if k.startswith(WEIGHT_PREFIX)}
                                  for site, up in valid.items()})
+        return self._store_downlink(db, fl_round, downlink)
+
+    def _store_downlink(self, db, fl_round: int, downlink) -> np.ndarray:
+        """Per-site downlinks into the database (and a file, for a restart); the packed global one."""
         if downlink.personal:
             origin = aggregator_origin(db)
             for site, tensors in downlink.personal.items():
@@ -150,6 +159,27 @@ class PluginAggregation(AggregationFunction):
             if PERSONAL_DIR is not None:
                 save_personal(PERSONAL_DIR, fl_round + 1, downlink.personal)
         return pack(downlink.global_tensors, self.global_specs)
+
+
+    def _aggregate_secure_sum(self, db, fl_round: int) -> np.ndarray:
+        """The downlink from the relay's unmasked sum of the survivors' secure-sum terms (the
+        plugin's :meth:`~fedcontrast.algorithms.Algorithm.aggregate_secure`); the aggregator saw no upload alone."""
+        from ..privacy.secagg import secure_layout, unflatten_terms
+
+        if RELAY is None:
+            raise AggregationFailure("secure aggregation is on but the aggregator has no relay")
+        settings = self.config.secure_aggregation
+        layout = secure_layout(self.algorithm, self.specs, settings.clip)
+        sums = unflatten_terms(RELAY.total(fl_round), layout, float(settings.max_samples))
+        self.server.round_num = fl_round
+        self.server.seed = server_seed(self.config, fl_round)
+        self.server.sites = site_names(self.config)
+        self.server.previous = self.received_downlink(db, fl_round)
+        dtypes = {s.name: getattr(torch, s.dtype) for s in self.specs}
+        downlink = self.algorithm.aggregate_secure({k: v.to(self.server.device) for k, v in sums.items()},
+                                                   self.server, dtypes)
+        logger.info("round %d: aggregated the secure sum of %s", fl_round, ", ".join(RELAY.survivors))
+        return self._store_downlink(db, fl_round, downlink)
 
 
 def _report_rejected(rejected: dict[str, str], config: RunConfig) -> None:

@@ -30,9 +30,10 @@ from .plan import DEFAULT_ROUND_TIMEOUT, EVALUATE_TASK
 from .protocol import (FAILURE_EXIT_CODE, FAILURE_METRIC, FAILURE_SLEEP_CODE, MESSAGE_ALLOWANCE, STOP_GRACE_S, STOPPED,
                        WAITING_NOTICE_S, FederationStopped)
 from .records import RoundReport
+from .secure import SECAGG_TASK, SecureRounds, kind_of, make_relay
 from .runner import PERSONAL_TAG
 from .startup_checks import (_check_collaborators, check_aggregator_plan, check_initial_model, check_tensor_db,
-                             upload_limit)
+                             declared_uploads, upload_limit)
 from .tls_log import HandshakeLog, StderrTap, enable_handshake_trace
 
 logger = logging.getLogger("fedcontrast.openfl.components")  # one logger for the plan's components, as log lines name it
@@ -46,7 +47,7 @@ Aggregator._get_sleep_time = staticmethod(lambda: 1)
 
 
 
-class SafeAggregator(Aggregator):
+class SafeAggregator(SecureRounds, Aggregator):
     """The stock aggregator, plus: a failed round, a round past ``round_timeout`` seconds (unless
     ``min_sites`` sites answered: then it is aggregated without the others, who are named) or a
     site's failed task stops the federation cleanly with exit code 3; the sites' evaluations are
@@ -78,6 +79,10 @@ class SafeAggregator(Aggregator):
                 check_tensor_db(kwargs.get("persistent_db_path") or "tensor.db")
             # Every upload is bounded by the plugin's declaration before it is taken in (see _bounded_stream).
             self.max_upload_bytes = upload_limit(config, model_shape or {}, kwargs.get("assigner"))
+            # Secure aggregation: the relay between the sites (openfl/secure.py); the aggregation function sums through it.
+            self.relay = None if config.secure_aggregation is None else \
+                make_relay(config, *declared_uploads(config, model_shape or {}, kwargs.get("assigner")))
+            aggregation.RELAY = self.relay
         except FedContrastError as exc:
             print(f"fedcontrast aggregator: error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
@@ -154,6 +159,8 @@ class SafeAggregator(Aggregator):
 
     # --- the round ------------------------------------------------------------------------------
     def send_local_task_results(self, collaborator_name, round_number, task_name, data_size, named_tensors):
+        if kind_of(task_name, SECAGG_TASK) is not None:  # a secure-aggregation message, for the relay
+            return self.secure_message(collaborator_name, round_number, task_name, named_tensors)
         if any(t.name == FAILURE_METRIC for t in named_tensors):  # never persisted: a restart starts afresh
             with self.lock:
                 self.absent.add(collaborator_name)
@@ -178,6 +185,7 @@ class SafeAggregator(Aggregator):
                     and self.failure is None
                     and self.report.evaluations_complete(round_number, list(self.authorized_cols))):
                 self.report.write_record(round_number)  # every site has measured the model: report it now
+            self.end_secure_round()  # sites dropped from the secure sum never answer: not waited for
 
     def _compute_validation_related_task_metrics(self, task_name) -> dict:
         """OpenFL's, except for the metrics: each is the weighted mean over the sites that sent it, with
@@ -254,6 +262,8 @@ class SafeAggregator(Aggregator):
                     return
                 self._note_waiting()
                 if time.monotonic() - self.round_started <= self.round_timeout:
+                    continue
+                if self.secure_deadline():  # a secure-aggregation phase closed without its silent sites
                     continue
                 done = [c for c in self.authorized_cols if c in self.collaborators_done]
                 missing = [c for c in self.authorized_cols if c not in done]

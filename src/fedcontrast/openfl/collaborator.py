@@ -20,7 +20,7 @@ from ..deploy.enrolment import check_certificate_name
 from ..errors import FedContrastError
 from ..site.checks import CollaboratorStopped  # defined without OpenFL: the site's pre-flight raises it too
 from .plan import DEFAULT_RECONNECT_INTERVAL_MAX, DEFAULT_WAIT_FOR_AGGREGATOR, check_wait_settings
-from .protocol import FAILURE_METRIC, FAILURE_SLEEP_CODE, STOPPED, WAITING_NOTICE_S
+from .protocol import FAILURE_METRIC, FAILURE_SLEEP_CODE, SECAGG_REFUSED, STOPPED, WAITING_NOTICE_S
 from .startup_checks import check_settings_in_effect
 
 logger = logging.getLogger("fedcontrast.openfl.components")  # one logger for the plan's components, as log lines name it
@@ -30,6 +30,8 @@ def explain_rpc_error(error: grpc.RpcError, uri: str) -> tuple[str, bool]:
     code = error.code() if hasattr(error, "code") else None
     details = (error.details() if hasattr(error, "details") else "") or ""
     if code == grpc.StatusCode.ABORTED and details.startswith(STOPPED):  # SafeAggregator.stop_notice's sentence
+        return details.strip(), False
+    if code == grpc.StatusCode.ABORTED and details.startswith(SECAGG_REFUSED):  # dropped from a secure sum
         return details.strip(), False
     if code == grpc.StatusCode.UNAUTHENTICATED and details.startswith("refused "):  # refuse_certificate's sentence
         return f"the aggregator at {uri} {details.strip()}", False
@@ -216,6 +218,13 @@ class SafeCollaborator(Collaborator):
             if callable(getattr(self.client, name, None)):  # went through ends a wait, whichever it was
                 setattr(self.client, name, _ends_waiting(getattr(self.client, name), retry))
         QuietClientLog.install()
+        if getattr(getattr(self.task_runner, "config", None), "secure_aggregation", None) is not None:
+            from .secure import OpenFLChannel  # the site's side of the secure sum, over this client
+
+            try:
+                self.task_runner.secure_channel = OpenFLChannel(self)
+            except (FedContrastError, OSError, ValueError) as exc:
+                raise CollaboratorStopped(f"fedcontrast collaborator: error: secure aggregation cannot start: {exc}") from None
 
     # A copy of OpenFL 1.9's Collaborator.run (it has no hook for these): the same loop, except three
     # places marked "added"/"changed" — a quit with FAILURE_SLEEP_CODE ends this site with the reason,

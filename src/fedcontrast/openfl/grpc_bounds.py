@@ -94,7 +94,20 @@ def _bounded_grpc_server(*args: Any, **kwargs: Any):
         grpc_common.DEFAULT_CHANNEL_OPTIONS = stock
 
 
+_stock_get_aggregated_tensor = grpc_server.AggregatorGRPCServer.GetAggregatedTensor
+
+
+def _aggregated_tensor_or_stop_notice(self, request, context):
+    """OpenFL's GetAggregatedTensor; a fetch after the federation stopped (a site waiting in the secure
+    aggregation protocol) is answered with an ABORTED status saying why."""
+    try:
+        return _stock_get_aggregated_tensor(self, request, context)
+    except FederationStopped as stop:
+        context.abort(grpc.StatusCode.ABORTED, str(stop))
+
+
 grpc_server.AggregatorGRPCServer.SendLocalTaskResults = _bounded_send_local_task_results
+grpc_server.AggregatorGRPCServer.GetAggregatedTensor = _aggregated_tensor_or_stop_notice
 grpc_server.AggregatorGRPCServer.GetTasks = _get_tasks_or_stop_notice
 grpc_server.create_grpc_server = _bounded_grpc_server
 

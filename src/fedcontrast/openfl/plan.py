@@ -81,9 +81,14 @@ def build_plan(config: RunConfig, *, shape: dict[str, int] | None = None,
     ``round_timeout``: seconds a round may take before the federation stops naming the sites that did
     not answer; ``min_sites``: how many answering sites let such a round be aggregated without the
     others instead (None: all are needed)."""
-    if config.secure_aggregation is not None:
-        raise ConfigError("secure aggregation runs in the simulator only for now (fedcontrast simulate); an OpenFL "
-                          "plan cannot carry it yet: remove the secure_aggregation section")
+    if config.secure_aggregation is not None and not network.get("tls", True):
+        raise ConfigError("secure aggregation needs the federation's mutual TLS (each site signs its keys with its "
+                          "certificate's private key): leave TLS on")
+    if config.secure_aggregation is not None and min_sites is not None and \
+            min_sites < config.secure_aggregation.sites_needed(config.clients):
+        raise ConfigError(f"min_sites {min_sites} is below secure_aggregation's threshold "
+                          f"{config.secure_aggregation.sites_needed(config.clients)}: a round with fewer sites cannot "
+                          "be unmasked; raise min_sites or lower the threshold")
     if config.sample_fraction != 1.0:
         raise ConfigError("sample_fraction < 1 is not supported in an OpenFL deployment yet: every "
                           "collaborator takes part in every round")

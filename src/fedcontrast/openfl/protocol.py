@@ -19,3 +19,6 @@ MESSAGE_ALLOWANCE = (2 << 20) + (64 << 10)
 class FederationStopped(Exception):
     """Raised to the aggregator's gRPC server by a call that came after the federation stopped; its
     message is the one sentence the caller is answered with (an ABORTED status)."""
+# The details of an ABORTED status refusing one site's secure-aggregation message (it was dropped from
+# the round, or the round is over): that site stops with the sentence, the federation goes on.
+SECAGG_REFUSED = "the aggregator refused this site's secure-aggregation message: "

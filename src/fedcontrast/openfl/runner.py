@@ -21,7 +21,7 @@ from ..config import RunConfig
 from ..construction import (attach_public, build_algorithm, initial_model, server_seed, site_index, site_privacy,
                             task_seed)
 from ..devices import resolve_device
-from ..errors import CheckpointError, FedContrastError
+from ..errors import CheckpointError, ConfigError, FedContrastError
 from ..site.report import REPORT_DIR, SiteReport, snapshot, write_final_model
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, UPLOAD_PACKED, pack, unpack
 from .plan import EVALUATE_TASK
@@ -179,8 +179,13 @@ class PluginTaskRunner(TaskRunner):
             missing = [s.name for s in self.upload_specs if s.name not in pending]
             if missing:
                 raise ValueError(f"{self.algorithm.name} did not produce its declared upload(s) {missing[:3]}")
-            uploads[TensorKey(UPLOAD_PACKED, col_name, round_num, False, ("trained",))] = pack(pending, self.upload_specs)
-            uploads[TensorKey(WEIGHT_METRIC, col_name, round_num, True, ("metric",))] = np.array(weight)
+            if self.config.secure_aggregation is not None:  # the aggregator gets only the sum (openfl/secure.py)
+                uploads[TensorKey(UPLOAD_PACKED, col_name, round_num, False, ("trained",))] = \
+                    self._secure_upload(col_name, round_num, pending, weight)
+            else:
+                uploads[TensorKey(UPLOAD_PACKED, col_name, round_num, False, ("trained",))] = \
+                    pack(pending, self.upload_specs)
+                uploads[TensorKey(WEIGHT_METRIC, col_name, round_num, True, ("metric",))] = np.array(weight)
             del self._pending[col_name]
         for key, value in metrics.items():
             uploads[TensorKey(f"{task}_{key}", col_name, round_num, True, ("metric",))] = np.array(value)
@@ -190,6 +195,25 @@ class PluginTaskRunner(TaskRunner):
         if task == self.algorithm.tasks[-1]:
             report.finish(round_num)
         return uploads, {}
+
+    def _secure_upload(self, col_name: str, round_num: int, uploads: dict[str, torch.Tensor], weight: float):
+        """Takes part in the round's secure sum with this site's terms; the task's own upload is a
+        placeholder (and its sample count is not sent: it is inside the sum)."""
+        from ..site.checks import CollaboratorStopped
+        from .secure import DroppedFromRound, secure_vector
+
+        channel = getattr(self, "secure_channel", None)
+        if channel is None:
+            raise ConfigError("secure aggregation needs fedcontrast's collaborator (the plan's SafeCollaborator)")
+        self.data_loader.reported_train_size = 1.0
+        try:
+            cost = channel.run(col_name, round_num, secure_vector(self.algorithm, uploads, weight, self.config),
+                               self.config)
+        except DroppedFromRound as exc:  # the federation goes on without this site: not a failed task
+            raise CollaboratorStopped(f"fedcontrast collaborator: error: {exc}") from None
+        logger.info("%s, round %d: took part in the secure sum (%d bytes sent, %.2f s)", col_name, round_num,
+                    cost["secagg_bytes"], cost["secagg_s"])
+        return np.zeros(1, dtype=np.float32)
 
     def _report(self, col_name: str) -> SiteReport:
         if col_name not in self._reports:

@@ -4,6 +4,7 @@ the plan, the port, the initial model, the checkpoint database, the settings in 
 from __future__ import annotations
 
 import logging
+import math
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -149,20 +150,33 @@ def check_tensor_db(path: str | Path) -> None:
                           "the federation afresh (its rounds are lost), or put back a good copy to resume")
 
 
-def upload_limit(config: RunConfig, model_shape: dict[str, int], assigner: Any = None) -> int:
-    """The most bytes one upload call may carry: the plugin's declared upload, packed, plus
-    :data:`UPLOAD_MARGIN` for the message around it. The declaration is read from the plan's
-    aggregation functions when OpenFL has built them (``assigner.tasks``: no second build of the
-    plugin, no second read of the public set), else built here."""
+def declared_uploads(config: RunConfig, model_shape: dict[str, int], assigner: Any = None) -> tuple[Any, list]:
+    """The plugin and its declared uploads, read from the plan's aggregation functions when OpenFL has
+    built them (``assigner.tasks``: no second build of the plugin, no second read of the public set),
+    else built here."""
     for task in (getattr(assigner, "tasks", None) or {}).values():
         function = task.get("aggregation_type") if isinstance(task, dict) else None
         if isinstance(function, aggregation.PluginAggregation):
-            return packed_size(function.specs) * 4 + UPLOAD_MARGIN
+            return function.algorithm, function.specs
     algorithm = build_algorithm(config)
     if algorithm.requires_public:  # e.g. FLESD: the upload's shape depends on the public set
         attach_public(algorithm, load_public(config))
     model = initial_model(config, **model_shape)
-    return packed_size(algorithm.upload_specs(model, model_shape["num_classes"])) * 4 + UPLOAD_MARGIN
+    return algorithm, algorithm.upload_specs(model, model_shape["num_classes"])
+
+
+def upload_limit(config: RunConfig, model_shape: dict[str, int], assigner: Any = None) -> int:
+    """The most bytes one upload call may carry: the plugin's declared upload, packed (or, under
+    secure aggregation, its masked vector if larger), plus :data:`UPLOAD_MARGIN` for the message around it."""
+    algorithm, specs = declared_uploads(config, model_shape, assigner)
+    size = packed_size(specs) * 4
+    secure = config.secure_aggregation
+    if secure is not None:  # the masked vector, in the ring's words (64 bits: twice a float32 upload)
+        from ..privacy.secagg import secure_layout
+
+        words = sum(math.prod(shape) for shape in secure_layout(algorithm, specs, secure.clip).values())
+        size = max(size, words * secure.bits // 8 + 8)
+    return size + UPLOAD_MARGIN
 
 
 def check_settings_in_effect(task_runner: Any, client: Any) -> None:

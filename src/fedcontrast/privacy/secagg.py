@@ -367,3 +367,12 @@ def secure_aggregate(algorithm: Any, uploads: dict[str, dict[str, Any]], weights
     cost.plain_bytes_per_site = float(sum(v.numel() * v.element_size() for v in uploads[names[0]].values()) + 4)
     dtypes = {k: v.dtype for k, v in uploads[names[0]].items()}
     return algorithm.aggregate_secure(sums, server, dtypes), cost
+
+
+def secure_layout(algorithm: Any, specs: list[Any], clip: float) -> dict[str, tuple[int, ...]]:
+    """Name → shape of a plugin's secure-sum terms for uploads declared by ``specs`` (what every party
+    agrees on before a round: the length of the vector that is masked)."""
+    import torch
+
+    zeros = {s.name: torch.zeros(tuple(s.shape), dtype=getattr(torch, s.dtype)) for s in specs}
+    return {k: tuple(v.shape) for k, v in algorithm.secure_terms(zeros, 1.0, clip).items()}

@@ -1,0 +1,263 @@
+"""Secure aggregation over an OpenFL federation: the relay and the site's client of
+:mod:`fedcontrast.privacy.secagg_protocol`, carried by OpenFL's own calls over the federation's
+mutual TLS.
+
+A site sends a protocol message as the results of a pseudo-task ``fedcontrast_secagg:KIND`` (one
+tensor carrying the message's bytes), and fetches what the relay publishes as the aggregated tensor
+``fedcontrast.secagg:KIND`` of the round (an empty answer: not ready yet; asked again). The
+aggregator (:class:`~.aggregator.SafeAggregator`) hands both to its :class:`SecAggRelay`, whose
+deadlines are the plan's ``round_timeout`` (per phase) and whose dropouts follow ``min_sites``; the
+round's train task uploads only a placeholder, and the aggregation function
+(:class:`~.aggregation.PluginAggregation`) takes the relay's unmasked sum. Each site signs its keys
+with its federation certificate's private key; its peers check that certificate against the
+federation's CA (``cert_chain.crt``) and its name.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from openfl.utilities import TensorKey
+
+from ..config import RunConfig, site_names
+from ..errors import ConfigError
+from ..privacy.secagg import Quantizer, SecureAggregationError, flatten_terms, secure_layout
+from ..privacy.secagg_protocol import SecAggClient, SecAggRelay
+
+logger = logging.getLogger("fedcontrast.openfl.components")
+
+SECAGG_TASK = "fedcontrast_secagg"  # task name prefix of a protocol message: fedcontrast_secagg:advert …
+SECAGG_TENSOR = "fedcontrast.secagg"  # tensor name prefix of what a site fetches: fedcontrast.secagg:adverts …
+
+
+class DroppedFromRound(SecureAggregationError):
+    """The relay dropped this site from the round (it missed a phase's deadline): it stops without
+    failing the federation, which goes on without it."""
+
+
+# --- bytes in OpenFL's float32 tensors ---------------------------------------------------------------
+def to_words(payload: bytes) -> np.ndarray:
+    """``payload`` with its length in front, padded to whole float32 words (their bits are never computed with)."""
+    data = len(payload).to_bytes(8, "little") + payload
+    data += b"\0" * (-len(data) % 4)
+    return np.frombuffer(data, dtype=np.float32).copy()
+
+
+def from_words(array: np.ndarray, sender: str) -> bytes:
+    data = np.ascontiguousarray(np.asarray(array, dtype=np.float32)).view(np.uint8).tobytes()
+    size = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+    if not 0 <= size <= len(data) - 8:
+        raise SecureAggregationError(f"{sender}'s secure-aggregation message is cut short or malformed")
+    return data[8:8 + size]
+
+
+def kind_of(name: str, prefix: str) -> str | None:
+    """``KIND`` of ``PREFIX:KIND``; None for another name."""
+    return name[len(prefix) + 1:] if name.startswith(prefix + ":") else None
+
+
+# --- the aggregator ---------------------------------------------------------------------------------
+def make_relay(config: RunConfig, algorithm: Any, specs: list[Any]) -> SecAggRelay | None:
+    """The relay of a plan with ``secure_aggregation`` (None without)."""
+    settings = config.secure_aggregation
+    if settings is None:
+        return None
+    sites = site_names(config)
+    words = sum(math.prod(shape) for shape in secure_layout(algorithm, specs, settings.clip).values())
+    return SecAggRelay(sites, settings.sites_needed(len(sites)), words,
+                       Quantizer.for_sites(settings.clip, len(sites), settings.bits))
+
+
+def message_payload(aggregator: Any, collaborator: str, named_tensors: Any) -> bytes:
+    """The bytes of a site's protocol message (one tensor, lossless as OpenFL sends it)."""
+    if len(named_tensors) != 1:
+        raise SecureAggregationError(f"site {collaborator} sent {len(named_tensors)} tensors in a secure-aggregation "
+                                     "message, not one")
+    named = named_tensors[0]
+    metadata = [{"int_to_float": p.int_to_float, "int_list": p.int_list, "bool_list": p.bool_list}
+                for p in named.transformer_metadata]
+    key = TensorKey(named.name, aggregator.uuid, named.round_number, named.report, tuple(named.tags))
+    try:
+        _, array = aggregator.tensor_codec.decompress(key, data=named.data_bytes, transformer_metadata=metadata,
+                                                      require_lossless=True)
+    except Exception as exc:  # whatever the codec raises on bytes that are not its own
+        raise SecureAggregationError(f"site {collaborator}'s secure-aggregation message cannot be decoded ({exc})") from None
+    return from_words(array, f"site {collaborator}")
+
+
+def answer_tensor(aggregator: Any, payload: bytes | None, tensor_name: str, round_number: int) -> Any:
+    """What a site's fetch is answered with: the payload as a lossless named tensor, or an empty one."""
+    from openfl.protocols.base_pb2 import NamedTensor
+
+    if payload is None:
+        return NamedTensor()
+    key = TensorKey(tensor_name, aggregator.uuid, round_number, False, ())
+    return aggregator._nparray_to_named_tensor(key, to_words(payload), send_model_deltas=False, compress_lossless=True)
+
+
+# --- a site --------------------------------------------------------------------------------------
+class CertificateKeys:
+    """Peers' signing keys from the certificates they advertise: signed by the federation's CA (the
+    site's ``cert_chain.crt``), issued for the name they claim, within their dates."""
+
+    def __init__(self, chain: str | Path) -> None:
+        from cryptography import x509
+
+        self.authorities = x509.load_pem_x509_certificates(Path(chain).read_bytes())
+
+    def __call__(self, site: str, pem: str) -> Any:
+        from cryptography import x509
+
+        from ..deploy.certificates import signed_by
+        from ..deploy.enrolment import identity
+
+        try:
+            cert = x509.load_pem_x509_certificate(pem.encode())
+            name = identity(cert, f"site {site}'s certificate")
+        except (ValueError, ConfigError) as exc:
+            raise SecureAggregationError(f"site {site}'s certificate cannot be read ({exc}); its keys are refused") from None
+        if not signed_by(cert, self.authorities):
+            raise SecureAggregationError(f"site {site}'s certificate is not signed by the federation's CA: its "
+                                         "key-agreement keys are refused (keys swapped on the way?)")
+        if name != site:
+            raise SecureAggregationError(f"the keys advertised as site {site}'s come with a certificate issued for "
+                                         f"{name}: refused (keys swapped on the way?)")
+        now = dt.datetime.now(dt.timezone.utc)
+        if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+            raise SecureAggregationError(f"site {site}'s certificate is not valid now: its keys are refused")
+        return cert.public_key()
+
+
+class OpenFLChannel:
+    """A collaborator's transport for :class:`SecAggClient`: its own gRPC client, private key and
+    certificate (the plan's mutual TLS), its CA chain for its peers'."""
+
+    def __init__(self, collaborator: Any) -> None:
+        from cryptography.hazmat.primitives import serialization
+
+        client = collaborator.client
+        if not (getattr(client, "use_tls", False) and getattr(client, "require_client_auth", False)):
+            raise ConfigError("secure aggregation needs the federation's mutual TLS (each site signs its keys with "
+                              "its certificate's private key): turn use_tls and require_client_auth on")
+        self.collaborator = collaborator
+        self.signing_key = serialization.load_pem_private_key(Path(client.private_key).read_bytes(), password=None)
+        self.certificate = Path(client.certificate).read_text()
+        self.peer_keys = CertificateKeys(client.root_certificate)
+
+    def run(self, site: str, round_num: int, vector: np.ndarray, config: RunConfig) -> dict[str, float]:
+        """This site's part of round ``round_num``'s secure sum, with ``vector``."""
+        settings = config.secure_aggregation
+        sites = site_names(config)
+        col = self.collaborator
+
+        def send(kind: str, payload: bytes) -> None:
+            key = TensorKey(SECAGG_TENSOR, site, round_num, False, ())
+            col.client.send_local_task_results(round_num, f"{SECAGG_TASK}:{kind}", 0,
+                                               [col.nparray_to_named_tensor(key, to_words(payload))])
+
+        def fetch(kind: str) -> bytes | None:
+            named = col.client.get_aggregated_tensor(f"{SECAGG_TENSOR}:{kind}", round_num, False, (), True)
+            if not named.data_bytes:
+                return None
+            return from_words(col.named_tensor_to_nparray(named), "the aggregator")
+
+        client = SecAggClient(site, sites, settings.sites_needed(len(sites)), round_num, self.signing_key,
+                              self.certificate, self.peer_keys, send, fetch, poll=0.05)
+        try:
+            return client.run(vector, Quantizer.for_sites(settings.clip, len(sites), settings.bits))
+        except SecureAggregationError as exc:
+            if str(exc).startswith("this site was dropped"):
+                raise DroppedFromRound(f"{site} {str(exc)[len('this site '):]}") from None
+            raise
+
+
+def secure_vector(algorithm: Any, uploads: dict[str, Any], weight: float, config: RunConfig) -> np.ndarray:
+    """What a site masks: its plugin's secure-sum terms, its count clipped to and scaled by ``max_samples``."""
+    settings = config.secure_aggregation
+    scale = float(settings.max_samples)
+    return flatten_terms(algorithm.secure_terms(uploads, min(float(weight), scale), float(settings.clip)), scale)
+
+
+class SecureRounds:
+    """What :class:`~.aggregator.SafeAggregator` adds for secure aggregation (a mixin: ``relay`` is
+    None without it): protocol messages to the relay, the relay's answers to the sites' fetches, a
+    phase's deadline (the plan's ``round_timeout``) closing it without the silent sites when
+    ``min_sites`` allows, and the round's end once every site still in it has answered."""
+
+    relay: SecAggRelay | None = None
+
+    def secure_message(self, collaborator: str, round_number: int, task_name: str, named_tensors: Any) -> None:
+        from .protocol import SECAGG_REFUSED, FederationStopped
+
+        kind = kind_of(task_name, SECAGG_TASK)
+        with self.lock:
+            notice = self.stop_notice(collaborator)
+            if notice is not None:
+                raise FederationStopped(notice)
+            if self.relay is None or round_number != self.round_number:
+                raise FederationStopped(SECAGG_REFUSED + ("this federation has no secure aggregation"
+                                                          if self.relay is None else f"round {round_number} is over"))
+            if collaborator in self.relay.dropped and self.relay.round == round_number:
+                raise FederationStopped(SECAGG_REFUSED + f"{collaborator} was dropped from round {round_number + 1}'s "
+                                        f"secure aggregation (it missed the {self.relay.dropped[collaborator]} "
+                                        "phase's deadline)")
+            try:
+                self.relay.receive(collaborator, round_number, kind, message_payload(self, collaborator, named_tensors))
+            except SecureAggregationError as exc:
+                self._fail(str(exc))
+                raise FederationStopped(self.stop_notice(collaborator)) from None
+
+    def get_aggregated_tensor(self, tensor_name, round_number, report, tags, require_lossless, requested_by):
+        kind = kind_of(tensor_name, SECAGG_TENSOR)
+        if kind is None:
+            return super().get_aggregated_tensor(tensor_name, round_number, report, tags, require_lossless,
+                                                 requested_by)
+        from .protocol import FederationStopped
+
+        notice = self.stop_notice(requested_by)
+        if notice is not None:
+            raise FederationStopped(notice)
+        payload = self.relay.answer(requested_by, round_number, kind) if self.relay is not None else None
+        return answer_tensor(self, payload, tensor_name, round_number)
+
+    def secure_deadline(self) -> bool:
+        """Called by the watchdog (its lock held) when the round passed ``round_timeout``: True when a
+        secure-aggregation phase was open and has been closed (its silent sites dropped, the next phase
+        given a full ``round_timeout``) or the federation stopped; False to go on as without it."""
+        import time
+
+        relay = self.relay
+        if relay is None or self.round_number >= self.rounds_to_train - 1:  # none, or the evaluation round
+            return False
+        if relay.round != self.round_number:  # no site has reached the protocol in this round
+            relay.begin(self.round_number)
+        if not relay.open:
+            return False
+        try:
+            dropped = relay.close(self.min_sites or len(self.authorized_cols))
+        except SecureAggregationError as exc:
+            self.absent = set(relay.members[relay.phase]) - set(relay.received[relay.phase])
+            self._fail(f"{exc} (the plan's round_timeout is {self.round_timeout:.0f} s)")
+            return True
+        logger.warning("round %d: no %s message from %s within %.0f s; the secure sum goes on without them "
+                       "(min_sites %s)", self.round_number, "/".join(sorted({relay.dropped[s] for s in dropped})),
+                       ", ".join(dropped), self.round_timeout, self.min_sites)
+        self.absent |= set(dropped)
+        self.round_started = time.monotonic()
+        self.end_secure_round()
+        return True
+
+    def end_secure_round(self) -> None:
+        """End the round once every site the relay kept has sent its results (those it dropped never will)."""
+        relay = self.relay
+        if relay is None or relay.round != self.round_number or not relay.dropped or self.failure is not None:
+            return
+        live = [c for c in self.authorized_cols if c not in relay.dropped]
+        if all(c in self.collaborators_done for c in live):
+            self.stragglers = [c for c in self.authorized_cols if c in relay.dropped]
+            self._end_of_round_check()
