@@ -178,7 +178,8 @@ class PluginAggregation(AggregationFunction):
         dtypes = {s.name: getattr(torch, s.dtype) for s in self.specs}
         downlink = self.algorithm.aggregate_secure({k: v.to(self.server.device) for k, v in sums.items()},
                                                    self.server, dtypes)
-        logger.info("round %d: aggregated the secure sum of %s", fl_round, ", ".join(RELAY.survivors))
+        logger.info("round %d: aggregated the secure sum of %s (unmasking: %.3f s of CPU)", fl_round,
+                    ", ".join(RELAY.survivors), RELAY.unmask_cpu_s)
         return self._store_downlink(db, fl_round, downlink)
 
 

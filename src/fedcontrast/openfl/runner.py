@@ -200,19 +200,20 @@ class PluginTaskRunner(TaskRunner):
         """Takes part in the round's secure sum with this site's terms; the task's own upload is a
         placeholder (and its sample count is not sent: it is inside the sum)."""
         from ..site.checks import CollaboratorStopped
-        from .secure import DroppedFromRound, secure_vector
+        from ..privacy.secagg import secure_vector
+        from .secure import DroppedFromRound
 
         channel = getattr(self, "secure_channel", None)
         if channel is None:
             raise ConfigError("secure aggregation needs fedcontrast's collaborator (the plan's SafeCollaborator)")
         self.data_loader.reported_train_size = 1.0
+        vector = secure_vector(self.algorithm, uploads, weight, self.config.secure_aggregation)
         try:
-            cost = channel.run(col_name, round_num, secure_vector(self.algorithm, uploads, weight, self.config),
-                               self.config)
+            cost = channel.run(col_name, round_num, vector, self.config)
         except DroppedFromRound as exc:  # the federation goes on without this site: not a failed task
             raise CollaboratorStopped(f"fedcontrast collaborator: error: {exc}") from None
-        logger.info("%s, round %d: took part in the secure sum (%d bytes sent, %.2f s)", col_name, round_num,
-                    cost["secagg_bytes"], cost["secagg_s"])
+        logger.info("%s, round %d: took part in the secure sum (%d bytes sent; %.3f s of CPU, %.2f s in all)",
+                    col_name, round_num, cost["secagg_bytes"], cost["secagg_cpu_s"], cost["secagg_s"])
         return np.zeros(1, dtype=np.float32)
 
     def _report(self, col_name: str) -> SiteReport:

@@ -26,7 +26,7 @@ from openfl.utilities import TensorKey
 
 from ..config import RunConfig, site_names
 from ..errors import ConfigError
-from ..privacy.secagg import Quantizer, SecureAggregationError, flatten_terms, secure_layout
+from ..privacy.secagg import Quantizer, SecureAggregationError, secure_layout
 from ..privacy.secagg_protocol import SecAggClient, SecAggRelay
 
 logger = logging.getLogger("fedcontrast.openfl.components")
@@ -174,13 +174,6 @@ class OpenFLChannel:
             if str(exc).startswith("this site was dropped"):
                 raise DroppedFromRound(f"{site} {str(exc)[len('this site '):]}") from None
             raise
-
-
-def secure_vector(algorithm: Any, uploads: dict[str, Any], weight: float, config: RunConfig) -> np.ndarray:
-    """What a site masks: its plugin's secure-sum terms, its count clipped to and scaled by ``max_samples``."""
-    settings = config.secure_aggregation
-    scale = float(settings.max_samples)
-    return flatten_terms(algorithm.secure_terms(uploads, min(float(weight), scale), float(settings.clip)), scale)
 
 
 class SecureRounds:

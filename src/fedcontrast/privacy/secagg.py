@@ -376,3 +376,9 @@ def secure_layout(algorithm: Any, specs: list[Any], clip: float) -> dict[str, tu
 
     zeros = {s.name: torch.zeros(tuple(s.shape), dtype=getattr(torch, s.dtype)) for s in specs}
     return {k: tuple(v.shape) for k, v in algorithm.secure_terms(zeros, 1.0, clip).items()}
+
+
+def secure_vector(algorithm: Any, uploads: dict[str, Any], weight: float, settings: Any) -> np.ndarray:
+    """What a site masks: its plugin's secure-sum terms, its count clipped to and scaled by ``max_samples``."""
+    scale = float(settings.max_samples)
+    return flatten_terms(algorithm.secure_terms(uploads, min(float(weight), scale), float(settings.clip)), scale)

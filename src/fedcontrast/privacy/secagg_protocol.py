@@ -86,6 +86,7 @@ class SecAggRelay:
             self.received: list[dict[str, Any]] = [{} for _ in PHASES]
             self.dropped: dict[str, str] = {}  # site → the phase it missed
             self.sum: np.ndarray | None = None
+            self.unmask_cpu_s = 0.0
             self.started = time.monotonic()
 
     @property
@@ -176,7 +177,9 @@ class SecAggRelay:
         if self.phase == len(PHASES):
             adverts = {s: {"s_pk": _unb64(a["s_pk"], KEY_BYTES, "a key")} for s, a in self.received[0].items()}
             masked = {s: self.received[2][s] for s in self.members[3]}
+            cpu = time.process_time()
             self.sum = unmask(masked, self.received[3], adverts, self.members[2], self.threshold, self.quantizer)
+            self.unmask_cpu_s = time.process_time() - cpu
 
     def _check_advert(self, site: str, payload: bytes) -> dict[str, str]:
         advert = _json(payload, site, "advert")
@@ -229,62 +232,98 @@ class SecAggRelay:
 
 
 # --- a site --------------------------------------------------------------------------------------
-class SecAggClient:
-    """One site's side of one round over an engine's transport: ``send(kind, payload)`` and
-    ``fetch(kind) -> bytes | None`` (None: not ready yet, asked again every ``poll`` seconds).
-    ``peer_key(site, certificate_pem)``: that site's public key once its certificate is checked
-    (raises :class:`SecureAggregationError` otherwise)."""
+class SecAggSteps:
+    """One site's side of one round, one step per message of the aggregator (an engine that pushes
+    messages, like Flower's, calls them in turn; :class:`SecAggClient` drives them by polling):
+    :meth:`advert` → :meth:`boxes` (given every site's advert) → :meth:`masked` (given the shares
+    addressed to it) → :meth:`reveal` (given the survivors). ``peer_key(site, certificate)``: that
+    site's public key once its certificate (or registered key) is checked; raises otherwise."""
 
     def __init__(self, name: str, sites: list[str], threshold: int, round_num: int, signing_key: Any,
-                 certificate_pem: str, peer_key: Callable[[str, str], Any], send: Callable[[str, bytes], None],
-                 fetch: Callable[[str], bytes | None], *, poll: float = 0.1) -> None:
+                 certificate: str, peer_key: Callable[[str, str], Any], vector: np.ndarray, quantizer: Quantizer) -> None:
         self.site = SecAggSite(name, list(sites), threshold, round_num, signing_key)
-        self.certificate, self.peer_key, self.send, self.fetch, self.poll = certificate_pem, peer_key, send, fetch, poll
+        self.certificate, self.peer_key, self.vector, self.quantizer = certificate, peer_key, vector, quantizer
+        self.peers: list[str] = []
 
-    def run(self, vector: np.ndarray, quantizer: Quantizer) -> dict[str, float]:
-        """Takes part in the round with ``vector``; returns bytes sent and seconds spent per phase."""
-        site, sent = self.site, 0
-        began = time.perf_counter()
-        advert = site.advertise()
-        sent += self._send("advert", json.dumps({**{k: _b64(v) for k, v in advert.items()},
-                                                 "certificate": self.certificate}).encode())
-        adverts = self._wait("adverts")
-        if site.name not in adverts:
+    def advert(self) -> bytes:
+        advert = self.site.advertise()
+        return json.dumps({**{k: _b64(v) for k, v in advert.items()}, "certificate": self.certificate}).encode()
+
+    def boxes(self, answer: bytes) -> bytes:
+        site, adverts = self.site, _answer(answer)
+        if not isinstance(adverts, dict) or site.name not in adverts:
             raise SecureAggregationError(f"the aggregator left this site ({site.name}) out of round "
                                          f"{site.round_num + 1}'s keys")
         keys = {peer: self.peer_key(peer, a["certificate"]) for peer, a in adverts.items()}
         site.sites = [s for s in site.sites if s in adverts]  # U1, in the plan's order
         boxes = site.share({p: {k: _unb64(a[k], None, "a key") for k in ("c_pk", "s_pk", "signature")}
                             for p, a in adverts.items()}, keys)
-        sent += self._send("boxes", json.dumps({p: _b64(b) for p, b in boxes.items()}).encode())
-        mine = self._wait("boxes")
-        peers = [s for s in site.sites if s in mine["peers"]]
-        if site.name not in peers or set(mine["boxes"]) != set(peers) - {site.name}:
+        return json.dumps({p: _b64(b) for p, b in boxes.items()}).encode()
+
+    def masked(self, answer: bytes) -> bytes:
+        site, mine = self.site, _answer(answer)
+        self.peers = [s for s in site.sites if s in mine["peers"]]
+        if site.name not in self.peers or set(mine["boxes"]) != set(self.peers) - {site.name}:
             raise SecureAggregationError(f"the aggregator's shares for {site.name} do not match round "
                                          f"{site.round_num + 1}'s sites")
         site.receive({p: _unb64(b, BOX_BYTES, "a box") for p, b in mine["boxes"].items()})
-        masking = time.perf_counter()
-        sent += self._send("masked", site.mask(vector, quantizer, peers).tobytes())
-        masked_s = time.perf_counter() - masking
-        answer = self._wait("survivors")
+        return site.mask(self.vector, self.quantizer, self.peers).tobytes()
+
+    def reveal(self, answer: bytes) -> bytes:
+        site, answer = self.site, _answer(answer)
         survivors, dropped = answer["survivors"], answer["dropped"]
-        if not set(survivors) | set(dropped) <= set(peers) or site.name not in survivors:
+        if not set(survivors) | set(dropped) <= set(self.peers) or site.name not in survivors:
             raise SecureAggregationError(f"the aggregator named survivors of round {site.round_num + 1} that did not "
                                          "share keys with this site; nothing is revealed")
         reveal = site.reveal(survivors, dropped)
-        sent += self._send("reveal", json.dumps({t: [k, i, _b64(s)] for t, (k, i, s) in reveal.items()}).encode())
-        return {"secagg_bytes": float(sent), "secagg_mask_s": masked_s, "secagg_s": time.perf_counter() - began}
+        return json.dumps({t: [k, i, _b64(s)] for t, (k, i, s) in reveal.items()}).encode()
 
-    def _send(self, kind: str, payload: bytes) -> int:
-        self.send(kind, payload)
-        return len(payload)
 
-    def _wait(self, kind: str) -> Any:
-        while True:
-            payload = self.fetch(kind)
-            if payload:
-                answer = json.loads(payload.decode())
-                if isinstance(answer, dict) and "dropped" in answer and isinstance(answer["dropped"], str):
-                    raise SecureAggregationError(answer["dropped"])
-                return answer
-            time.sleep(self.poll)
+def _answer(payload: bytes) -> Any:
+    """The relay's answer; a site the relay dropped raises (the sentence says why)."""
+    try:
+        answer = json.loads(payload.decode())
+    except (UnicodeDecodeError, ValueError):
+        raise SecureAggregationError("the aggregator's secure-aggregation answer is not JSON") from None
+    if isinstance(answer, dict) and isinstance(answer.get("dropped"), str):
+        raise SecureAggregationError(answer["dropped"])
+    return answer
+
+
+class SecAggClient:
+    """One site's side of one round over a polling transport: ``send(kind, payload)`` and
+    ``fetch(kind) -> bytes | None`` (None: not ready yet, asked again every ``poll`` seconds)."""
+
+    def __init__(self, name: str, sites: list[str], threshold: int, round_num: int, signing_key: Any,
+                 certificate_pem: str, peer_key: Callable[[str, str], Any], send: Callable[[str, bytes], None],
+                 fetch: Callable[[str], bytes | None], *, poll: float = 0.1) -> None:
+        self.args = name, sites, threshold, round_num, signing_key, certificate_pem, peer_key
+        self.send, self.fetch, self.poll = send, fetch, poll
+
+    def run(self, vector: np.ndarray, quantizer: Quantizer) -> dict[str, float]:
+        """Takes part in the round with ``vector``; returns the bytes it sent (``secagg_bytes``), the
+        wall-clock seconds from its first message to its last (``secagg_s``, waits for the others
+        included) and the CPU seconds of its own protocol work (``secagg_cpu_s``: keys, shares, masks)."""
+        began, cpu, self.waited_cpu, sent = time.perf_counter(), time.process_time(), 0.0, 0
+        steps = SecAggSteps(*self.args, vector, quantizer)
+        payload = steps.advert()
+        for kind, answer, step in (("advert", "adverts", steps.boxes), ("boxes", "boxes", steps.masked),
+                                   ("masked", "survivors", steps.reveal)):
+            self.send(kind, payload)
+            sent += len(payload)
+            payload = step(self._wait(answer))
+        self.send("reveal", payload)
+        sent += len(payload)
+        return {"secagg_bytes": float(sent), "secagg_s": time.perf_counter() - began,
+                "secagg_cpu_s": max(0.0, time.process_time() - cpu - self.waited_cpu)}
+
+    def _wait(self, kind: str) -> bytes:
+        cpu = time.process_time()  # the process's CPU while this site waits (polls, others' threads): not its work
+        try:
+            while True:
+                payload = self.fetch(kind)
+                if payload:
+                    return payload
+                time.sleep(self.poll)
+        finally:
+            self.waited_cpu += time.process_time() - cpu
