@@ -81,6 +81,38 @@ def global_prototypes(prototypes: Mapping[str, torch.Tensor], counts: Mapping[st
     return result.to(prototypes[sites[0]].dtype), present.to(prototypes[sites[0]].dtype)
 
 
+# Per-class means under secure aggregation: the names of a site's terms (see class_mean_terms).
+CLASS_SUM, CLASS_COUNT, CLASS_HOLDERS = "classes.sum", "classes.count", "classes.holders"
+
+
+def class_mean_terms(means: torch.Tensor, counts: torch.Tensor, weight: float, clip: float, *,
+                     holders: bool = False) -> dict[str, torch.Tensor]:
+    """One site's part of the secure sum of per-class means (float64): ``count_c · clip(mean_c)``,
+    ``count_c`` and, with ``holders``, ``1[count_c > 0]``. Each count is clipped to ``[0, weight]`` and
+    each mean to ``[-clip, clip]``, so every element is within ``[-clip·weight, clip·weight]``. The
+    sums over sites give :func:`global_prototypes` (:func:`pooled_class_means`).
+    Shapes: ``(C, d), (C,) → (C, d), (C,)[, (C,)]``."""
+    c = counts.detach().to(torch.float64).clamp(0.0, max(float(weight), 0.0))
+    terms = {CLASS_SUM: c[:, None] * means.detach().to(c.device, torch.float64).clamp(-clip, clip), CLASS_COUNT: c}
+    if holders:
+        terms[CLASS_HOLDERS] = (c > 0).to(torch.float64)
+    return terms
+
+
+def pooled_class_means(sums: Mapping[str, torch.Tensor], *, weighting: str = "count",
+                       dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`global_prototypes` from the sums over sites of :func:`class_mean_terms` (``paper_eq6``
+    needs the holders). A class is present where its summed count exceeds 0.5: counts are whole
+    numbers, a secure sum's within its quantisation error of them. ``→ (C, d), (C,)``."""
+    n = sums[CLASS_COUNT].to(torch.float64)
+    present = n > 0.5
+    total = sums[CLASS_SUM].to(torch.float64)
+    result = torch.where(present[:, None], total / n.clamp_min(1)[:, None], torch.zeros_like(total))
+    if weighting == "paper_eq6":
+        result = result / sums[CLASS_HOLDERS].to(torch.float64).round().clamp_min(1)[:, None]
+    return result.to(dtype), present.to(dtype)
+
+
 def fill_missing_prototypes(local: torch.Tensor, counts: torch.Tensor, global_protos: torch.Tensor) -> torch.Tensor:
     """A site's local prototype set with ``G^c`` in place of every class it lacks (``count == 0``)."""
     return torch.where((counts > 0).to(local.device)[:, None], local, global_protos.to(local.device))

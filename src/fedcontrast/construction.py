@@ -43,9 +43,15 @@ def build_algorithm(config: RunConfig) -> Algorithm:
     algorithm.num_sites = config.clients
     algorithm.robustness = config.robustness
     if config.secure_aggregation is not None and not algorithm.secure_sum:
+        if algorithm.secure_variant is not None:  # a variant of the plugin is secure-summable: name the setting
+            setting, why = algorithm.secure_variant
+            raise ConfigError(f"secure aggregation gives the aggregator only the sum of the uploads, but "
+                              f"{algorithm.name} as configured {why}: set {setting} (its secure-summable variant) "
+                              "or turn secure aggregation off")
         raise ConfigError(f"secure aggregation gives the aggregator only the sum of the uploads, but {algorithm.name} "
-                          "combines individual uploads (e.g. FedSiam-DA's cosine weights, per-site prototypes or "
-                          "similarities); it supports fedavg, fedprox and moon")
+                          "combines individual uploads (e.g. FedSiam-DA's cosine weights); it supports fedavg, "
+                          "fedprox, moon and flesd, and fedssc and fedpcl in their secure variants "
+                          "(fedssc.class_reps: pooled, fedpcl.local_sets: global)")
     if config.privacy is not None:
         unsupported = sorted(config.privacy.kinds - algorithm.dp_kinds)
         if unsupported:

@@ -109,3 +109,95 @@ def test_a_silent_site_is_named_within_the_round_timeout(tmp_path):
 def test_a_site_without_a_registered_key_is_named(tmp_path):
     with pytest.raises(SiteProblem, match=r"site\(s\) hosp3 of the plan have no registered SuperNode key"):
         FlowerServer(Grid(), config(), tmp_path, {"hosp1": 11, "hosp2": 22}, round_timeout=1, start_timeout=1)
+
+
+class SecureGrid(Grid):
+    """Sites that take part in secure aggregation with the real protocol steps: each answers a train
+    message with its signed keys (its upload: what it received × ``scale``, weight ``weights``), then
+    the ``query.secagg`` steps; ``impostor`` signs with a key other than its registered one."""
+
+    def __init__(self, settings, scale, weights, impostor=None):
+        super().__init__(scale)
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        from fedcontrast.flower.secure import _openssh
+
+        self.settings, self.weights, self.steps = settings, weights, {}
+        self.keys = {s: ec.generate_private_key(ec.SECP384R1()) for s in SITES}
+        self.registered = {s: _openssh(k.public_key()) for s, k in self.keys.items()}
+        if impostor is not None:
+            self.keys[impostor] = ec.generate_private_key(ec.SECP384R1())
+        self.seen_uploads = []
+
+    def pull_messages(self, ids):
+        import torch
+
+        from fedcontrast.algorithms.fedavg import FedAvg
+        from fedcontrast.flower.secure import _openssh, registered_key
+        from fedcontrast.privacy.secagg import Quantizer, secure_vector
+        from fedcontrast.privacy.secagg_protocol import SecAggSteps
+
+        replies = []
+        for mid in list(ids):
+            msg = self.pending.pop(mid)
+            site = next(s for s, n in NODES.items() if n == msg.metadata.dst_node_id)
+            kind = msg.metadata.message_type
+            if kind == "query":
+                content = {"site": ConfigRecord({"site": site})}
+            elif kind == "train":
+                round_num = int(msg.content["task"]["round"])
+                upload = {k: torch.from_numpy(a.numpy() * self.scale.get(site, 1.0)) for k, a in msg.content["received"].items()}
+                self.seen_uploads.append(upload)
+                t = self.settings.sites_needed(3)
+                steps = SecAggSteps(site, list(SITES), t, round_num, self.keys[site], _openssh(self.keys[site].public_key()),
+                                    registered_key, secure_vector(FedAvg(), upload, self.weights[site],
+                                                                  self.settings),
+                                    Quantizer.for_sites(self.settings.clip, 3, self.settings.bits))
+                self.steps[site] = steps
+                content = {"secagg": ConfigRecord({"payload": steps.advert()}),
+                           "outcome": ConfigRecord({"site": site, "metrics": "{}",
+                                                    "evaluation": json.dumps({"accuracy": 0.5, "samples": 10.0})})}
+            elif kind == "query.secagg":
+                phase = str(msg.content["task"]["phase"])
+                payload = getattr(self.steps[site], phase)(bytes(msg.content["secagg"]["payload"]))
+                content = {"secagg": ConfigRecord({"payload": payload})}
+            else:
+                content = {"outcome": ConfigRecord({"site": site, "evaluation": json.dumps({"accuracy": 0.5, "samples": 10.0})})}
+            reply = Message(RecordDict(content), reply_to=msg)
+            reply.metadata._reply_to_message_id = mid
+            replies.append(reply)
+        return replies
+
+
+def test_under_secure_aggregation_the_server_gets_only_the_weighted_mean(tmp_path):
+    from fedcontrast.algorithms.base import WEIGHT_PREFIX
+    from fedcontrast.config import SecureAggregationConfig
+
+    settings = SecureAggregationConfig(bits=64)
+    scale, weights = {"hosp1": 0.5, "hosp2": 1.0, "hosp3": 2.0}, {"hosp1": 100.0, "hosp2": 300.0, "hosp3": 600.0}
+    grid = SecureGrid(settings, scale, weights)
+    server = FlowerServer(grid, config().replace(secure_aggregation=settings), tmp_path, NODES, round_timeout=5,
+                          start_timeout=5, site_keys=grid.registered)
+    server.connect()
+    before = {k: v.clone() for k, v in server.downlink.global_tensors.items()}
+    server.run_round(0)
+    factor = sum(scale[s] * weights[s] for s in SITES) / sum(weights.values())  # each site sent received × scale
+    for key, value in server.downlink.global_tensors.items():
+        if key.startswith(WEIGHT_PREFIX) and value.is_floating_point():
+            expected = (before[key].double().clamp(-settings.clip, settings.clip) * factor).to(value.dtype)
+            assert (value - expected).abs().max() <= 1e-6, key
+    record = json.loads((tmp_path / "rounds.jsonl").read_text().splitlines()[0])
+    assert record["secure_sum_of"] == list(SITES) and "weight" not in record["sites"]["hosp1"]
+
+
+def test_under_secure_aggregation_a_key_other_than_the_registered_one_stops_the_run(tmp_path):
+    from fedcontrast.config import SecureAggregationConfig
+    from fedcontrast.privacy.secagg import SecureAggregationError
+
+    settings = SecureAggregationConfig()
+    grid = SecureGrid(settings, {}, {s: 100.0 for s in SITES}, impostor="hosp2")
+    server = FlowerServer(grid, config().replace(secure_aggregation=settings), tmp_path, NODES, round_timeout=5,
+                          start_timeout=5, site_keys=grid.registered)
+    server.connect()
+    with pytest.raises(SecureAggregationError, match="site hosp2 advertised a signing key other than the one registered"):
+        server.run_round(0)

@@ -174,9 +174,12 @@ class Algorithm(ABC):
     # Engines also evaluate each site's uploaded local model (``model.*`` weights) on the site's own
     # label distribution each round; the simulator can switch this on for any weight-uploading plugin.
     evaluates_local_models: ClassVar[bool] = False
-    # The aggregate is the sample-weighted mean of every upload (FedAvg's rule), so secure aggregation
-    # (the aggregator sees only Σ n_k·u_k and Σ n_k) gives it exactly.
+    # The aggregate is computed from sums over sites alone (FedAvg's sample-weighted mean of every
+    # upload; see secure_terms), so secure aggregation gives it exactly. A plugin whose secure-summable
+    # form is a variant makes this a property of its settings and names the variant in secure_variant:
+    # (the setting to change, what the other setting needs), for the plan's refusal.
     secure_sum: ClassVar[bool] = False
+    secure_variant: ClassVar[tuple[str, str] | None] = None
     requires_public: ClassVar[bool] = False  # needs the public data set on every site and the aggregator
     # The numbers each collaborator task reports besides its uploads (they leave the site as OpenFL
     # metrics when the site shares them; the privacy audit lists them): task → metric names. And those
@@ -294,10 +297,22 @@ class Algorithm(ABC):
         terms["count"] = torch.tensor([n], dtype=torch.float64)
         return terms
 
+    def secure_scale(self, max_samples: float) -> float:
+        """What engines divide this plugin's terms by before the ring (and multiply the sums by after):
+        ``max_samples`` for terms weighted by a site's count (within ``clip·max_samples``), 1 for terms
+        that are not (FLESD's similarities: within ``clip`` already, kept at the ring's full precision)."""
+        return max_samples
+
     def aggregate_secure(self, sums: Mapping[str, torch.Tensor], server: ServerContext,
                          dtypes: Mapping[str, torch.dtype]) -> Downlink:
         """The next downlink from the sums of every site's :meth:`secure_terms` (float64; ``dtypes``:
         each upload's dtype). Default: the weighted mean as one upload of weight 1 to :meth:`aggregate`."""
+        return self.aggregate({"secure sum": self.secure_mean(sums, dtypes)}, {"secure sum": 1.0}, server)
+
+    @staticmethod
+    def secure_mean(sums: Mapping[str, torch.Tensor], dtypes: Mapping[str, torch.dtype]) -> dict[str, torch.Tensor]:
+        """The sample-weighted mean of the uploads ``dtypes`` names, from the default terms' sums
+        (``sum.NAME / count``, in each upload's dtype; integers rounded)."""
         count = float(sums["count"].reshape(()))
         if not count > 0:
             raise InvalidUploadError("the secure sum of the sites' sample counts is not positive; nothing to average")
@@ -305,7 +320,14 @@ class Algorithm(ABC):
         for name, dtype in dtypes.items():
             value = sums[f"sum.{name}"] / count
             mean[name] = (value if dtype.is_floating_point else value.round()).to(dtype)
-        return self.aggregate({"secure sum": mean}, {"secure sum": 1.0}, server)
+        return mean
+
+    def secure_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+        """What :meth:`secure_terms` adds to the secure sum, declared (names, shapes, kinds; float64
+        before the ring), for the audit. Default: ``sum.NAME`` per upload and ``count``."""
+        specs = [TensorSpec(f"sum.{s.name}", s.shape, "float64", "upload", kind=s.kind,
+                            description=f"n_k · {s.name}, clipped") for s in self.upload_specs(model, num_classes)]
+        return specs + [TensorSpec("count", (1,), "float64", "upload", kind="count", description="n_k")]
 
     def evaluate(self, downlink: Downlink, server: ServerContext, test: Any) -> dict[str, float]:
         """Test metrics of the global model carried by ``downlink``."""

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..aggregation import fill_missing_prototypes, global_prototypes
+from ..aggregation import (CLASS_COUNT, CLASS_HOLDERS, CLASS_SUM, class_mean_terms, fill_missing_prototypes,
+                           global_prototypes, pooled_class_means)
 from ..errors import ConfigError, DataError
 from ..evaluation import PROTOTYPE_METRICS, distribution_weighted_accuracy, nearest_prototype
 from ..losses import check_temperature, fedpcl_loss
@@ -30,6 +31,7 @@ GLOBAL_PROTOTYPES = "fedpcl.global_prototypes"  # download (C, d)
 PRESENT = "fedpcl.present"  # download (C,): 1 where some site has the class
 LOCAL_SETS = "fedpcl.local_sets"  # download (K, C, d): every site's local set, filled with G^c
 HEAD = "fedpcl.projection_head"  # site state: the personal projection network (never uploaded)
+LOCAL_SET_RULES = ("individual", "global")
 
 
 def _as_tuple(value: Any) -> tuple:
@@ -47,6 +49,10 @@ class FedPCLHyperparameters:
     prototype_weighting: str = "count"  # or "paper_eq6"
     min_class_samples: int = 1  # classes with fewer (released) local samples are not uploaded
     nearest: str = "euclidean"  # prediction: the nearest prototype by squared distance (official code), or "cosine"
+    # What each site's entry of the local sets is: its own prototypes filled with G^c (the paper), or
+    # "global": G itself — no site's own prototypes leave the aggregator, so G (a function of sums
+    # alone) is all it needs and secure aggregation applies; L_p then repeats L_g.
+    local_sets: str = "individual"
 
     def __post_init__(self) -> None:
         for name in ("backbones", "backbone_files", "backbone_sha256", "projection_hidden"):
@@ -70,6 +76,8 @@ class FedPCLHyperparameters:
             raise ValueError(f"min_class_samples must be an integer >= 1, got {self.min_class_samples!r}")
         if self.nearest not in PROTOTYPE_METRICS:
             raise ValueError(f"nearest must be one of {', '.join(PROTOTYPE_METRICS)}, got {self.nearest!r}")
+        if self.local_sets not in LOCAL_SET_RULES:
+            raise ValueError(f"local_sets must be one of {', '.join(LOCAL_SET_RULES)}, got {self.local_sets!r}")
 
 
 def check_backbone_files(files, hashes, *, base_dir: str | Path = ".") -> None:
@@ -98,9 +106,12 @@ def class_prototypes(z: torch.Tensor, labels: torch.Tensor, num_classes: int) ->
 class FedPCL(Algorithm):
     """Collaborator: train the personal projection head with ``L_g + L_p`` over frozen backbone
     features, then upload per-class prototypes and counts. Aggregator: count-weighted global
-    prototypes and prototype fill. Evaluation: per site, nearest global / own local prototype."""
+    prototypes and prototype fill (``local_sets: global``: G for every site, under secure aggregation
+    too). Evaluation: per site, nearest global / own local prototype."""
 
     name = "fedpcl"
+    secure_variant = ("fedpcl.local_sets: global", "sends every site's own prototypes to all sites "
+                                                   "(local_sets: individual)")
     task_metrics = {"train": ("loss", "global_loss", "local_loss"), "prototypes": ("classes",)}
     evaluation_metrics = ("accuracy", "local_accuracy")
     Hyperparameters = FedPCLHyperparameters
@@ -113,6 +124,10 @@ class FedPCL(Algorithm):
         # Frozen backbones and no augmentation: a data set's features never change, so they are
         # computed once per process (keyed by the data tensor) instead of every round.
         self._features: dict[int, torch.Tensor] = {}
+
+    @property
+    def secure_sum(self) -> bool:  # individual: each site's own prototypes travel, not only their sum
+        return self.hp.local_sets == "global"
 
     def features(self, data, public, device: torch.device) -> torch.Tensor:
         key = id(data.x)
@@ -252,10 +267,26 @@ class FedPCL(Algorithm):
         counts = {s: u[COUNTS] for s, u in uploads.items()}
         g, present = global_prototypes(protos, counts, weighting=self.hp.prototype_weighting)
         order = server.sites or sorted(uploads)
+        if self.hp.local_sets == "global":
+            return self._downlink(g, present, len(order))
         # A site that did not report this round (or lacks a class) gets the global prototype there.
         sets = torch.stack([fill_missing_prototypes(protos[s], counts[s], g) if s in uploads else g for s in order])
+        return self._downlink(g, present, sets)
+
+    @staticmethod
+    def _downlink(g: torch.Tensor, present: torch.Tensor, sets: torch.Tensor | int) -> Downlink:
+        """``sets``: the stacked local sets, or how many copies of ``g`` stand in for them."""
+        sets = g.expand(sets, *g.shape).clone() if isinstance(sets, int) else sets
         return Downlink({GLOBAL_PROTOTYPES: g, PRESENT: present, LOCAL_SETS: sets},
                         metrics={"classes_with_prototype": float(present.sum())})
+
+    # secure aggregation (local_sets: global): n_ic·P_i^c, n_ic and 1[n_ic > 0] per class
+    def secure_terms(self, uploads, weight: float, clip: float) -> dict[str, torch.Tensor]:
+        return class_mean_terms(uploads[LOCAL_PROTOTYPES], uploads[COUNTS], weight, clip, holders=True)
+
+    def aggregate_secure(self, sums, server: ServerContext, dtypes) -> Downlink:
+        g, present = pooled_class_means(sums, weighting=self.hp.prototype_weighting, dtype=dtypes[LOCAL_PROTOTYPES])
+        return self._downlink(g, present, len(server.sites) or max(self.num_sites, 1))
 
     def initial_downlink(self, server: ServerContext) -> Downlink:
         c, d, k = server.num_classes, server.model.projection_dim, max(self.num_sites, len(server.sites), 1)
@@ -308,14 +339,24 @@ class FedPCL(Algorithm):
                 TensorSpec(COUNTS, (num_classes,), "int64", "upload", kind="count",
                            description="local samples per class")]
 
+    def secure_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+        d = model.projection_dim
+        return [TensorSpec(CLASS_SUM, (num_classes, d), "float64", "upload",
+                           description="count · prototype, per class (prototype clipped to [-clip, clip])"),
+                TensorSpec(CLASS_COUNT, (num_classes,), "float64", "upload", kind="count",
+                           description="local samples per class"),
+                TensorSpec(CLASS_HOLDERS, (num_classes,), "float64", "upload", kind="count",
+                           description="1 where the site has the class (paper_eq6's |N_c|)")]
+
     def shared_class_minimum(self) -> int:
         return self.hp.min_class_samples
 
     def download_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
         d, k = model.projection_dim, max(self.num_sites, 1)
+        sets = ("the global prototypes once per site (no site's own prototypes)" if self.hp.local_sets == "global"
+                else "every site's local prototypes, filled with the global ones")
         return [TensorSpec(GLOBAL_PROTOTYPES, (num_classes, d), "float32", "download", description="global prototypes"),
                 TensorSpec(PRESENT, (num_classes,), "float32", "download", description="1 where a class has a prototype"),
-                TensorSpec(LOCAL_SETS, (k, num_classes, d), "float32", "download",
-                           description="every site's local prototypes, filled with the global ones")]
+                TensorSpec(LOCAL_SETS, (k, num_classes, d), "float32", "download", description=sets)]
 
 

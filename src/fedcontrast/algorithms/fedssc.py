@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..aggregation import CLASS_COUNT, CLASS_SUM, class_mean_terms, global_prototypes, pooled_class_means
 from ..errors import ConfigError
 from ..losses import check_temperature, global_class_contrastive_loss
 from .base import (WEIGHT_PREFIX, Downlink, InvalidUploadError, ServerContext, SiteContext, TensorSpec, weight_specs,
@@ -25,6 +26,7 @@ CLASS_REPS = "fedssc.class_reps"  # download (C, d): the shared s^c
 CLASS_PRESENT = "fedssc.class_present"  # download (C,): 1 where s^c exists
 SCHEDULES = ("linear", "cosine", "constant")
 CLASS_MEAN_SOURCES = ("auto", "last_epoch", "final_model")
+CLASS_REP_RULES = ("sampled", "pooled")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,10 @@ class FedSSCHyperparameters:
     # last epoch, except under DP-SGD, where only the final-model pass composes (see
     # fedcontrast.privacy.representations).
     class_means: str = "auto"
+    # How s^c is made: the mean of k senders' class means drawn at random (the paper), or "pooled":
+    # the count-weighted mean over every sender, Σ_k n_kc·mean_kc / Σ_k n_kc — a function of sums
+    # alone, so it runs under secure aggregation (the aggregator never sees one site's class mean).
+    class_reps: str = "sampled"
 
     def __post_init__(self) -> None:
         for name in ("mu_moon", "mu_glob_start", "mu_glob_end"):
@@ -62,6 +68,8 @@ class FedSSCHyperparameters:
             raise ValueError("cache_reference_representations must be true, false or auto")
         if self.class_means not in CLASS_MEAN_SOURCES:
             raise ValueError(f"class_means must be one of {', '.join(CLASS_MEAN_SOURCES)}, got {self.class_means!r}")
+        if self.class_reps not in CLASS_REP_RULES:
+            raise ValueError(f"class_reps must be one of {', '.join(CLASS_REP_RULES)}, got {self.class_reps!r}")
 
 
 def mu_glob_schedule(round_num: int, *, start: float, end: float, warmup_rounds: int, schedule: str = "linear") -> float:
@@ -97,10 +105,11 @@ def sample_class_representations(means: Mapping[str, torch.Tensor], counts: Mapp
 class FedSSC(Moon):
     """Loss ``CE + μ_moon · l_con + μ_glob(t) · l_glob``; uploads weights and, for each class with at
     least ``min_class_samples`` local samples, its mean projected representation over the last
-    local epoch with its count. Aggregator: FedAvg on weights; ``s^c`` from ``k`` random senders."""
+    local epoch with its count. Aggregator: FedAvg on weights; ``s^c`` from ``k`` random senders, or
+    (``class_reps: pooled``) the count-weighted mean over every sender, which secure aggregation gives."""
 
     name = "fedssc"
-    secure_sum = False  # its class representations come from individual sites, not from a sum alone
+    secure_variant = ("fedssc.class_reps: pooled", "draws k sites' own class means at random (class_reps: sampled)")
     task_metrics = {"train": ("loss", "ce", "accuracy", "contrastive", "global_contrastive")}
     Hyperparameters = FedSSCHyperparameters
     dp_kinds = frozenset({"dp_sgd", "representations"})
@@ -108,6 +117,10 @@ class FedSSC(Moon):
     @property
     def moon_weight(self) -> float:
         return self.hp.mu_moon
+
+    @property
+    def secure_sum(self) -> bool:  # sampled: s^c comes from individual sites' class means, not from a sum
+        return self.hp.class_reps == "pooled"
 
     def mu_glob(self, round_num: int) -> float:
         hp = self.hp
@@ -184,11 +197,28 @@ class FedSSC(Moon):
 
     def aggregate(self, uploads, weights, server: ServerContext) -> Downlink:
         weights_only = {s: {k: v for k, v in u.items() if k.startswith(WEIGHT_PREFIX)} for s, u in uploads.items()}
-        reps, present = sample_class_representations(
-            {s: u[CLASS_MEANS] for s, u in uploads.items()}, {s: u[CLASS_COUNTS] for s, u in uploads.items()},
-            k=self.hp.k, rng=np.random.default_rng(server.seed))
-        return Downlink({**self.average_weights(weights_only, weights), CLASS_REPS: reps, CLASS_PRESENT: present},
+        means = {s: u[CLASS_MEANS] for s, u in uploads.items()}
+        counts = {s: u[CLASS_COUNTS] for s, u in uploads.items()}
+        if self.hp.class_reps == "pooled":  # s^c = Σ_k n_kc·mean_kc / Σ_k n_kc over every sender
+            reps, present = global_prototypes(means, counts)
+        else:
+            reps, present = sample_class_representations(means, counts, k=self.hp.k,
+                                                         rng=np.random.default_rng(server.seed))
+        return self._downlink(self.average_weights(weights_only, weights), reps, present)
+
+    @staticmethod
+    def _downlink(weights: dict[str, torch.Tensor], reps: torch.Tensor, present: torch.Tensor) -> Downlink:
+        return Downlink({**weights, CLASS_REPS: reps, CLASS_PRESENT: present},
                         metrics={"classes_shared": float(present.sum())})
+
+    # secure aggregation (class_reps: pooled): weights as FedAvg's; n_kc·mean_kc and n_kc per class
+    def secure_terms(self, uploads, weight: float, clip: float) -> dict[str, torch.Tensor]:
+        terms = super().secure_terms({k: v for k, v in uploads.items() if k.startswith(WEIGHT_PREFIX)}, weight, clip)
+        return {**terms, **class_mean_terms(uploads[CLASS_MEANS], uploads[CLASS_COUNTS], weight, clip)}
+
+    def aggregate_secure(self, sums, server: ServerContext, dtypes) -> Downlink:
+        weights = self.secure_mean(sums, {k: v for k, v in dtypes.items() if k.startswith(WEIGHT_PREFIX)})
+        return self._downlink(weights, *pooled_class_means(sums, dtype=dtypes[CLASS_MEANS]))
 
     def initial_downlink(self, server: ServerContext) -> Downlink:
         dim = server.model.projection_dim
@@ -205,13 +235,24 @@ class FedSSC(Moon):
             TensorSpec(CLASS_COUNTS, (num_classes,), "int64", "upload", kind="count",
                        description="local samples behind each class mean (0 = class not shared)")]
 
+    def secure_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+        d = model.projection_dim
+        weights = [s for s in super().secure_specs(model, num_classes) if s.name.startswith((f"sum.{WEIGHT_PREFIX}", "count"))]
+        return weights + [
+            TensorSpec(CLASS_SUM, (num_classes, d), "float64", "upload",
+                       description="count · class mean, per class (mean clipped to [-clip, clip])"),
+            TensorSpec(CLASS_COUNT, (num_classes,), "float64", "upload", kind="count",
+                       description="local samples behind each class mean")]
+
     def shared_class_minimum(self) -> int:
         return self.hp.min_class_samples
 
     def download_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
         d = model.projection_dim
+        rule = ("count-weighted mean of every site's class means" if self.hp.class_reps == "pooled"
+                else f"mean of up to {self.hp.k} sites' class means")
         return weight_specs(model, "download", "global model weights") + [
             TensorSpec(CLASS_REPS, (num_classes, d), "float32", "download",
-                       description=f"shared class representations (mean of up to {self.hp.k} sites' class means)"),
+                       description=f"shared class representations ({rule})"),
             TensorSpec(CLASS_PRESENT, (num_classes,), "float32", "download",
                        description="1 where a class representation is shared")]

@@ -16,6 +16,8 @@ Aggregator: ensemble similarity distillation (ESD). ``M = (1/|S|) Σ_k M_k / τ_
 encoder is trained on P with ``KL(p_T ‖ p_S)`` against a momentum encoder's FIFO anchor queue
 (:func:`fedcontrast.losses.esd_loss`), Adam, and the new weights go to every site. The aggregator
 keeps no state of its own: the student starts from the global model this round's sites received.
+``M`` is a plain mean over sites, so secure aggregation gives it: each site masks its ``M_k`` (N×N,
+computed at the site whichever form it uploads) and a 1, the aggregator unmasks only their sums.
 
 Sites may run other encoder architectures than the global model (``site_models``): only
 similarities travel. Such a site keeps training its own encoder from round to round.
@@ -52,6 +54,7 @@ logger = logging.getLogger(__name__)
 FINGERPRINT = "flesd.public_fingerprint"  # download (32,) uint8: SHA-256 of the aggregator's P
 REPRESENTATIONS = "flesd.representations"  # upload (N, d): normalised f_k(P)
 SIMILARITY = "flesd.similarity"  # upload (N, N): Z_k Z_kᵀ
+SIMILARITY_SUM, SITES = "similarity.sum", "similarity.sites"  # secure-sum terms: M_k (N, N) and 1 (1,)
 LOCAL_MODEL = "flesd.local_model"  # site state: the encoder after this round's local training
 INT8_SCALE = 127.0  # int8 quantisation of values in [-1, 1]: round(127 x)
 QUANTISED_DTYPES = {"none": "float32", "fp16": "float16", "int8": "int8"}
@@ -134,6 +137,7 @@ class Flesd(Algorithm):
     # bound one sample's influence.
     dp_kinds = frozenset({"representations"})
     representation_releases = 1
+    secure_sum = True  # the ensemble is the plain mean of the sites' M_k: see secure_terms
 
     def __init__(self, hp: FlesdHyperparameters | None = None) -> None:
         super().__init__(hp)
@@ -264,14 +268,40 @@ class Flesd(Algorithm):
         return Downlink({**weight_tensors(server.model), FINGERPRINT: public_fingerprint(server.public)})
 
     def aggregate(self, uploads, weights, server: ServerContext) -> Downlink:
-        if server.public is None or server.previous is None:
-            raise ConfigError("flesd's distillation needs the public data set and the round's global model on the aggregator")
         target = ensemble_similarity([self.site_matrix(uploads[s], server.device) for s in sorted(uploads)],
                                      target_temperature=self.hp.target_temperature)
+        return self.distilled(target, server, len(uploads))
+
+    def distilled(self, target: torch.Tensor, server: ServerContext, answered: int) -> Downlink:
+        """The downlink after distilling ``target`` (``M``, N×N) into the round's global model."""
+        if server.public is None or server.previous is None:
+            raise ConfigError("flesd's distillation needs the public data set and the round's global model on the aggregator")
         load_weights(server.model, server.previous)
         loss = distill(server.model, server.public.x.to(server.device), target, self.hp, seed=server.seed)
         return Downlink({**weight_tensors(server.model), FINGERPRINT: public_fingerprint(server.public)},
-                        metrics={"esd_loss": loss, "sites_answered": float(len(uploads))})
+                        metrics={"esd_loss": loss, "sites_answered": float(answered)})
+
+    # secure aggregation: M_k (clipped to [-clip, clip]; cosines are within [-1, 1]) and a 1 per site,
+    # not weighted by counts: into the ring unscaled (secure_scale 1), at its full precision.
+    def secure_scale(self, max_samples: float) -> float:
+        return 1.0
+
+    def secure_terms(self, uploads, weight: float, clip: float) -> dict[str, torch.Tensor]:
+        m = self.site_matrix(uploads, next(iter(uploads.values())).device).to(torch.float64).clamp(-clip, clip)
+        return {SIMILARITY_SUM: m, SITES: torch.ones(1, dtype=torch.float64, device=m.device)}
+
+    def aggregate_secure(self, sums, server: ServerContext, dtypes) -> Downlink:
+        answered = round(float(sums[SITES].reshape(())))
+        if answered < 1:
+            raise InvalidUploadError("the secure sum counts no site's similarities; nothing to distil")
+        target = sums[SIMILARITY_SUM].to(torch.float64) / (answered * self.hp.target_temperature)
+        return self.distilled(target.to(torch.float32), server, answered)
+
+    def secure_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+        n = self._public_size()
+        return [TensorSpec(SIMILARITY_SUM, (n, n), "float64", "upload",
+                           description="M_k = Z_k Z_kᵀ on the public set, computed at the site from its upload"),
+                TensorSpec(SITES, (1,), "float64", "upload", kind="metadata", description="1: the site answered")]
 
     def evaluate(self, downlink: Downlink, server: ServerContext, test: Any) -> dict[str, float]:
         load_weights(server.model, downlink.global_tensors)

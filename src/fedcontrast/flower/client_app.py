@@ -71,7 +71,9 @@ def handler(msg, context):
     try:
         settings = node_settings(context)
         record = context.state.config_records.get(STATE_RECORD)
-        request = {"kind": msg.metadata.message_type.split(".")[0], "run_id": int(msg.metadata.run_id),
+        message_type = msg.metadata.message_type
+        request = {"kind": "secagg" if message_type == "query.secagg" else message_type.split(".")[0],
+                   "run_id": int(msg.metadata.run_id),
                    "run_config": str(context.run_config["fedcontrast-config"]), "settings": settings,
                    "content": plain_content(msg), "state": bytes(record["state"]) if record is not None else None}
         if settings.get("worker"):
@@ -100,6 +102,7 @@ def client_app():
 
     app = ClientApp()
     app.query()(handler)
+    app.query("secagg")(handler)  # the steps of a round's secure aggregation (flower/secure.py)
     app.train()(handler)
     app.evaluate()(handler)
     return app

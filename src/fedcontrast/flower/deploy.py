@@ -175,9 +175,6 @@ def init_operator(folder: str | Path, config: RunConfig, *, host: str, port: int
                   round_timeout: float = 1800.0, start_timeout: float = 600.0, threads: int = 1) -> Path:
     """The operator's folder: certificates, the Flower App (run config = the typed run configuration),
     the flwr CLI's connection. Refuses a folder that holds one already."""
-    if config.secure_aggregation is not None:
-        raise ConfigError("secure aggregation runs in the simulator only for now (fedcontrast simulate); a Flower "
-                          "deployment cannot carry it yet: remove the secure_aggregation section")
     folder = Path(folder).resolve()
     if (folder / APP_DIR / "pyproject.toml").exists():
         raise ConfigError(f"{folder} holds a Flower deployment already; choose a new folder")
@@ -202,6 +199,7 @@ def write_app(folder: Path, config: RunConfig) -> None:
     nodes = json.loads((folder / SITES_FILE).read_text())
     run_config = {"fedcontrast-config": json.dumps(config.to_dict(), sort_keys=True),
                   "site-nodes": json.dumps({s: v["node_id"] for s, v in nodes.items()}, sort_keys=True),
+                  "site-keys": json.dumps({s: v.get("public_key", "") for s, v in nodes.items()}, sort_keys=True),
                   "out-dir": str(folder / RUN_DIR), "base-dir": str(folder),
                   "round-timeout": settings["round-timeout"], "start-timeout": settings["start-timeout"],
                   "threads": settings["threads"]}
@@ -267,7 +265,8 @@ def register_site(folder: str | Path, public_key: str | Path, site: str) -> tupl
         raise ConfigError(f"the SuperLink did not register {site}'s key: {reason if isinstance(reason, str) else reason[0]}"
                           " (is `fedcontrast flower superlink` running?)")
     node_id = int(answer["node-id"])
-    nodes[site] = {"node_id": node_id, "fingerprint": fingerprint}
+    nodes[site] = {"node_id": node_id, "fingerprint": fingerprint,  # the key: peers check its secure-aggregation
+                   "public_key": " ".join(Path(public_key).read_text().split()[:2])}  # signatures against it
     atomic_write_text(folder / SITES_FILE, json.dumps(nodes, indent=2) + "\n")
     write_app(folder, config)
     return node_id, fingerprint
@@ -352,7 +351,8 @@ def supernode_command(*, superlink: str, ca: str | Path, key: str | Path, name: 
     public_of_private(Path(key))  # also checks the key's format
     _check_free(port)
     node_config = {"site-name": name, "data": str(Path(data).resolve()), "workdir": str(Path(workdir).resolve()),
-                   "tls": "true", "node-auth": "true", "threads": str(int(threads))}
+                   "tls": "true", "node-auth": "true", "threads": str(int(threads)),
+                   "signing-key": str(Path(key).resolve())}  # signs its secure-aggregation keys (flower/secure.py)
     if public is not None:
         node_config["public"] = str(Path(public).resolve())
     if policy is not None:

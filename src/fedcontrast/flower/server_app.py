@@ -68,7 +68,7 @@ def say(text: str) -> None:
 class FlowerServer:
     def __init__(self, grid, config: RunConfig, out_dir: Path, site_nodes: dict[str, int], *,
                  round_timeout: float, start_timeout: float, shared: dict[str, bytes] | None = None,
-                 base_dir: Path = Path(".")) -> None:
+                 base_dir: Path = Path("."), site_keys: dict[str, str] | None = None) -> None:
         self.grid, self.config, self.out = grid, config, out_dir
         self.round_timeout, self.start_timeout = round_timeout, start_timeout
         self.sites = site_names(config)
@@ -93,6 +93,9 @@ class FlowerServer:
         self.screen = upload_screen(config, self.algorithm)
         self.downlink = self.algorithm.initial_downlink(self.server)
         self.rows: list[dict[str, Any]] = []
+        from .secure import make_relay  # secure aggregation: the sites' protocol messages meet here
+
+        self.relay, self.site_keys = make_relay(config, self.algorithm, self.specs), dict(site_keys or {})
 
     # --- messages ----------------------------------------------------------------------------------
     def message(self, site: str, kind: str, records: dict[str, Any], round_num: int):
@@ -183,10 +186,12 @@ class FlowerServer:
         evaluations = {}
         for site in self.sites:
             outcome = replies[site].content["outcome"]
-            weights[site] = float(outcome["weight"])
             for task_name, metrics in json.loads(str(outcome["metrics"])).items():
                 self.rows.append(metric_row(round_num + 1, site, task_name, 0, metrics))
             evaluations[site] = json.loads(str(outcome["evaluation"]))
+            if self.relay is not None:  # its keys, not its uploads: they are summed securely below
+                continue
+            weights[site] = float(outcome["weight"])
             received = from_array_record(replies[site].content["uploads"], self.device)
             try:
                 validate_uploads(site, received, self.specs)
@@ -196,6 +201,9 @@ class FlowerServer:
             uploads[site] = received
         self.evaluation_rows(round_num, evaluations)
         previous = self.downlink.global_tensors
+        if self.relay is not None:
+            self._secure_round(round_num, replies, evaluations, previous)
+            return
         accepted, kept, refused = self.screen.screen(round_num + 1, uploads, weights, previous)
         rejected.update(refused)
         self._rejected(round_num, rejected, accepted)
@@ -213,6 +221,20 @@ class FlowerServer:
             "sites": {s: {"weight": weights[s], "training": json.loads(str(replies[s].content["outcome"]["metrics"])),
                           "evaluation_of_received": evaluations[s]} for s in self.sites},
             "excluded": {s: r for s, r in sorted({**rejected, **blamed}.items())}})
+
+    def _secure_round(self, round_num: int, replies: dict[str, Any], evaluations: dict, previous: dict) -> None:
+        """The downlink from the sites' secure sum (flower/secure.py): the ServerApp sees no upload alone."""
+        from ..jsonl import append_jsonl
+        from .secure import secure_round
+
+        self.server.round_num, self.server.seed = round_num, server_seed(self.config, round_num)
+        self.server.previous = previous
+        adverts = {s: bytes(r.content["secagg"]["payload"]) for s, r in replies.items()}
+        self.downlink = secure_round(self, round_num, adverts, self.site_keys)
+        append_jsonl(self.out / ROUNDS_FILE, {
+            "round": round_num + 1, "time": time.time(), "secure_sum_of": self.relay.survivors,
+            "sites": {s: {"training": json.loads(str(replies[s].content["outcome"]["metrics"])),
+                          "evaluation_of_received": evaluations[s]} for s in self.sites}, "excluded": {}})
 
     def _rejected(self, round_num: int, rejected: dict[str, str], accepted: dict) -> None:
         """As the simulator: stop naming them (``robustness.on_rejected: stop``), or go on without."""
@@ -280,7 +302,8 @@ def server_app():
             torch.set_num_threads(int(rc.get("threads", 1)))
             server = FlowerServer(grid, config, out, json.loads(str(rc["site-nodes"])),
                                   round_timeout=float(rc["round-timeout"]), start_timeout=float(rc["start-timeout"]),
-                                  shared=shared, base_dir=base)
+                                  shared=shared, base_dir=base,
+                                  site_keys=json.loads(str(rc.get("site-keys", "{}") or "{}")))
             summary = server.run()
         except FedContrastError as exc:
             say(f"error: {exc}")

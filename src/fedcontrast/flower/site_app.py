@@ -238,6 +238,10 @@ def handle(kind: str, run_id: int, run_config: str, settings: dict[str, str], co
     site = runtime(run_id, run_config, settings, content.get("shared") or {})
     if kind == "query":
         return {"site": {"site": site.name}}, None
+    if kind == "secagg":  # a step of the round's secure aggregation (flower/secure.py)
+        from .secure import site_step
+
+        return site_step(site, content), None
     round_num = int(content["task"]["round"])
     received = _tensors(content["received"], site.device)
     nbytes = sum(v.numel() * v.element_size() for v in received.values())
@@ -246,6 +250,13 @@ def handle(kind: str, run_id: int, run_config: str, settings: dict[str, str], co
     if kind == "evaluate":
         return {"outcome": {"site": site.name, "evaluation": json.dumps(evaluation)}}, None
     uploads, weight, metrics, current = site.train(round_num, received, current, nbytes)
+    if site.config.secure_aggregation is not None:  # its keys instead of its uploads; its count is inside the sum
+        from .secure import begin_site_round
+
+        advert = begin_site_round(site, round_num, uploads, weight, settings)
+        return ({"secagg": {"payload": advert},
+                 "outcome": {"site": site.name, "metrics": json.dumps(metrics), "evaluation": json.dumps(evaluation)}},
+                _state_out(current, site))
     return ({"uploads": _arrays(uploads),
              "outcome": {"site": site.name, "weight": weight, "metrics": json.dumps(metrics),
                          "evaluation": json.dumps(evaluation)}}, _state_out(current, site))

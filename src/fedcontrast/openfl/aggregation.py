@@ -164,13 +164,13 @@ class PluginAggregation(AggregationFunction):
     def _aggregate_secure_sum(self, db, fl_round: int) -> np.ndarray:
         """The downlink from the relay's unmasked sum of the survivors' secure-sum terms (the
         plugin's :meth:`~fedcontrast.algorithms.Algorithm.aggregate_secure`); the aggregator saw no upload alone."""
-        from ..privacy.secagg import secure_layout, unflatten_terms
+        from ..privacy.secagg import secure_layout, term_scale, unflatten_terms
 
         if RELAY is None:
             raise AggregationFailure("secure aggregation is on but the aggregator has no relay")
         settings = self.config.secure_aggregation
         layout = secure_layout(self.algorithm, self.specs, settings.clip)
-        sums = unflatten_terms(RELAY.total(fl_round), layout, float(settings.max_samples))
+        sums = unflatten_terms(RELAY.total(fl_round), layout, term_scale(self.algorithm, settings))
         self.server.round_num = fl_round
         self.server.seed = server_seed(self.config, fl_round)
         self.server.sites = site_names(self.config)

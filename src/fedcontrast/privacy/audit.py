@@ -76,6 +76,7 @@ class AuditReport:
     foreign_code: list[str] = field(default_factory=list)  # plan components that are not installed code
     # Secure aggregation: the fewest sites inside any sum the aggregator unmasks (None: it sees each upload)
     secure_sum_sites: int | None = None
+    secure_terms: list[TensorLine] = field(default_factory=list)  # what each site masks into the sum (ring words)
 
     @property
     def weights_leave(self) -> list[str]:
@@ -306,7 +307,13 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
                for s in algorithm.upload_specs(model, shape["num_classes"])]
     kind, guarantee = _guarantee(config, algorithm, tensors)
     choices = release_choices(config.privacy, policy)
-    releases = describe_releases(config, algorithm, tensors, choices, conditional=kind == "conditional")
+    secure, secure_sites, terms = config.secure_aggregation, None, []
+    if secure is not None:  # the plugin's secure-sum terms, as words of the ring
+        secure_sites = secure.sites_needed(max(1, int(round(config.sample_fraction * config.clients))))
+        terms = [TensorLine(s.name, s.shape, f"int{secure.bits}", math.prod(s.shape) * secure.bits // 8, s.kind,
+                            by_kind[s.kind]) for s in algorithm.secure_specs(model, shape["num_classes"])]
+    releases = describe_releases(config, algorithm, tensors, choices, conditional=kind == "conditional",
+                                 secure_sites=secure_sites, weight_in_sum=any(t.name == "count" for t in terms))
     uncovered = [r.name for r in releases[len(tensors):] if r.guarantee == "not covered"]
     if config.privacy is not None and uncovered:
         guarantee += f"; not covered, shared by this site's choice: {', '.join(uncovered)}"
@@ -353,8 +360,6 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
                        tls=bool(network.get("use_tls", True)), client_auth=bool(network.get("require_client_auth", True)),
                        certificates=certs, class_minimum=minimum, guarantee_kind=kind,
                        releases=releases, secure_noise=_secure_noise(config), here=here,
-                       secure_sum_sites=(config.secure_aggregation.sites_needed(
-                           max(1, int(round(config.sample_fraction * config.clients))))
-                           if config.secure_aggregation is not None else None))
+                       secure_sum_sites=secure_sites, secure_terms=terms)
 
 

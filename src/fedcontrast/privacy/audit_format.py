@@ -22,12 +22,14 @@ def format_report(report: AuditReport) -> str:
                      f"{'raw weights' if t.kind == 'weights' else t.kind:15s} {t.mechanism}")
     total = sum(t.bytes_per_round for t in report.tensors)
     lines.append(f"  total {total} bytes per site per round")
-    lines += ["", "everything that leaves each site (what it is computed from, bytes per round, guarantee):"]
+    lines += ["", "everything that leaves each site (what it is computed from, bytes per round, guarantee; "
+                  "how the aggregator sees it):"]
     width = max(len(r.name) for r in report.releases)
     source_width = max(len(r.source) for r in report.releases)
     for r in report.releases:
         lines.append(f"  {r.name:{width}s}  {r.source:{source_width}s} {r.bytes_per_round:>9d}  {r.guarantee}"
-                     + (f" — {r.note}" if r.note and r.guarantee not in ("covered", "conditional") else ""))
+                     + (f" — {r.note}" if r.note and r.guarantee not in ("covered", "conditional") else "")
+                     + f"  [aggregator: {r.seen}]")
     lines += ["", "differential privacy:"] + [f"  {m}" for m in report.mechanisms]
     if report.delta is not None:
         lines.append(f"  accountant: {report.accountant} (Opacus), δ = {report.delta:g}")
@@ -71,6 +73,12 @@ def format_report(report: AuditReport) -> str:
                    f"{report.secure_sum_sites} sites (pairwise and self masks; Shamir t = {report.secure_sum_sites})"
                    if report.secure_sum_sites is not None else
                    "aggregation: plain — the aggregator sees each site's uploads above one by one")]
+    if report.secure_terms:
+        lines.append("  what each site masks into the sum, computed from its uploads (the aggregator unmasks only "
+                     "the sum over the round's sites):")
+        for t in report.secure_terms:
+            lines.append(f"    {t.name:40s} {str(tuple(t.shape)):>14s} {t.dtype:6s} {t.bytes_per_round:>9d} "
+                         f"{'weights' if t.kind == 'weights' else t.kind:15s} {t.mechanism}")
     lines += ["", f"transport: TLS {'on' if report.tls else 'OFF'}, client authentication "
                   f"{'on' if report.client_auth else 'OFF'}"]
     if report.certificates is None:

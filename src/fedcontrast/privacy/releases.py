@@ -23,6 +23,7 @@ Without DP nothing is covered anyway: everything is sent unless the site's polic
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,23 +61,28 @@ class ReleaseLine:
     bytes_per_round: int
     guarantee: str  # covered | conditional | not covered | withheld | public (site policy)
     note: str = ""
+    seen: str = "individually"  # how the aggregator sees it: individually, or only inside sums (secure aggregation)
 
 
 METRIC_BYTES = 4  # one float32 scalar per OpenFL metric (plus its name and framing)
 
 
 def describe_releases(config: Any, algorithm: Any, tensors: list, choices: ReleaseChoices,
-                      conditional: bool) -> list[ReleaseLine]:
+                      conditional: bool, *, secure_sites: int | None = None,
+                      weight_in_sum: bool = True) -> list[ReleaseLine]:
     """The audit's list of releases: every upload tensor (``tensors``: the audit's tensor lines) and
     every other number a site sends under ``choices``. ``conditional``: the DP guarantee on the
-    tensors holds only given the local model (FedPCL's personal head trains without DP)."""
+    tensors holds only given the local model (FedPCL's personal head trains without DP).
+    ``secure_sites``: under secure aggregation, the fewest sites in a sum — the uploads (and the
+    aggregation weight, when ``weight_in_sum``: the plugin's terms carry it) are seen only inside sums."""
     dp = config.privacy is not None
+    summed = f"only inside sums of >= {secure_sites} sites" if secure_sites is not None else "individually"
     lines = []
     for t in tensors:
         source = ("the training data, through local training" if t.kind == "weights" else
                   "the training data's labels" if t.kind == "count" else "the training data, through the model")
         guarantee = "not covered" if t.mechanism == "none" else "conditional" if conditional else "covered"
-        lines.append(ReleaseLine(t.name, source, t.bytes_per_round, guarantee, t.mechanism))
+        lines.append(ReleaseLine(t.name, source, t.bytes_per_round, guarantee, t.mechanism, summed))
     if not dp:
         count = ReleaseLine("aggregation weight", "the number of training samples (exact)", METRIC_BYTES,
                             "not covered", "no DP in the plan")
@@ -87,6 +93,8 @@ def describe_releases(config: Any, algorithm: Any, tensors: list, choices: Relea
         count = ReleaseLine("aggregation weight", "the number of training samples, noised once", METRIC_BYTES,
                             "covered", f"n + N(0, σ²), σ = {config.privacy.count_noise_multiplier:g}, released in "
                                        "the first round and reused (accounted once)")
+    if secure_sites is not None:  # not sent on its own: inside the sum, or not at all
+        count = dataclasses.replace(count, seen=summed if weight_in_sum else "not sent (the secure sum does not use it)")
     lines.append(count)
     for task in algorithm.tasks:
         names = algorithm.task_metrics.get(task, ())

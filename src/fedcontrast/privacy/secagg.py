@@ -358,9 +358,9 @@ def secure_aggregate(algorithm: Any, uploads: dict[str, dict[str, Any]], weights
     """A plugin's downlink from the secure sum of its sites' :meth:`~fedcontrast.algorithms.Algorithm.secure_terms`
     (counts clipped to ``settings.max_samples``, terms scaled by it into the ring), every party in this
     process: (downlink, :class:`SecureRound`)."""
-    scale = float(settings.max_samples)
+    scale, cap = term_scale(algorithm, settings), float(settings.max_samples)
     names = sorted(uploads)
-    terms = {n: algorithm.secure_terms(uploads[n], min(float(weights[n]), scale), float(settings.clip)) for n in names}
+    terms = {n: algorithm.secure_terms(uploads[n], min(float(weights[n]), cap), float(settings.clip)) for n in names}
     layout = {k: tuple(v.shape) for k, v in terms[names[0]].items()}
     total, cost = secure_sum({n: flatten_terms(terms[n], scale) for n in names}, settings, round_num, dropped=dropped)
     sums = {k: v.to(server.device) for k, v in unflatten_terms(total, layout, scale).items()}
@@ -379,6 +379,13 @@ def secure_layout(algorithm: Any, specs: list[Any], clip: float) -> dict[str, tu
 
 
 def secure_vector(algorithm: Any, uploads: dict[str, Any], weight: float, settings: Any) -> np.ndarray:
-    """What a site masks: its plugin's secure-sum terms, its count clipped to and scaled by ``max_samples``."""
-    scale = float(settings.max_samples)
-    return flatten_terms(algorithm.secure_terms(uploads, min(float(weight), scale), float(settings.clip)), scale)
+    """What a site masks: its plugin's secure-sum terms (its count clipped to ``max_samples``), scaled
+    by :func:`term_scale` into the ring's range."""
+    terms = algorithm.secure_terms(uploads, min(float(weight), float(settings.max_samples)), float(settings.clip))
+    return flatten_terms(terms, term_scale(algorithm, settings))
+
+
+def term_scale(algorithm: Any, settings: Any) -> float:
+    """What a plugin's terms are divided by before the ring (``max_samples`` for count-weighted terms,
+    :meth:`~fedcontrast.algorithms.Algorithm.secure_scale`), and the sums multiplied by after."""
+    return float(algorithm.secure_scale(float(settings.max_samples)))
