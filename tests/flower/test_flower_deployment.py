@@ -1,6 +1,7 @@
 """A real Flower deployment across hosts of the network-namespace lab: the operator's SuperLink (TLS,
 SuperNode authentication on, no data) and one SuperNode per hospital, each on its own folder with its
-own key, driven by the documented commands (docs/flower.md). MOON and FedPCL, 3 sites, 2 rounds; an
+own key, driven by the documented commands (docs/flower.md). MOON, FedPCL and MOON under secure
+aggregation, 3 sites, 2 rounds; an
 unregistered key refused and named; a site that is gone named within the round timeout."""
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ SITES = ["hosp1", "hosp2", "hosp3"]
 COMMON = ["--rounds", "2", "--local-epochs", "1", "--min-samples", "5", "--round-timeout", "120",
           "--start-timeout", "60"]
 OPTIONS = {"moon": [], "fedpcl": ["--public-data", "public", "--set", "fedpcl.pretrain_epochs=2",
-                                  "--set", "fedpcl.projection_hidden=[32]"]}
-PORTS = {"moon": 9192, "fedpcl": 9193}
-NODE_PORTS = {"moon": 9094, "fedpcl": 9096}  # each SuperNode's local port on its host
+                                  "--set", "fedpcl.projection_hidden=[32]"],
+           "moon_secure": ["--secure-aggregation"]}
+ALGORITHM = {"moon_secure": "moon"}  # a deployment's name → its plugin
+PORTS = {"moon": 9192, "fedpcl": 9193, "moon_secure": 9195}
+NODE_PORTS = {"moon": 9094, "fedpcl": 9096, "moon_secure": 9098}  # each SuperNode's local port on its host
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,8 @@ def deployed(lab):
             return made[algorithm]
         name = f"fl_{algorithm}"
         port = PORTS[algorithm]
-        lab.fedcontrast(OPERATOR, "flower", "init", "--algorithm", algorithm, "--sites", ",".join(SITES),
+        lab.fedcontrast(OPERATOR, "flower", "init", "--algorithm", ALGORITHM.get(algorithm, algorithm),
+                        "--sites", ",".join(SITES),
                         "--input-shape", "1x32x32", "--classes", "10", "--address", lab.net.fqdn(OPERATOR),
                         "--port", str(port), *COMMON, *OPTIONS[algorithm], name)
         folder = lab.disk(OPERATOR) / name
@@ -99,7 +103,7 @@ def metrics(folder):
         return list(csv.DictReader(f))
 
 
-@pytest.mark.parametrize("algorithm", ["moon", "fedpcl"])
+@pytest.mark.parametrize("algorithm", ["moon", "fedpcl", "moon_secure"])
 def test_a_federation_on_flower_across_hosts(lab, deployed, algorithm):
     folder, _ = deployed(algorithm)
     done = run(lab, folder)
@@ -126,7 +130,14 @@ def test_a_federation_on_flower_across_hosts(lab, deployed, algorithm):
         rounds = [json.loads(line)["round"] for line in (report / "rounds.jsonl").read_text().splitlines()]
         assert rounds == [0, 1, 2]
         info = json.loads((report / "final_model.json").read_text())
-        assert info["site"] == site and info["algorithm"] == algorithm
+        assert info["site"] == site and info["algorithm"] == ALGORITHM.get(algorithm, algorithm)
+    if algorithm == "moon_secure":  # the ServerApp saw only the sum of the three sites' uploads
+        assert all(r["secure_sum_of"] == SITES and "weight" not in r["sites"]["hosp1"] for r in records)
+        plain, _ = deployed("moon")  # the same plan without it: the same model within the 32-bit ring's rounding
+        if not (plain / "run" / "metrics.csv").exists():
+            assert run(lab, plain).returncode == 0
+        plain_glob = [r for r in metrics(plain) if r["site"] == "global"]
+        assert float(glob[-1]["accuracy"]) == pytest.approx(float(plain_glob[-1]["accuracy"]), abs=0.02)
     if algorithm == "fedpcl":  # the frozen backbones reached every site, pinned by SHA-256
         for site in SITES:
             assert list((lab.disk(site) / folder.name / "save" / "backbones").glob("*.pt"))
