@@ -61,6 +61,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--threads", type=int, default=2, help="torch threads (1 on a shared machine)")
+    parser.add_argument("--section", default=None, help="the RESULTS.md section to write (default: "
+                        "secure_aggregation, or secure_aggregation_plugins for FedSSC/FedPCL/FLESD)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp())
@@ -71,7 +73,7 @@ def main() -> None:
     lines = [f"{title}: `benchmarks/secure_aggregation.py`", "",
              f"Command: `.venv/bin/python benchmarks/secure_aggregation.py --sites {' '.join(map(str, args.sites))} "
              f"--rounds {args.rounds} --seeds {' '.join(map(str, args.seeds))} --algorithms {' '.join(args.algorithms)} "
-             f"--threads {args.threads}` on {machine()}, {time.strftime('%Y-%m-%d')}. Digits, Dir(0.5), the default "
+             f"--threads {args.threads}" + (f" --section {args.section}" if args.section else "") + f"` on {machine()}, {time.strftime('%Y-%m-%d')}. Digits, Dir(0.5), the default "
              "10 local epochs, 32-bit ring, threshold a majority.", "",
              "| algorithm | secure variant | sites | s / round plain | s / round secure | ratio | bytes / site / round "
              "plain | secure | ratio | protocol CPU per site | at the aggregator | final accuracy: default, plain | "
@@ -102,7 +104,7 @@ def main() -> None:
               "personalised, by nearest global prototype; FLESD: linear probe)."]
     if not plugins:
         lines.append("Goal (issue 26): under 1.3× the round time and 1.2× the bytes at 10 sites for FedAvg.")
-    write_section("secure_aggregation_plugins" if plugins else "secure_aggregation", "\n".join(lines))
+    write_section(args.section or ("secure_aggregation_plugins" if plugins else "secure_aggregation"), "\n".join(lines))
 
 
 if __name__ == "__main__":
