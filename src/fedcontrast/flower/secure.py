@@ -107,6 +107,10 @@ def secure_round(server: Any, round_num: int, adverts: dict[str, bytes], site_ke
     relay = server.relay
     relay.begin(round_num)
     for site, payload in adverts.items():
+        if not site_keys.get(site):
+            raise SecureAggregationError(f"site {site}'s key was registered without being recorded for secure "
+                                         "aggregation (an older deployment folder): register the sites again in a new "
+                                         "folder (`fedcontrast flower init`, `register`)")
         try:
             claimed = json.loads(payload.decode()).get("certificate", "")
         except (UnicodeDecodeError, ValueError, AttributeError):
