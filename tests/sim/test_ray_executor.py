@@ -79,14 +79,21 @@ def test_a_killed_ray_run_resumed_equals_the_uninterrupted_one(tmp_path, executo
                                     device_check._metrics(tmp_path / "parts")) == []
 
 
+def deaths(marker) -> int:
+    """How many times a :func:`dying` task's worker died (one file each)."""
+    return len(list(Path(marker).parent.glob(Path(marker).name + ".*")))
+
+
 def dying(marker: str, times: int, site: int | None = None):
     """A site task whose worker process dies the first ``times`` times it runs (counted in ``marker``);
     with ``site``, only a task that trains that site (by index) dies."""
     def task(config, round_num, received, jobs, threads):
-        path = Path(marker)
-        died = int(path.read_text()) if path.exists() else 0
+        died = deaths(marker)  # one file per death, each made by exactly one task (tasks run at once)
         if died < times and (site is None or any(index == site for index, _, _ in jobs)):
-            path.write_text(str(died + 1))
+            try:
+                os.close(os.open(f"{marker}.{died}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:  # another task took this death
+                return train_sites_task(config, round_num, received, jobs, threads)
             os._exit(1)  # the worker process dies mid-task
         return train_sites_task(config, round_num, received, jobs, threads)
     return task
@@ -114,7 +121,7 @@ def test_a_task_of_several_sites_whose_worker_dies_twice_names_the_site_at_fault
             run_simulation(config("fedavg", "ray"), run, executor=executor)
     finally:
         executor.remote, executor.slots = stock, slots
-    assert (tmp_path / "deaths").read_text() == "4"
+    assert deaths(tmp_path / "deaths") == 4
 
 
 def test_a_worker_that_dies_once_is_retried_with_the_same_result(tmp_path, executor):
@@ -125,7 +132,7 @@ def test_a_worker_that_dies_once_is_retried_with_the_same_result(tmp_path, execu
         run_simulation(config("fedavg", "ray"), tmp_path / "ray", executor=executor)
     finally:
         executor.remote = stock
-    assert (tmp_path / "deaths").read_text() == "1"
+    assert deaths(tmp_path / "deaths") == 1
     assert device_check.differences(device_check._metrics(tmp_path / "sequential"),
                                     device_check._metrics(tmp_path / "ray")) == []
 
