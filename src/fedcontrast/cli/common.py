@@ -33,8 +33,8 @@ def _add_run_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) ->
                         "--robustness max_update_ratio=1, --robustness 'max_samples={hosp1: 900, hosp2: 400}', "
                         "--robustness on_rejected=exclude (docs/hostile-sites.md)")
     p.add_argument("--secure-aggregation", dest="secure_aggregation", action="store_true", default=None,
-                   help="the aggregator learns only the sum of the uploads (fedavg, fedprox, moon; simulator only "
-                        "for now; docs/privacy.md)")
+                   help="the aggregator learns only the sum of the uploads (fedavg, fedprox, moon, flesd; fedssc "
+                        "with class_reps: pooled, fedpcl with local_sets: global; docs/privacy.md)")
     p.add_argument("--secagg", dest="secagg_settings", action="append", default=[], metavar="KEY=VALUE",
                    help="a secure-aggregation setting (implies --secure-aggregation): threshold=T, clip=C, "
                         "max_samples=S, bits=32|64")

@@ -13,17 +13,14 @@ that stays silent stops the run, named, as without secure aggregation (no ``min_
 
 from __future__ import annotations
 
-import math
+import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..config import site_names
 from ..errors import FedContrastError
-from ..privacy.secagg import (Quantizer, SecureAggregationError, secure_layout, secure_vector, term_scale,
-                              unflatten_terms)
-from ..privacy.secagg_protocol import SecAggRelay, SecAggSteps
+from ..privacy.secagg import Quantizer, SecureAggregationError, secure_vector
+from ..privacy.secagg_protocol import SecAggSteps
 
 SECAGG_MESSAGE = "query.secagg"
 PHASES = (("boxes", "adverts"), ("masked", "boxes"), ("reveal", "survivors"))  # what a site sends, given what
@@ -87,21 +84,9 @@ def site_step(site: Any, content: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- the ServerApp --------------------------------------------------------------------------------
-def make_relay(config: Any, algorithm: Any, specs: list[Any]) -> SecAggRelay | None:
-    secure = config.secure_aggregation
-    if secure is None:
-        return None
-    sites = site_names(config)
-    words = sum(math.prod(shape) for shape in secure_layout(algorithm, specs, secure.clip).values())
-    return SecAggRelay(sites, secure.sites_needed(len(sites)), words, Quantizer.for_sites(secure.clip, len(sites),
-                                                                                           secure.bits))
-
-
 def secure_round(server: Any, round_num: int, adverts: dict[str, bytes], site_keys: dict[str, str]):
     """Round ``round_num``'s downlink from the secure sum: ``adverts`` (site → its train reply's
     keys) checked against the registered keys, then the three exchanges."""
-    import json
-
     from flwr.app import ConfigRecord
 
     relay = server.relay
@@ -115,7 +100,7 @@ def secure_round(server: Any, round_num: int, adverts: dict[str, bytes], site_ke
             claimed = json.loads(payload.decode()).get("certificate", "")
         except (UnicodeDecodeError, ValueError, AttributeError):
             claimed = ""
-        if " ".join(str(claimed).split()[:2]) != " ".join(site_keys.get(site, "").split()[:2]):
+        if str(claimed).split()[:2] != site_keys[site].split()[:2]:
             raise SecureAggregationError(f"site {site} advertised a signing key other than the one registered for it; "
                                          "the run stops")
         relay.receive(site, round_num, "advert", payload)
@@ -127,10 +112,4 @@ def secure_round(server: Any, round_num: int, adverts: dict[str, bytes], site_ke
         replies = server.exchange(messages, server.round_timeout, f"round {round_num + 1}'s secure aggregation ({phase})")
         for site, reply in replies.items():
             relay.receive(site, round_num, phase, bytes(reply.content["secagg"]["payload"]))
-    secure = server.config.secure_aggregation
-    import torch
-
-    sums = unflatten_terms(np.asarray(relay.total(round_num)), secure_layout(server.algorithm, server.specs, secure.clip),
-                           term_scale(server.algorithm, secure))
-    dtypes = {s.name: getattr(torch, s.dtype) for s in server.specs}
-    return server.algorithm.aggregate_secure({k: v.to(server.device) for k, v in sums.items()}, server.server, dtypes)
+    return server.sum_layout.downlink(server.algorithm, relay.total(round_num), server.server)

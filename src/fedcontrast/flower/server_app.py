@@ -48,6 +48,8 @@ from ..outputs import (
     write_json,
     write_metrics_csv,
 )
+from ..privacy.secagg import SumLayout
+from ..privacy.secagg_protocol import relay_for
 from .records import CONFIG_KEY, flwr_app, from_array_record, plan_pins, to_array_record
 
 logger = logging.getLogger("fedcontrast.flower.server")
@@ -93,9 +95,10 @@ class FlowerServer:
         self.screen = upload_screen(config, self.algorithm)
         self.downlink = self.algorithm.initial_downlink(self.server)
         self.rows: list[dict[str, Any]] = []
-        from .secure import make_relay  # secure aggregation: the sites' protocol messages meet here
-
-        self.relay, self.site_keys = make_relay(config, self.algorithm, self.specs), dict(site_keys or {})
+        secure = config.secure_aggregation  # the sites' protocol messages meet at the relay (flower/secure.py)
+        self.sum_layout = None if secure is None else SumLayout.of(self.algorithm, self.specs, secure)
+        self.relay = None if secure is None else relay_for(self.sites, secure, self.sum_layout)
+        self.site_keys = dict(site_keys or {})
 
     # --- messages ----------------------------------------------------------------------------------
     def message(self, site: str, kind: str, records: dict[str, Any], round_num: int):

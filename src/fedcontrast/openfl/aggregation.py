@@ -29,6 +29,7 @@ from ..construction import attach_public, build_algorithm, initial_model, load_p
 from ..devices import resolve_device
 from ..errors import FedContrastError
 from ..outputs import write_json
+from ..privacy.secagg import SumLayout
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, unpack
 from .runner import PERSONAL_TAG, WEIGHT_METRIC
 
@@ -81,6 +82,8 @@ class PluginAggregation(AggregationFunction):
             attach_public(self.algorithm, public)
             self.server.public = _to_device(public, device)
         self.specs = self.algorithm.upload_specs(model, shape["num_classes"])
+        secure = self.config.secure_aggregation  # the layout of the secure sum, agreed before any round
+        self.sum_layout = None if secure is None else SumLayout.of(self.algorithm, self.specs, secure)
         self.screen = upload_screen(self.config, self.algorithm)
         self.digests_loaded = False
         downloads = self.algorithm.download_specs(model, shape["num_classes"])
@@ -160,24 +163,16 @@ class PluginAggregation(AggregationFunction):
                 save_personal(PERSONAL_DIR, fl_round + 1, downlink.personal)
         return pack(downlink.global_tensors, self.global_specs)
 
-
     def _aggregate_secure_sum(self, db, fl_round: int) -> np.ndarray:
         """The downlink from the relay's unmasked sum of the survivors' secure-sum terms (the
         plugin's :meth:`~fedcontrast.algorithms.Algorithm.aggregate_secure`); the aggregator saw no upload alone."""
-        from ..privacy.secagg import secure_layout, term_scale, unflatten_terms
-
         if RELAY is None:
             raise AggregationFailure("secure aggregation is on but the aggregator has no relay")
-        settings = self.config.secure_aggregation
-        layout = secure_layout(self.algorithm, self.specs, settings.clip)
-        sums = unflatten_terms(RELAY.total(fl_round), layout, term_scale(self.algorithm, settings))
         self.server.round_num = fl_round
         self.server.seed = server_seed(self.config, fl_round)
         self.server.sites = site_names(self.config)
         self.server.previous = self.received_downlink(db, fl_round)
-        dtypes = {s.name: getattr(torch, s.dtype) for s in self.specs}
-        downlink = self.algorithm.aggregate_secure({k: v.to(self.server.device) for k, v in sums.items()},
-                                                   self.server, dtypes)
+        downlink = self.sum_layout.downlink(self.algorithm, RELAY.total(fl_round), self.server)
         logger.info("round %d: aggregated the secure sum of %s (unmasking: %.3f s of CPU)", fl_round,
                     ", ".join(RELAY.survivors), RELAY.unmask_cpu_s)
         return self._store_downlink(db, fl_round, downlink)

@@ -23,6 +23,8 @@ from ..construction import build_algorithm, initial_model, server_seed
 from ..deploy.certificates import check_enrolled_certificates
 from ..deploy.enrolment import EnrolledCertificates
 from ..errors import FedContrastError
+from ..privacy.secagg import SumLayout
+from ..privacy.secagg_protocol import relay_for
 from . import aggregation, grpc_bounds
 from .grpc_bounds import certificate_name
 from .packing import PERSONAL_PACKED, pack
@@ -30,7 +32,7 @@ from .plan import DEFAULT_ROUND_TIMEOUT, EVALUATE_TASK
 from .protocol import (FAILURE_EXIT_CODE, FAILURE_METRIC, FAILURE_SLEEP_CODE, MESSAGE_ALLOWANCE, STOP_GRACE_S, STOPPED,
                        WAITING_NOTICE_S, FederationStopped)
 from .records import RoundReport
-from .secure import SECAGG_TASK, SecureRounds, kind_of, make_relay
+from .secure import SECAGG_TASK, SecureRounds, kind_of
 from .runner import PERSONAL_TAG
 from .startup_checks import (_check_collaborators, check_aggregator_plan, check_initial_model, check_tensor_db,
                              declared_uploads, upload_limit)
@@ -80,8 +82,9 @@ class SafeAggregator(SecureRounds, Aggregator):
             # Every upload is bounded by the plugin's declaration before it is taken in (see _bounded_stream).
             self.max_upload_bytes = upload_limit(config, model_shape or {}, kwargs.get("assigner"))
             # Secure aggregation: the relay between the sites (openfl/secure.py); the aggregation function sums through it.
-            self.relay = None if config.secure_aggregation is None else \
-                make_relay(config, *declared_uploads(config, model_shape or {}, kwargs.get("assigner")))
+            secure = config.secure_aggregation
+            self.relay = None if secure is None else relay_for(site_names(config), secure, SumLayout.of(
+                *declared_uploads(config, model_shape or {}, kwargs.get("assigner")), secure))
             aggregation.RELAY = self.relay
         except FedContrastError as exc:
             print(f"fedcontrast aggregator: error: {exc}", file=sys.stderr, flush=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,9 @@ from openfl.utilities import TensorKey
 
 from ..config import RunConfig, site_names
 from ..errors import ConfigError
-from ..privacy.secagg import Quantizer, SecureAggregationError, secure_layout
+from ..privacy.secagg import Quantizer, SecureAggregationError
 from ..privacy.secagg_protocol import SecAggClient, SecAggRelay
+from .protocol import SECAGG_REFUSED, FederationStopped
 
 logger = logging.getLogger("fedcontrast.openfl.components")
 
@@ -62,17 +63,6 @@ def kind_of(name: str, prefix: str) -> str | None:
 
 
 # --- the aggregator ---------------------------------------------------------------------------------
-def make_relay(config: RunConfig, algorithm: Any, specs: list[Any]) -> SecAggRelay | None:
-    """The relay of a plan with ``secure_aggregation`` (None without)."""
-    settings = config.secure_aggregation
-    if settings is None:
-        return None
-    sites = site_names(config)
-    words = sum(math.prod(shape) for shape in secure_layout(algorithm, specs, settings.clip).values())
-    return SecAggRelay(sites, settings.sites_needed(len(sites)), words,
-                       Quantizer.for_sites(settings.clip, len(sites), settings.bits))
-
-
 def message_payload(aggregator: Any, collaborator: str, named_tensors: Any) -> bytes:
     """The bytes of a site's protocol message (one tensor, lossless as OpenFL sends it)."""
     if len(named_tensors) != 1:
@@ -185,8 +175,6 @@ class SecureRounds:
     relay: SecAggRelay | None = None
 
     def secure_message(self, collaborator: str, round_number: int, task_name: str, named_tensors: Any) -> None:
-        from .protocol import SECAGG_REFUSED, FederationStopped
-
         kind = kind_of(task_name, SECAGG_TASK)
         with self.lock:
             notice = self.stop_notice(collaborator)
@@ -210,8 +198,6 @@ class SecureRounds:
         if kind is None:
             return super().get_aggregated_tensor(tensor_name, round_number, report, tags, require_lossless,
                                                  requested_by)
-        from .protocol import FederationStopped
-
         notice = self.stop_notice(requested_by)
         if notice is not None:
             raise FederationStopped(notice)
@@ -222,8 +208,6 @@ class SecureRounds:
         """Called by the watchdog (its lock held) when the round passed ``round_timeout``: True when a
         secure-aggregation phase was open and has been closed (its silent sites dropped, the next phase
         given a full ``round_timeout``) or the federation stopped; False to go on as without it."""
-        import time
-
         relay = self.relay
         if relay is None or self.round_number >= self.rounds_to_train - 1:  # none, or the evaluation round
             return False

@@ -4,7 +4,6 @@ the plan, the port, the initial model, the checkpoint database, the settings in 
 from __future__ import annotations
 
 import logging
-import math
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -172,10 +171,9 @@ def upload_limit(config: RunConfig, model_shape: dict[str, int], assigner: Any =
     size = packed_size(specs) * 4
     secure = config.secure_aggregation
     if secure is not None:  # the masked vector, in the ring's words (64 bits: twice a float32 upload)
-        from ..privacy.secagg import secure_layout
+        from ..privacy.secagg import SumLayout
 
-        words = sum(math.prod(shape) for shape in secure_layout(algorithm, specs, secure.clip).values())
-        size = max(size, words * secure.bits // 8 + 8)
+        size = max(size, SumLayout.of(algorithm, specs, secure).words * secure.bits // 8 + 8)
     return size + UPLOAD_MARGIN
 
 

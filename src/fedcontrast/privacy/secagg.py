@@ -356,33 +356,57 @@ def secure_sum(vectors: dict[str, np.ndarray], settings: Any, round_num: int, *,
 def secure_aggregate(algorithm: Any, uploads: dict[str, dict[str, Any]], weights: dict[str, float], settings: Any,
                      round_num: int, server: Any, *, dropped: tuple[str, ...] = ()):
     """A plugin's downlink from the secure sum of its sites' :meth:`~fedcontrast.algorithms.Algorithm.secure_terms`
-    (counts clipped to ``settings.max_samples``, terms scaled by it into the ring), every party in this
-    process: (downlink, :class:`SecureRound`)."""
-    scale, cap = term_scale(algorithm, settings), float(settings.max_samples)
+    (:func:`site_terms`), every party in this process: (downlink, :class:`SecureRound`)."""
     names = sorted(uploads)
-    terms = {n: algorithm.secure_terms(uploads[n], min(float(weights[n]), cap), float(settings.clip)) for n in names}
-    layout = {k: tuple(v.shape) for k, v in terms[names[0]].items()}
-    total, cost = secure_sum({n: flatten_terms(terms[n], scale) for n in names}, settings, round_num, dropped=dropped)
-    sums = {k: v.to(server.device) for k, v in unflatten_terms(total, layout, scale).items()}
+    terms = {n: site_terms(algorithm, uploads[n], weights[n], settings) for n in names}
+    layout = SumLayout({k: tuple(v.shape) for k, v in terms[names[0]].items()},
+                       {k: v.dtype for k, v in uploads[names[0]].items()}, term_scale(algorithm, settings))
+    total, cost = secure_sum({n: flatten_terms(terms[n], layout.scale) for n in names}, settings, round_num,
+                             dropped=dropped)
     cost.plain_bytes_per_site = float(sum(v.numel() * v.element_size() for v in uploads[names[0]].values()) + 4)
-    dtypes = {k: v.dtype for k, v in uploads[names[0]].items()}
-    return algorithm.aggregate_secure(sums, server, dtypes), cost
+    return layout.downlink(algorithm, total, server), cost
 
 
-def secure_layout(algorithm: Any, specs: list[Any], clip: float) -> dict[str, tuple[int, ...]]:
-    """Name → shape of a plugin's secure-sum terms for uploads declared by ``specs`` (what every party
-    agrees on before a round: the length of the vector that is masked)."""
-    import torch
+@dataclass(frozen=True)
+class SumLayout:
+    """What every party of a deployment agrees on before a round: the plugin's secure-sum terms
+    (name → shape, in the order :func:`flatten_terms` lays them out), the uploads' dtypes and the
+    scale of the terms in the ring (:func:`term_scale`)."""
 
-    zeros = {s.name: torch.zeros(tuple(s.shape), dtype=getattr(torch, s.dtype)) for s in specs}
-    return {k: tuple(v.shape) for k, v in algorithm.secure_terms(zeros, 1.0, clip).items()}
+    terms: dict[str, tuple[int, ...]]
+    dtypes: dict[str, Any]  # upload name → torch dtype
+    scale: float
+
+    @classmethod
+    def of(cls, algorithm: Any, specs: list[Any], settings: Any) -> SumLayout:
+        """From the plugin's declared uploads (``specs``: name, shape, dtype)."""
+        import torch
+
+        zeros = {s.name: torch.zeros(tuple(s.shape), dtype=getattr(torch, s.dtype)) for s in specs}
+        terms = algorithm.secure_terms(zeros, 1.0, float(settings.clip))
+        return cls({k: tuple(v.shape) for k, v in terms.items()}, {k: v.dtype for k, v in zeros.items()},
+                   term_scale(algorithm, settings))
+
+    @property
+    def words(self) -> int:
+        """The length of the vector each site masks."""
+        return sum(math.prod(shape) for shape in self.terms.values())
+
+    def downlink(self, algorithm: Any, total: np.ndarray, server: Any) -> Any:
+        """The plugin's next downlink (:meth:`~fedcontrast.algorithms.Algorithm.aggregate_secure`)
+        from the unmasked sum ``total``."""
+        sums = {k: v.to(server.device) for k, v in unflatten_terms(np.asarray(total), self.terms, self.scale).items()}
+        return algorithm.aggregate_secure(sums, server, self.dtypes)
+
+
+def site_terms(algorithm: Any, uploads: dict[str, Any], weight: float, settings: Any) -> dict[str, Any]:
+    """A site's secure-sum terms, its count clipped to ``max_samples``."""
+    return algorithm.secure_terms(uploads, min(float(weight), float(settings.max_samples)), float(settings.clip))
 
 
 def secure_vector(algorithm: Any, uploads: dict[str, Any], weight: float, settings: Any) -> np.ndarray:
-    """What a site masks: its plugin's secure-sum terms (its count clipped to ``max_samples``), scaled
-    by :func:`term_scale` into the ring's range."""
-    terms = algorithm.secure_terms(uploads, min(float(weight), float(settings.max_samples)), float(settings.clip))
-    return flatten_terms(terms, term_scale(algorithm, settings))
+    """What a site masks: its :func:`site_terms`, scaled by :func:`term_scale` into the ring's range."""
+    return flatten_terms(site_terms(algorithm, uploads, weight, settings), term_scale(algorithm, settings))
 
 
 def term_scale(algorithm: Any, settings: Any) -> float:

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .secagg import Quantizer, SecAggSite, SecureAggregationError, unmask
+from .secagg import Quantizer, SecAggSite, SecureAggregationError, SumLayout, unmask
 
 PHASES = ("advert", "boxes", "masked", "reveal")
 ANSWERS = {"adverts": 1, "boxes": 2, "survivors": 3}  # what a site fetches → the phase that must have closed
@@ -68,6 +68,12 @@ def _json(payload: bytes, sender: str, kind: str) -> Any:
 
 
 # --- the aggregator ---------------------------------------------------------------------------------
+def relay_for(sites: list[str], settings: Any, layout: SumLayout) -> SecAggRelay:
+    """The relay of a federation of ``sites`` under ``settings`` (the plan's secure_aggregation)."""
+    return SecAggRelay(sites, settings.sites_needed(len(sites)), layout.words,
+                       Quantizer.for_sites(settings.clip, len(sites), settings.bits))
+
+
 class SecAggRelay:
     """The aggregator's side for a federation of ``sites`` (names, in the plan's order): one round at
     a time (a message of a later round starts it). ``words``: the length of every site's vector;
