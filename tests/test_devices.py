@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from fedcontrast import device_check
-from fedcontrast.devices import DeviceMistake, cpu_stand_in, device_generator, make_cuda_deterministic, resolve_device
+from fedcontrast.devices import (DeviceMistake, cpu_stand_in, device_generator, make_cuda_deterministic, resolve_device,
+                                 same_device, stand_in_works)
 from fedcontrast.errors import ConfigError
 from fedcontrast.models import backbones
 
@@ -48,6 +49,32 @@ def test_the_stand_in_refuses_a_generator_the_package_makes_without_a_device():
         assert torch.Generator().device.type == "cpu"  # other libraries keep torch's default
         assert isinstance(torch.default_generator, torch.Generator)
     assert torch.Generator is torch._C.Generator
+
+
+def test_what_torch_optimisers_create_without_a_device_is_on_the_cpu_as_on_a_gpu_machine():
+    """torch 2.11's Adam makes its step counter with ``torch.tensor(0.0)`` (no device; torch 2.13 names the
+    CPU): on a GPU machine that is the CPU, so inside the stand-in it must not be ``meta``."""
+    optim_file = os.path.join(os.path.dirname(torch.optim.__file__), "_stand_in_probe.py")
+    source = "step = torch.tensor(0.0, dtype=torch.float32)"
+    with cpu_stand_in():
+        as_optimiser = {"torch": torch}
+        exec(compile(source, optim_file, "exec"), as_optimiser)
+        assert as_optimiser["step"].device.type == "cpu" and float(as_optimiser["step"]) == 0.0
+        assert run_as_package_code(source)["step"].device.type == "meta"  # the package's own: judged
+        with torch.device("cpu"):
+            assert run_as_package_code(source)["step"].device.type == "cpu"
+    assert stand_in_works() == (True, "")
+
+
+def test_a_cuda_device_carries_its_index():
+    assert same_device("cuda", "cuda:0") and same_device(torch.device("cpu"), "cpu")
+    assert not same_device("cpu", "cuda:0") and not same_device("cuda:0", "cuda:1")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA here: resolve_device('cuda') is refused (test_cuda_is_refused_by_name_where_there_is_none)")
+    device = resolve_device("cuda")
+    assert device.index == torch.cuda.current_device() and torch.zeros(1, device=device).device == device
+    with pytest.raises(ConfigError, match="CUDA device"):
+        resolve_device(f"cuda:{torch.cuda.device_count()}")
 
 
 def test_fedssc_class_representations_and_loss_follow_the_device_of_their_inputs():
@@ -119,6 +146,9 @@ SUITE_ITEMS = [name for name in ITEMS if name != "resume+dp_sgd"]
 
 @pytest.mark.parametrize("name", SUITE_ITEMS)
 def test_every_device_sensitive_path_runs_through_the_stand_in_with_the_numbers_of_a_cpu_run(name):
+    works, why = stand_in_works()
+    if not works:
+        pytest.skip(why)
     backbones._CACHE.clear()  # FedPCL's backbones are pre-trained again, inside the stand-in
     plain = device_check.items("cpu")[name]()
     backbones._CACHE.clear()

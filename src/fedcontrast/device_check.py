@@ -112,13 +112,13 @@ def probe(cfg: RunConfig) -> Outcome:
 def pretrain(cfg: RunConfig) -> Outcome:
     """FedPCL's backbone pre-training on the public split, on the device."""
     from .construction import load_splits
-    from .devices import resolve_device
+    from .devices import resolve_device, same_device
     from .models.backbones import pretrain_backbone
 
     device = resolve_device(cfg.device)
     public = load_splits(cfg).public
     encoder = pretrain_backbone(cfg.model, public, seed=0, epochs=1, device=device)
-    if {p.device for p in encoder.parameters()} != {device}:
+    if not all(same_device(p.device, device) for p in encoder.parameters()):
         raise AssertionError(f"the pre-trained backbone is on {sorted({str(p.device) for p in encoder.parameters()})}, "
                              f"not on {device}")
     return Outcome({k: v.cpu() for k, v in encoder.state_dict().items()})

@@ -15,7 +15,10 @@ Rules the code keeps so that a run is right on CUDA as on the CPU:
 :func:`cpu_stand_in` checks the first rule on a machine without a GPU: inside it torch's default
 device is ``meta``, so a tensor or module created without a device is a meta tensor and mixing it
 with the run's (CPU) tensors raises, as a CPU tensor mixed with CUDA tensors would; and a
-``torch.Generator`` the package creates without a device raises at once.
+``torch.Generator`` the package creates without a device raises at once. What torch's optimisers
+create without a device (Adam's step counter on torch 2.11) is on the CPU, as it is on a GPU machine,
+whose default device is the CPU: the stand-in depends on no optimiser's internals
+(:func:`stand_in_works` says whether it runs on the installed torch).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from .errors import ConfigError
 
@@ -36,8 +40,10 @@ CUBLAS_WORKSPACE = ":4096:8"  # what cuBLAS needs for deterministic results (CUD
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` → ``cuda`` where CUDA is available, else ``cpu``. A CUDA device is made
-    deterministic (:func:`make_cuda_deterministic`) before the run touches it."""
+    """``auto`` → ``cuda`` where CUDA is available, else ``cpu``. A CUDA device always carries its
+    index (``cuda`` → ``cuda:0``, the current device), so that it equals the device of the tensors put
+    there (``torch.device('cuda') != torch.device('cuda:0')``). A CUDA device is made deterministic
+    (:func:`make_cuda_deterministic`) before the run touches it."""
     if name == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     elif name.startswith("cuda") and not torch.cuda.is_available():
@@ -45,8 +51,23 @@ def resolve_device(name: str) -> torch.device:
     else:
         device = torch.device(name)
     if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        elif device.index >= torch.cuda.device_count():
+            raise ConfigError(f"device {name!r} was requested but this machine has {torch.cuda.device_count()} "
+                              "CUDA device(s)")
         make_cuda_deterministic()
     return device
+
+
+def same_device(a: torch.device | str, b: torch.device | str) -> bool:
+    """Whether ``a`` and ``b`` name one device: ``cuda`` is the current CUDA device (``cuda:0``)."""
+    def canonical(d: torch.device | str) -> torch.device:
+        d = torch.device(d)
+        if d.type == "cuda" and d.index is None:
+            return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+        return d
+    return canonical(a) == canonical(b)
 
 
 def make_cuda_deterministic() -> None:
@@ -99,6 +120,64 @@ def _called_from_package() -> bool:
     return Path(frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE_DIR)
 
 
+# torch.optim's folder, as imported and as resolved (a venv's lib64 may be a link)
+_OPTIM_DIRS = tuple({os.path.dirname(torch.optim.__file__) + os.sep,
+                     str(Path(torch.optim.__file__).resolve().parent) + os.sep})
+
+
+class _LibraryStateOnCpu(TorchFunctionMode):
+    """Inside the stand-in: a tensor that torch's optimisers create without a device (Adam's step
+    counter on torch 2.11, ``torch.tensor(0.0)``) is put on the CPU, as on a GPU machine (whose default
+    device is the CPU, where torch hosts such counters on purpose), instead of ``meta``. Everything
+    else is left to torch's default-device mode below this one."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (kwargs.get("device") is None and func in _constructors() and torch.get_default_device().type == "meta"
+                and _inside_optimiser()):
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+def _constructors() -> set:
+    try:
+        from torch.utils._device import _device_constructors  # what set_default_device itself applies to
+
+        return _device_constructors()
+    except ImportError:  # a torch without it: the common factories
+        return {torch.empty, torch.zeros, torch.ones, torch.full, torch.tensor, torch.arange, torch.rand,
+                torch.randn, torch.randint, torch.randperm, torch.eye, torch.linspace, torch.as_tensor}
+
+
+def _inside_optimiser(depth: int = 12) -> bool:
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.startswith(_OPTIM_DIRS):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def stand_in_works() -> tuple[bool, str]:
+    """Whether the stand-in runs torch's own training steps on the installed torch (an SGD and an
+    Adam step of a module placed on the CPU); else ``(False, why)``, for tests to skip with."""
+    try:
+        with cpu_stand_in() as device:
+            with torch.device(device):
+                model = torch.nn.Linear(2, 1)
+            for make in (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), lambda p: torch.optim.Adam(p, lr=0.1)):
+                optimizer = make(model.parameters())
+                model(torch.ones(3, 2, device=device)).sum().backward()
+                optimizer.step()
+                float(next(iter(optimizer.state.values())).get("step", torch.zeros((), device=device)))
+    except Exception as exc:  # noqa: BLE001 - any failure means the stand-in cannot run here
+        return False, (f"the CPU stand-in cannot run torch {torch.__version__}'s optimisers "
+                       f"({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})")
+    return True, ""
+
+
 @contextlib.contextmanager
 def cpu_stand_in() -> Iterator[torch.device]:
     """Run the code inside on the CPU as if the CPU were a GPU: yields the device to run on
@@ -108,11 +187,14 @@ def cpu_stand_in() -> Iterator[torch.device]:
     torch's process-wide defaults, restored on exit)."""
     previous = torch.get_default_device()
     torch.set_default_device("meta")
+    library_state = _LibraryStateOnCpu()
+    library_state.__enter__()  # above the default-device mode: asked first
     torch.Generator = _PlacedGenerator
     try:
         yield torch.device("cpu")
     finally:
         torch.Generator = _REAL_GENERATOR
+        library_state.__exit__(None, None, None)
         torch.set_default_device(previous)
 
 

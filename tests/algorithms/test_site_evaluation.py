@@ -49,8 +49,9 @@ def test_weight_sharing_plugins_measure_the_received_global_model(algorithm):
     federation, (ctx, received, test) = after_one_round(algorithm)
     model = copy.deepcopy(federation.server.model)
     load_weights(model, federation.downlink.global_tensors)
+    # the reference on the device under test (the federation's: CUDA where present), as the site measures
     assert federation.algorithm.evaluate_at_site(ctx, received, test) == evaluate_classifier(model, test,
-                                                                                             torch.device("cpu"))
+                                                                                             federation.device)
 
 
 def test_fedsiam_also_measures_the_sites_own_local_model():
@@ -58,7 +59,7 @@ def test_fedsiam_also_measures_the_sites_own_local_model():
     metrics = federation.algorithm.evaluate_at_site(ctx, received, test)
     local = copy.deepcopy(federation.server.model)
     load_weights(local, ctx.state[LOCAL_MODEL])
-    assert metrics["local_accuracy"] == evaluate_classifier(local, test, torch.device("cpu"))["accuracy"]
+    assert metrics["local_accuracy"] == evaluate_classifier(local, test, federation.device)["accuracy"]
 
 
 def test_fedpcl_measures_the_personal_model_by_its_prototypes():
@@ -83,5 +84,5 @@ def test_flesd_measures_a_linear_probe_on_the_sites_own_labelled_data():
     metrics = federation.algorithm.evaluate_at_site(ctx, received, test)
     model = copy.deepcopy(federation.server.model)
     load_weights(model, received)
-    expected = linear_probe(model.encoder, ctx.data, test, torch.device("cpu"), epochs=10, module=model)
+    expected = linear_probe(model.encoder, ctx.data, test, federation.device, epochs=10, module=model)
     assert metrics["accuracy"] == expected["probe_accuracy"]
