@@ -52,6 +52,13 @@ def build_algorithm(config: RunConfig) -> Algorithm:
                           "combines individual uploads (e.g. FedSiam-DA's cosine weights); it supports fedavg, "
                           "fedprox, moon and flesd, and fedssc and fedpcl in their secure variants "
                           "(fedssc.class_reps: pooled, fedpcl.local_sets: global)")
+    if config.secure_aggregation is not None:  # a ring too coarse for the plugin's terms would ruin the model
+        from .privacy.secagg import SecureAggregationError, check_precision
+
+        try:
+            check_precision(algorithm, config.secure_aggregation, config.clients, config.min_samples)
+        except SecureAggregationError as exc:
+            raise ConfigError(str(exc)) from None
     if config.privacy is not None:
         unsupported = sorted(config.privacy.kinds - algorithm.dp_kinds)
         if unsupported:

@@ -133,7 +133,7 @@ def test_a_simulated_federation_with_secure_aggregation_equals_the_plain_one(tmp
         rows = [r for r in csv.DictReader(f) if r["task"] == "secure_aggregation"]
     assert [int(r["round"]) for r in rows] == [1, 2]
     cost = json.loads(rows[0]["extra"])
-    assert cost["threshold"] == 2 and 1.0 < cost["bytes_per_site"] / cost["plain_bytes_per_site"] < 2.1
+    assert cost["threshold"] == 3 and 1.0 < cost["bytes_per_site"] / cost["plain_bytes_per_site"] < 2.1
 
 
 def test_plans_that_need_individual_uploads_are_refused_in_one_sentence():
@@ -163,12 +163,12 @@ def test_the_audit_says_who_sees_what_and_a_site_policy_can_require_secure_aggre
 
     plain = audited(RunConfig(algorithm="fedavg", clients=3))
     secure = audited(RunConfig(algorithm="fedavg", clients=3, secure_aggregation={}))
-    assert plain.secure_sum_sites is None and secure.secure_sum_sites == 2  # a majority of 3
+    assert plain.secure_sum_sites is None and secure.secure_sum_sites == 3  # ⌊2·3/3⌋ + 1
     assert "aggregator sees each site's uploads above one by one" in format_report(plain)
-    assert "only inside sums of at least 2 sites" in format_report(secure)
+    assert "only inside sums of at least 3 sites" in format_report(secure)
     require = SitePolicy(require_secure_aggregation=True)
     assert any("no secure aggregation" in v for v in check_policy(plain, require))
     assert not any("secure aggregation" in v for v in check_policy(secure, require))
-    stricter = SitePolicy(require_secure_aggregation=True, min_secure_sites=3)
-    assert any("sums of 2 sites, fewer than the policy's min_secure_sites 3" in v
+    stricter = SitePolicy(require_secure_aggregation=True, min_secure_sites=4)
+    assert any("sums of 3 sites, fewer than the policy's min_secure_sites 4" in v
                for v in check_policy(secure, stricter))

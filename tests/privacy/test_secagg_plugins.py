@@ -18,7 +18,8 @@ from fedcontrast.config import RunConfig, SecureAggregationConfig
 from fedcontrast.construction import build_algorithm
 from fedcontrast.errors import ConfigError
 from fedcontrast.models import build_model
-from fedcontrast.privacy.secagg import Quantizer, secure_aggregate
+from fedcontrast.privacy.secagg import Quantizer
+from fedcontrast.privacy.secagg_protocol import secure_aggregate
 
 SITES = ["site_0", "site_1", "site_2"]
 WEIGHTS = {"site_0": 200.0, "site_1": 150.0, "site_2": 120.0}
@@ -98,7 +99,7 @@ def test_pooled_fedssc_follows_the_formula_and_secure_aggregation_gives_the_same
     tol = tolerance(largest=max(float(u[CLASS_MEANS].abs().max()) for u in uploads.values()), smallest_count=10.0)
     assert tol < 1e-6
     assert_same_downlink(plain, secure, tol)
-    assert secure.metrics == plain.metrics and cost.threshold == 2
+    assert secure.metrics == plain.metrics and cost.threshold == 3
 
 
 # --- FedPCL, local_sets: global --------------------------------------------------------------------
@@ -217,12 +218,12 @@ def test_the_audit_shows_class_means_prototypes_and_similarities_only_inside_the
     secure = audited(RunConfig(algorithm=algorithm, clients=3, hyperparameters=hp, secure_aggregation={}))
     plain = audited(RunConfig(algorithm=algorithm, clients=3, hyperparameters=hp))
     seen = {r.name: r.seen for r in secure.releases}
-    assert seen[shared] == "only inside sums of >= 2 sites"
+    assert seen[shared] == "only inside sums of >= 3 sites"
     assert {r.name: r.seen for r in plain.releases}[shared] == "individually" and not plain.secure_terms
     assert all(v == "individually" for k, v in seen.items() if "metrics" in k)  # metrics still leave one by one
     terms = {t.name: t for t in secure.secure_terms}
     assert summed in terms and terms[summed].kind == "representation" and terms[summed].dtype == "int32"
     text = format_report(secure)
     line = next(line for line in text.splitlines() if line.strip().startswith(shared) and "through the model" in line)
-    assert line.endswith("[aggregator: only inside sums of >= 2 sites]")
+    assert line.endswith("[aggregator: only inside sums of >= 3 sites]")
     assert "what each site masks into the sum" in text and summed in text

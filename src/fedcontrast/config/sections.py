@@ -300,8 +300,9 @@ class ExecutorConfig:
 @dataclass(frozen=True)
 class SecureAggregationConfig:
     """Secure aggregation (:mod:`fedcontrast.privacy.secagg`): the aggregator learns only the sum of
-    the sites' uploads. ``threshold``: the sites needed to unmask a round (Shamir t of n; default a
-    majority of the round's sites); a round with fewer survivors ends without a sum. ``clip``: every
+    the sites' uploads. ``threshold``: the sites needed to unmask a round (Shamir t of n; default
+    ``⌊2n/3⌋ + 1``, Bonawitz et al.'s choice against a lying operator, :func:`default_threshold`;
+    at least ``⌊n/2⌋ + 1``, :func:`minimum_threshold`); a round with fewer survivors ends without a sum. ``clip``: every
     weight a site uploads is clipped to ``[-clip, clip]`` before masking (the bound the aggregator can
     no longer check itself). ``max_samples``: a site's count is clipped to it and uploads are scaled by
     it (``n_k·w_k / max_samples`` and ``n_k / max_samples`` are what is summed). ``bits``: the ring, 32
@@ -323,5 +324,25 @@ class SecureAggregationConfig:
 
     def sites_needed(self, sites: int) -> int:
         """The threshold for a round of ``sites`` sites."""
-        return self.threshold if self.threshold is not None else sites // 2 + 1
+        return self.threshold if self.threshold is not None else default_threshold(sites)
+
+
+def minimum_threshold(sites: int) -> int:
+    """The smallest secure-aggregation threshold at which an operator that lies, with no site
+    colluding, cannot unmask one site: two survivor sets that each gather ``t`` consistency
+    signatures must share a signer (``2t > n``), and an honest site signs one set per round."""
+    return sites // 2 + 1
+
+
+def default_threshold(sites: int) -> int:
+    """Bonawitz et al.'s threshold against an active adversary, ``⌊2n/3⌋ + 1``: it withstands a
+    lying operator together with up to ``colluders_tolerated`` sites (about a third)."""
+    return (2 * sites) // 3 + 1
+
+
+def colluders_tolerated(sites: int, threshold: int) -> int:
+    """How many sites may collude with a lying operator while it still learns only sums of honest
+    sites: fewer than ``2t − n`` (no two survivor sets can both gather ``t`` signatures) and fewer
+    than ``t`` (their own shares rebuild nothing)."""
+    return max(0, min(2 * threshold - sites, threshold) - 1)
 

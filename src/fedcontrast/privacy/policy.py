@@ -13,6 +13,10 @@ A policy is a small YAML file (see ``policies/example-site.yaml``)::
     public_sample_count: false            # under DP: send the exact count (else noised once, accounted)
     share_training_metrics: false         # under DP default false; without DP default true
     share_evaluation_metrics: false       # the held-out accuracy of what the site received, likewise
+    require_secure_aggregation: true      # the aggregator may see this site's uploads only inside sums …
+    min_secure_sites: 3                   # … of at least this many sites
+    peers:                                # the other sites' keys, confirmed among the hospitals
+      hosp2: SHA256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
 
 Every key is optional; an absent key checks nothing, except TLS and client authentication, which a
 site requires unless its policy says ``false`` (and the sharing keys take their defaults). Anything at
@@ -24,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +41,7 @@ if TYPE_CHECKING:  # for annotations only: the audit imports the OpenFL site che
 
 POLICY_ENV = "FEDCONTRAST_SITE_POLICY"
 POLICY_FILE = "site_policy.yaml"  # in the workspace (the collaborator's working directory)
+FINGERPRINT = re.compile(r"(?i)sha256:[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,10 @@ class SitePolicy:
     share_evaluation_metrics: bool | None = None
     require_secure_aggregation: bool = False  # the aggregator may see this site's uploads only inside a sum
     min_secure_sites: int | None = None  # … of at least this many sites (the plan's threshold)
+    # The other sites' long-term keys, as the hospitals confirmed them among themselves (site → SHA256:
+    # fingerprint, `fedcontrast site roster`): secure aggregation shares nothing with a peer whose key
+    # differs, and under require_secure_aggregation nothing with one left out.
+    peers: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.max_epsilon is not None and not (_finite(self.max_epsilon) and self.max_epsilon > 0):
@@ -71,6 +81,16 @@ class SitePolicy:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise ConfigError(f"policy {name} must be an integer >= 1, got {value!r}")
+        if self.peers is not None:
+            if not isinstance(self.peers, dict) or not all(isinstance(k, str) for k in self.peers):
+                raise ConfigError("policy peers must map each site's name to its key's fingerprint (SHA256:…), "
+                                  f"got {self.peers!r}")
+            for site, value in self.peers.items():
+                if not (isinstance(value, str) and FINGERPRINT.fullmatch(value.strip())):
+                    raise ConfigError(f"policy peers: {site}'s fingerprint must be SHA256: and 64 hex digits (as "
+                                      f"`fedcontrast site roster` prints it), got {value!r}")
+            object.__setattr__(self, "peers", {k: v.strip().lower().replace("sha256:", "SHA256:")
+                                               for k, v in self.peers.items()})
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> SitePolicy:
@@ -123,6 +143,13 @@ def check_policy(report: AuditReport, policy: SitePolicy, *, sites: list[str] | 
         elif report.secure_sum_sites < wanted:
             violations.append(f"the plan's secure aggregation unmasks sums of {report.secure_sum_sites} sites, fewer "
                               f"than the policy's min_secure_sites {wanted}")
+    if policy.require_secure_aggregation and report.secure_sum_sites is not None:
+        unpinned = [s.name for s in report.sites if s.name not in (policy.peers or {}) and s.name not in (sites or ())]
+        if unpinned:
+            violations.append(f"the policy requires secure aggregation but pins no key for {', '.join(unpinned)} "
+                              "(peers:): without keys confirmed among the hospitals, an operator that lies could "
+                              "put its own keys in their place; confirm each fingerprint (`fedcontrast site roster`) "
+                              "and list it under peers:")
     violations += list(report.foreign_code)  # whatever else it says, a plan that runs code no one installed
     for line in report.code:
         if line.mismatch:

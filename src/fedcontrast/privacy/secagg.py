@@ -1,34 +1,45 @@
 """Secure aggregation: the aggregator learns only the sum of the sites' vectors (Bonawitz et al., CCS
-2017, "Practical Secure Aggregation for Privacy-Preserving Machine Learning"), with signed keys.
+2017, "Practical Secure Aggregation for Privacy-Preserving Machine Learning", the version secure
+against an actively lying server), with signed keys.
 
-One round, engine-free, as messages an engine carries (the aggregator only routes and sums):
+One round, engine-free, as messages an engine carries (the aggregator only routes and sums; the
+order, checks and dropouts are in :mod:`.secagg_protocol`):
 
 1. **advertise** — each site makes two X25519 key pairs, ``c`` (to encrypt the shares it sends) and
-   ``s`` (to agree pairwise masks), and signs both public keys, its name and the round with its
-   long-term key (its federation certificate's key), so the aggregator cannot swap keys.
-2. **share** — each site checks every peer's signature (a bad one is refused, naming the peer), draws
-   a self-mask seed ``b``, splits ``b`` and its ``s`` private key into ``n`` Shamir shares with
-   threshold ``t`` (pycryptodome's GF(2^128) scheme, 16-byte halves), and encrypts each peer's shares
-   with ChaCha20-Poly1305 under HKDF(X25519(c_u, c_v)); the aggregator routes ciphertexts it cannot read.
+   ``s`` (to agree pairwise masks), draws a self-mask seed ``b`` and commits to it (SHA-256), and
+   signs both public keys and the commitment with its long-term key (its federation certificate's or
+   SuperNode key), bound to the session (the plan's digest), the round, the threshold and its name
+   (:func:`bound`), so no advert replays into another round, run or federation.
+2. **share** — each site checks every peer's signature against that peer's long-term key (checked
+   by the engine: certificate, registration and the site's own pinned roster), splits ``b`` and its
+   ``s`` private key into Shamir shares with threshold ``t`` (pycryptodome's GF(2^128) scheme,
+   16-byte halves), and encrypts each peer's shares with ChaCha20-Poly1305 under
+   HKDF(X25519(c_u, c_v)); the aggregator routes ciphertexts it cannot read.
 3. **mask** — each site clips its vector to ``[-clip, clip]``, encodes it in fixed point in the ring
    Z/2^32 or Z/2^64 (:class:`Quantizer`: wide enough that the sum of every site cannot wrap) and adds
    ``PRG(b_u) + Σ_{v>u} PRG(s_uv) − Σ_{v<u} PRG(s_uv)``, ``s_uv`` = HKDF(X25519(s_u, s_v)), the PRG
    ChaCha20's keystream.
-4. **reveal** — each surviving site sends, for every survivor, its share of ``b`` and, for every site
-   that dropped out after the shares went round, its share of ``s`` — never both for one site; the
-   aggregator needs ``t`` of them per site.
-5. **unmask** — the aggregator rebuilds each survivor's ``b`` and each dropped site's ``s`` key,
-   removes their masks from the sum of the masked vectors and decodes it: the sum of the survivors'
-   clipped vectors, within ``Quantizer.error_bound(n)`` per element.
+4. **consistency** — each site signs the survivor set U3 it was told (bound like the advert).
+5. **reveal** — only once it holds at least ``t`` valid signatures over that same U3 from members of
+   U3, each surviving site sends, for every survivor, its share of ``b`` and, for every site that
+   dropped out after the shares went round, its share of ``s`` — never both for one site.
+6. **unmask** — the aggregator rebuilds each survivor's ``b`` and each dropped site's ``s`` key,
+   checks each against the site's commitment or public key (a garbage share is found and its sender
+   named, never summed), removes the masks from the sum of the masked vectors and decodes it: the sum
+   of the survivors' clipped vectors, within ``Quantizer.error_bound(n)`` per element.
 
-Nothing here is a home-made cipher or RNG: X25519, HKDF-SHA256, ChaCha20(-Poly1305), ECDSA/RSA-PSS/
-Ed25519 come from ``cryptography``; Shamir sharing from ``pycryptodome``; randomness from ``os.urandom``.
+Nothing here is a home-made cipher or RNG: X25519, HKDF-SHA256, SHA-256, ChaCha20(-Poly1305),
+ECDSA/RSA-PSS/Ed25519 come from ``cryptography``; Shamir sharing from ``pycryptodome``; randomness
+from ``os.urandom``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,9 +51,14 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from ..config.sections import colluders_tolerated, default_threshold, minimum_threshold  # noqa: F401
 from ..errors import FedContrastError
 
 RAW = serialization.Encoding.Raw, serialization.PublicFormat.Raw
+PROTOCOL = "fedcontrast secagg v2"
+# The decoded weighted mean may be off by at most this much per value (every site at the plan's
+# min_samples); coarser settings are refused at plan time (:func:`precision`).
+MAX_MEAN_ERROR = 1e-2
 
 
 class SecureAggregationError(FedContrastError):
@@ -82,6 +98,18 @@ class Quantizer:
     def signed(self):
         return np.int32 if self.bits == 32 else np.int64
 
+    @property
+    def step(self) -> float:
+        """The spacing of the ring's fixed-point values."""
+        return 2.0 ** -self.frac_bits
+
+    @property
+    def reach(self) -> float:
+        """How far one hostile site can move each summed value: a masked word is unverifiable, so it can
+        add any word of the ring, i.e. anything in ``[-reach, reach)`` after decoding (``2^(bits-1-f)``,
+        two to four times ``sites·clip``), not only values within the clip."""
+        return 2.0 ** (self.bits - 1 - self.frac_bits)
+
     def encode(self, x: np.ndarray) -> np.ndarray:
         scaled = np.rint(np.clip(np.asarray(x, dtype=np.float64), -self.clip, self.clip) * 2.0**self.frac_bits)
         return scaled.astype(self.signed).view(self.unsigned)
@@ -119,6 +147,17 @@ def _combine(shares: list[tuple[int, bytes]]) -> bytes:
     return b"".join(Shamir.combine([(i, s[h:h + 16]) for i, s in shares]) for h in (0, 16))
 
 
+def commitment(seed: bytes) -> bytes:
+    """A site's commitment to its self-mask seed (SHA-256; the seed is 32 random bytes, so it hides it):
+    the aggregator checks the seed it rebuilds from shares against it."""
+    return hashlib.sha256(PROTOCOL.encode() + b"|self-mask seed|" + seed).digest()
+
+
+def s_public(secret: bytes) -> bytes:
+    """The X25519 public key of a rebuilt ``s`` private key (to check it against the site's advert)."""
+    return x25519.X25519PrivateKey.from_private_bytes(secret).public_key().public_bytes(*RAW)
+
+
 # --- signatures with the site's long-term key -------------------------------------------------------
 def sign(key: Any, data: bytes) -> bytes:
     if isinstance(key, ec.EllipticCurvePrivateKey):
@@ -141,36 +180,56 @@ def verify(key: Any, signature: bytes, data: bytes) -> bool:
             key.verify(signature, data)
         else:
             return False
-    except InvalidSignature:
+    except (InvalidSignature, ValueError):
         return False
     return True
 
 
-def _advert_bytes(site: str, round_num: int, c_pk: bytes, s_pk: bytes) -> bytes:
-    return b"fedcontrast secagg v1|" + site.encode() + b"|" + str(round_num).encode() + b"|" + c_pk + s_pk
+def fingerprint(public_key: Any) -> str:
+    """A long-term public key's fingerprint, ``SHA256:`` and the hex SHA-256 of its DER
+    SubjectPublicKeyInfo: what hospitals read to each other to pin their peers' keys (the same for a
+    certificate's key and a SuperNode's OpenSSH key)."""
+    raw = public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return "SHA256:" + hashlib.sha256(raw).hexdigest()
+
+
+def bound(kind: str, session: bytes, round_num: int, threshold: int, signer: str, *parts: Any) -> bytes:
+    """What a site signs: ``kind`` (advert or consistency) and ``parts`` bound to the session (the
+    plan's digest: federation, sites, settings, run), the round, the threshold and the signer —
+    unambiguous (JSON, bytes as hex), so a signature never fits another round, run, federation or signer."""
+    fields = [PROTOCOL, kind, session.hex(), int(round_num), int(threshold), signer,
+              *[p.hex() if isinstance(p, bytes) else p for p in parts]]
+    return json.dumps(fields, separators=(",", ":"), sort_keys=True).encode()
 
 
 # --- a site --------------------------------------------------------------------------------------
 @dataclass
 class SecAggSite:
     """One site's side of one round. ``sites``: every site of the round, in order (``index`` = its
-    position + 1 is its Shamir x-coordinate); ``signing_key``: its long-term private key."""
+    position + 1 is its Shamir x-coordinate); ``signing_key``: its long-term private key;
+    ``session``: the digest every party derives from its own copy of the plan (:func:`bound`)."""
 
     name: str
     sites: list[str]
     threshold: int
     round_num: int
     signing_key: Any
+    session: bytes = b""
     _c: x25519.X25519PrivateKey = field(default_factory=x25519.X25519PrivateKey.generate, repr=False)
     _s: x25519.X25519PrivateKey = field(default_factory=x25519.X25519PrivateKey.generate, repr=False)
     _b: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
     peers: dict[str, dict[str, bytes]] = field(default_factory=dict, repr=False)  # verified adverts
     held: dict[str, tuple[int, bytes, bytes]] = field(default_factory=dict, repr=False)  # shares others sent me
+    signed: list[str] | None = None  # the survivor set this site signed (one per round)
+
+    def _advert_bytes(self, site: str, advert: dict[str, bytes]) -> bytes:
+        return bound("advert", self.session, self.round_num, self.threshold, site,
+                     advert["c_pk"], advert["s_pk"], advert["commit"])
 
     def advertise(self) -> dict[str, bytes]:
-        c_pk, s_pk = self._c.public_key().public_bytes(*RAW), self._s.public_key().public_bytes(*RAW)
-        return {"c_pk": c_pk, "s_pk": s_pk,
-                "signature": sign(self.signing_key, _advert_bytes(self.name, self.round_num, c_pk, s_pk))}
+        advert = {"c_pk": self._c.public_key().public_bytes(*RAW), "s_pk": self._s.public_key().public_bytes(*RAW),
+                  "commit": commitment(self._b)}
+        return {**advert, "signature": sign(self.signing_key, self._advert_bytes(self.name, advert))}
 
     def share(self, adverts: dict[str, dict[str, bytes]], signing_keys: dict[str, Any]) -> dict[str, bytes]:
         """Checks every advert against its site's long-term public key; the encrypted shares of
@@ -180,9 +239,10 @@ class SecAggSite:
             if advert is None:
                 raise SecureAggregationError(f"site {site} sent no keys for round {self.round_num + 1}")
             if site not in signing_keys or not verify(signing_keys[site], advert["signature"],
-                                                      _advert_bytes(site, self.round_num, advert["c_pk"], advert["s_pk"])):
+                                                      self._advert_bytes(site, advert)):
                 raise SecureAggregationError(f"site {site}'s key-agreement keys for round {self.round_num + 1} do not "
-                                             "carry its signature: refused (keys swapped or forged on the way)")
+                                             "carry its signature over this session, round and threshold: refused "
+                                             "(keys swapped, forged or replayed on the way)")
             self.peers[site] = advert
         n = len(self.sites)
         b_shares = _split(self._b, self.threshold, n)
@@ -221,6 +281,34 @@ class SecAggSite:
                 y = y + pairwise if self.sites.index(self.name) < self.sites.index(site) else y - pairwise
         return y
 
+    # --- the consistency round ---------------------------------------------------------------
+    def _consistency_bytes(self, signer: str, survivors: list[str]) -> bytes:
+        return bound("consistency", self.session, self.round_num, self.threshold, signer, sorted(survivors))
+
+    def sign_survivors(self, survivors: list[str]) -> bytes:
+        """This site's signature over the survivor set it was told; it signs one set per round."""
+        if self.signed is not None and sorted(self.signed) != sorted(survivors):
+            raise SecureAggregationError(f"site {self.name} was asked to sign a second survivor set in round "
+                                         f"{self.round_num + 1}: refused")
+        self.signed = sorted(survivors)
+        return sign(self.signing_key, self._consistency_bytes(self.name, survivors))
+
+    def check_consistency(self, signatures: dict[str, bytes], signing_keys: dict[str, Any]) -> list[str]:
+        """The members of the signed survivor set whose signatures over that same set verify; refused
+        with fewer than the threshold (sites were told different sets, or signatures were forged)."""
+        if self.signed is None:
+            raise SecureAggregationError(f"site {self.name} has signed no survivor set in round {self.round_num + 1}")
+        valid = [s for s in self.signed if s in signatures and s in signing_keys
+                 and verify(signing_keys[s], signatures[s], self._consistency_bytes(s, self.signed))]
+        if len(valid) < self.threshold:
+            bad = sorted(s for s in signatures if s not in valid)
+            raise SecureAggregationError(
+                f"only {len(valid)} of the sites told that {', '.join(self.signed)} survived round "
+                f"{self.round_num + 1} signed that same set, fewer than the threshold {self.threshold}"
+                + (f" (no valid signature from {', '.join(bad)})" if bad else "")
+                + ": the aggregator may have told sites different survivor sets; nothing is revealed")
+        return valid
+
     def reveal(self, survivors: list[str], dropped: list[str]) -> dict[str, tuple[str, int, bytes]]:
         """This site's shares for unmasking: of ``b`` for each survivor, of the ``s`` key for each
         dropped site; refused when a site is named both ways or too few survive."""
@@ -248,7 +336,7 @@ class SecAggSite:
         return _kdf((sender + "\0" + receiver + "\0" + str(self.round_num)).encode(), b"nonce")[:12]
 
     def _aad(self, sender: str, receiver: str) -> bytes:
-        return f"{sender}->{receiver}@{self.round_num}".encode()
+        return f"{sender}->{receiver}@{self.round_num}|".encode() + self.session
 
     @staticmethod
     def _pair_seed(private: x25519.X25519PrivateKey, peer_public: bytes) -> bytes:
@@ -256,10 +344,59 @@ class SecAggSite:
 
 
 # --- the aggregator --------------------------------------------------------------------------------
+def rebuild(target: str, what: str, shares: list[tuple[str, int, bytes]], threshold: int,
+            valid: Callable[[bytes], bool]) -> tuple[bytes, dict[str, str]]:
+    """``target``'s secret from ``shares`` (sender, index, share), checked by ``valid`` (its
+    commitment or public key), and the senders whose shares disagree with it (sender → sentence).
+
+    A secret rebuilt from ``t`` shares equals the committed one only if every one of those shares is
+    right (each enters the interpolation with a non-zero coefficient), so checking the first ``t``
+    and the last ``t`` — together every share, since ``2t > n`` — checks them all at twice the cost of
+    one rebuild. A window that fails is searched for a subset that rebuilds the commitment; the
+    shares off it are named. When no subset works, the round ends and the suspects are named."""
+    m = len(shares)
+    if m < threshold:
+        raise SecureAggregationError(f"only {m} shares of site {target}'s {what} arrived, fewer than the "
+                                     f"threshold {threshold}")
+
+    def combine(window: list[tuple[str, int, bytes]]) -> bytes | None:
+        try:
+            return _combine([(i, s) for _, i, s in window])
+        except ValueError:  # repeated x-coordinates: not shares of one polynomial
+            return None
+
+    def checked(window: list[tuple[str, int, bytes]]) -> bytes | None:
+        secret = combine(window)
+        return secret if secret is not None and valid(secret) else None
+
+    secret = checked(shares[:threshold])
+    if secret is not None and (m == threshold or combine(shares[m - threshold:]) == secret):
+        return secret, {}
+    good = shares[:threshold] if secret is not None else None
+    for start in range(1, m if good is None else 0):
+        window = [shares[(start + j) % m] for j in range(threshold)]
+        secret = checked(window)
+        if secret is not None:
+            good = window
+            break
+    if good is None or secret is None:
+        raise SecureAggregationError(
+            f"the {m} shares of site {target}'s {what} from {', '.join(sorted(s for s, _, _ in shares))} do not rebuild "
+            f"what {target} committed to, and no {threshold} of them do (a garbage share; with more than {threshold} "
+            "shares its sender is named): the round ends without a sum")
+    base = good[:-1]
+    bad = {sender: f"its share of site {target}'s {what} does not match what {target} committed to; left out"
+           for sender, i, share in shares if (sender, i, share) not in good and checked(base + [(sender, i, share)]) is None}
+    return secret, bad
+
+
 def unmask(masked: dict[str, np.ndarray], reveals: dict[str, dict[str, tuple[str, int, bytes]]],
-           adverts: dict[str, dict[str, bytes]], sites: list[str], threshold: int, quantizer: Quantizer) -> np.ndarray:
+           adverts: dict[str, dict[str, bytes]], sites: list[str], threshold: int, quantizer: Quantizer,
+           blamed: dict[str, str] | None = None) -> np.ndarray:
     """The sum of the survivors' vectors from their masked vectors (``masked``: survivor → vector) and
-    the survivors' reveals (survivor → its :meth:`SecAggSite.reveal`)."""
+    the survivors' reveals (survivor → its :meth:`SecAggSite.reveal`). Every rebuilt secret is checked
+    against the advert (``commit`` for a self-mask seed, ``s_pk`` for a dropped site's key); senders of
+    shares that disagree go into ``blamed`` (sender → sentence) and are left out."""
     survivors = [s for s in sites if s in masked]
     if len(survivors) < threshold:
         raise SecureAggregationError(f"only {len(survivors)} of {len(sites)} sites sent masked uploads, fewer than the "
@@ -270,13 +407,20 @@ def unmask(masked: dict[str, np.ndarray], reveals: dict[str, dict[str, tuple[str
         for site in survivors:
             total = total + masked[site]
         for site in sites:
-            shares = [(idx, share) for r in reveals.values() for target, (kind, idx, share) in r.items()
-                      if target == site and kind == ("b" if site in survivors else "s")]
-            if len(shares) < threshold:
-                raise SecureAggregationError(f"only {len(shares)} shares of site {site}'s mask arrived, fewer than the "
-                                             f"threshold {threshold}")
-            secret = _combine(shares[:threshold])
-            if site in survivors:
+            survived = site in survivors
+            kind = "b" if survived else "s"
+            shares = [(sender, idx, share) for sender, r in reveals.items() for target, (k, idx, share) in r.items()
+                      if target == site and k == kind]
+            advert = adverts[site]
+            if survived:
+                check = (lambda secret, a=advert: "commit" not in a or commitment(secret) == a["commit"])
+                secret, bad = rebuild(site, "self-mask seed", shares, threshold, check)
+            else:
+                secret, bad = rebuild(site, "pairwise-mask key", shares, threshold,
+                                      lambda secret, a=advert: s_public(secret) == a["s_pk"])
+            if blamed is not None:
+                blamed.update(bad)
+            if survived:
                 total = total - prg(secret, size, quantizer.unsigned)
                 continue
             dropped_key = x25519.X25519PrivateKey.from_private_bytes(secret)
@@ -286,20 +430,33 @@ def unmask(masked: dict[str, np.ndarray], reveals: dict[str, dict[str, tuple[str
     return quantizer.decode(total)
 
 
-# --- a round of weighted sums, all parties in one process (the simulator) --------------------------
-@dataclass
-class SecureRound:
-    """What :func:`secure_weighted_mean` measured: the bytes one site sent (keys, shares, masked
-    vector, reveals) and those it would have sent as a plain float32 upload."""
-
-    sites: int
-    threshold: int
-    bytes_per_site: float
-    plain_bytes_per_site: float
-    site_seconds: float = 0.0  # one site's protocol work (keys, shares, masking, reveal), mean over sites
-    aggregator_seconds: float = 0.0  # routing and unmasking
+def precision(algorithm: Any, settings: Any, sites: int, min_samples: int) -> tuple[Quantizer, float, float]:
+    """The ring of a federation of ``sites`` under ``settings``, the scale of the plugin's terms in it,
+    and the worst-case error of the decoded weighted mean per value when every site holds
+    ``min_samples`` samples: the ring's step times the scale, over a site's count (terms weighted by
+    it) — ``n·step/2`` of error in a sum of ``n`` sites, divided by at least ``n·min_samples``."""
+    quantizer = Quantizer.for_sites(float(settings.clip), sites, int(settings.bits))
+    scale = float(algorithm.secure_scale(float(settings.max_samples)))
+    weighted = scale != 1.0
+    error = quantizer.step / 2 * scale / (max(1, min_samples) if weighted else 1)
+    return quantizer, scale, error
 
 
+def check_precision(algorithm: Any, settings: Any, sites: int, min_samples: int) -> None:
+    """Refuses settings whose ring is too coarse for the plugin's terms, in one sentence that says what to change."""
+    try:
+        quantizer, scale, error = precision(algorithm, settings, sites, min_samples)
+    except SecureAggregationError as exc:
+        raise SecureAggregationError(f"secure_aggregation: {exc}") from None
+    if error > MAX_MEAN_ERROR:
+        fix = ("set secure_aggregation.bits: 64" if settings.bits == 32 else "lower secure_aggregation.clip")
+        raise SecureAggregationError(
+            f"secure_aggregation with clip {settings.clip:g}, max_samples {settings.max_samples:g} and a {settings.bits}-bit "
+            f"ring over {sites} sites leaves {quantizer.frac_bits} fractional bits (step {quantizer.step:.3g}): the "
+            f"averaged model could be off by {error:.3g} per value for sites of {min_samples} samples (at most "
+            f"{MAX_MEAN_ERROR:g} is allowed); {fix}, lower the clip, or lower max_samples towards the largest "
+            "site's sample count")
+# --- what a site masks, and what the sum becomes -------------------------------------------------
 def flatten_terms(terms: dict[str, Any], scale: float) -> np.ndarray:
     """A site's secure-sum terms (name → tensor) as one float64 vector, divided by ``scale``, in name order."""
     return np.concatenate([np.asarray(terms[k].detach().cpu().double().numpy()).ravel() / scale for k in sorted(terms)])
@@ -317,54 +474,6 @@ def unflatten_terms(total: np.ndarray, layout: dict[str, tuple[int, ...]], scale
     if offset != total.size:
         raise SecureAggregationError(f"the secure sum has {total.size} values where the plugin's terms declare {offset}")
     return out
-
-
-def secure_sum(vectors: dict[str, np.ndarray], settings: Any, round_num: int, *,
-               dropped: tuple[str, ...] = ()) -> tuple[np.ndarray, SecureRound]:
-    """``Σ vectors`` (site → float64 vector within ``[-settings.clip, settings.clip]``) by the
-    protocol, every party in this process (each site with a fresh Ed25519 signing key standing in for
-    its certificate's); ``dropped``: sites that go silent after masking (their vectors are not in the
-    sum). Returns the sum and what it cost (:class:`SecureRound`)."""
-    import time
-
-    t0 = time.process_time()
-    names = sorted(vectors)
-    t = settings.sites_needed(len(names))
-    private = {n: ed25519.Ed25519PrivateKey.generate() for n in names}
-    sites = {n: SecAggSite(n, names, t, round_num, private[n]) for n in names}
-    adverts = {n: site.advertise() for n, site in sites.items()}
-    public = {n: key.public_key() for n, key in private.items()}
-    boxes = {n: site.share(adverts, public) for n, site in sites.items()}
-    for n, site in sites.items():
-        site.receive({sender: box[n] for sender, box in boxes.items() if sender != n})
-    quantizer = Quantizer.for_sites(settings.clip, len(names), settings.bits)
-    masked = {n: sites[n].mask(vectors[n], quantizer) for n in names}
-    survivors = [n for n in names if n not in dropped]
-    reveals = {n: sites[n].reveal(survivors, [d for d in names if d in dropped]) for n in survivors}
-    t1 = time.process_time()
-    total = unmask({n: masked[n] for n in survivors}, reveals, adverts, names, t, quantizer)
-    t2 = time.process_time()
-    size = masked[names[0]].nbytes
-    key_bytes = sum(len(v) for v in adverts[names[0]].values())
-    share_bytes = sum(len(c) for c in boxes[names[0]].values())
-    reveal_bytes = sum(1 + 1 + len(r[2]) for r in reveals[survivors[0]].values()) if survivors else 0
-    plain = vectors[names[0]].size * 4
-    return total, SecureRound(len(names), t, float(size + key_bytes + share_bytes + reveal_bytes), float(plain),
-                              (t1 - t0) / len(names), t2 - t1)
-
-
-def secure_aggregate(algorithm: Any, uploads: dict[str, dict[str, Any]], weights: dict[str, float], settings: Any,
-                     round_num: int, server: Any, *, dropped: tuple[str, ...] = ()):
-    """A plugin's downlink from the secure sum of its sites' :meth:`~fedcontrast.algorithms.Algorithm.secure_terms`
-    (:func:`site_terms`), every party in this process: (downlink, :class:`SecureRound`)."""
-    names = sorted(uploads)
-    terms = {n: site_terms(algorithm, uploads[n], weights[n], settings) for n in names}
-    layout = SumLayout({k: tuple(v.shape) for k, v in terms[names[0]].items()},
-                       {k: v.dtype for k, v in uploads[names[0]].items()}, term_scale(algorithm, settings))
-    total, cost = secure_sum({n: flatten_terms(terms[n], layout.scale) for n in names}, settings, round_num,
-                             dropped=dropped)
-    cost.plain_bytes_per_site = float(sum(v.numel() * v.element_size() for v in uploads[names[0]].values()) + 4)
-    return layout.downlink(algorithm, total, server), cost
 
 
 @dataclass(frozen=True)

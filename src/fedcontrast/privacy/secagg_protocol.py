@@ -1,49 +1,58 @@
 """Secure aggregation between processes: the aggregator's relay and a site's side of one round, as
 messages any engine can carry (:mod:`.secagg` has the cryptography; this module the order, checks and
-dropouts of Bonawitz et al.'s four rounds).
+dropouts of Bonawitz et al.'s protocol against an actively lying server, with its consistency round).
 
 The aggregator (:class:`SecAggRelay`) only routes and sums. Each phase collects one message from
 every site still in the round and closes when all have arrived, or when the engine's deadline closes
 it with those present (:meth:`SecAggRelay.close`; fewer than the threshold ends the round):
 
-========== ===================================================== ==========================================
-phase      a site sends                                          then fetches
-========== ===================================================== ==========================================
-advert     its two public keys, signed, and its certificate      ``adverts``: every site's (U1)
-boxes      its encrypted Shamir shares, one per peer of U1       ``boxes``: those addressed to it, and U2
-masked     its masked vector (the only large message)            ``survivors``: U3 and the dropped U2 − U3
-reveal     shares of ``b`` for U3, of the ``s`` key for U2 − U3  nothing: the relay unmasks the sum
-========== ===================================================== ==========================================
+=========== ======================================================= ===========================================
+phase       a site sends                                            then fetches
+=========== ======================================================= ===========================================
+advert      its public keys and seed commitment, signed; its        ``adverts``: every site's (U1)
+            certificate (or a withdrawal: its own input failed
+            its checks)
+boxes       its encrypted Shamir shares, one per peer of U1         ``boxes``: those addressed to it, and U2
+masked      its masked vector (the only large message)              ``survivors``: U3
+consistency its signature over the U3 it was told                   ``signatures``: U3's members' signatures
+reveal      shares of ``b`` for U3, of the ``s`` key for U2 − U3    nothing: the relay unmasks the sum
+=========== ======================================================= ===========================================
+
+A site never trusts the relay's sets: each must be a subset of the one before, hold the site itself
+and at least ``threshold`` members, or the site stops with one sentence; it reveals only once at least
+``threshold`` members of U3 signed that very U3 (so two sites told different survivor sets cannot both
+reveal), and it works out U2 − U3 itself. Every signature is bound to the session (the plan's digest,
+:func:`session_digest`), the round, the threshold and the signer. A site checks every peer's long-term
+key with the engine's ``peer_key`` (certificate or registration, then the site's own pinned roster,
+:class:`PinnedKeys`) before it sends a share.
 
 Messages are JSON (bytes in base64) except the masked vector (raw ring words); each is checked for
-its exact shape before it is kept, and a malformed one raises :class:`SecureAggregationError`
-naming the sender. A site checks every peer's signature against that peer's certificate (signed by
-the federation's CA, issued for that name) before it sends a share.
-
-Threat model (say it to the privacy officer): an aggregator that follows the protocol but records
-everything learns only the sum of at least ``threshold`` sites; keys cannot be swapped by anyone
-without the CA's key. An operator that holds the federation's CA *and* deviates from the protocol
-(mints certificates, tells sites different survivor sets) is outside it, as in Bonawitz et al.'s
-semi-honest setting without their consistency round.
+its exact shape before it is used, and a malformed one raises :class:`SecureAggregationError` naming
+the sender. The guarantee, as the paper proves it, is in docs/privacy.md.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .secagg import Quantizer, SecAggSite, SecureAggregationError, SumLayout, unmask
+from ..config.sections import minimum_threshold
+from .secagg import (Quantizer, SecAggSite, SecureAggregationError, SumLayout, fingerprint, flatten_terms,
+                     site_terms, term_scale, unmask)
 
-PHASES = ("advert", "boxes", "masked", "reveal")
-ANSWERS = {"adverts": 1, "boxes": 2, "survivors": 3}  # what a site fetches → the phase that must have closed
+PHASES = ("advert", "boxes", "masked", "consistency", "reveal")
+ANSWERS = {"adverts": 1, "boxes": 2, "survivors": 3, "signatures": 4}  # what a site fetches → the phase that closed
 KEY_BYTES, SHARE_BYTES, BOX_BYTES = 32, 32, 1 + 32 + 32 + 16  # a box: index, b share, s share, Poly1305 tag
-MAX_SIGNATURE, MAX_CERTIFICATE = 1024, 16384
+ADVERT_FIELDS = ("c_pk", "s_pk", "commit", "signature", "certificate")
+MAX_SIGNATURE, MAX_CERTIFICATE, MAX_REASON = 1024, 16384, 500
 
 
 def _b64(data: bytes) -> str:
@@ -51,6 +60,8 @@ def _b64(data: bytes) -> str:
 
 
 def _unb64(text: Any, size: int | None, what: str) -> bytes:
+    if not isinstance(text, str):
+        raise SecureAggregationError(f"{what} is not base64 text")
     try:
         data = base64.b64decode(text, validate=True)
     except (TypeError, ValueError):
@@ -63,8 +74,41 @@ def _unb64(text: Any, size: int | None, what: str) -> bytes:
 def _json(payload: bytes, sender: str, kind: str) -> Any:
     try:
         return json.loads(payload.decode())
-    except (UnicodeDecodeError, ValueError):
-        raise SecureAggregationError(f"site {sender}'s secure-aggregation {kind} message is not JSON; refused") from None
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        raise SecureAggregationError(f"{sender}'s secure-aggregation {kind} message is not JSON; refused") from None
+
+
+def _names(value: Any, what: str) -> list[str]:
+    if not (isinstance(value, list) and all(isinstance(s, str) for s in value) and len(set(value)) == len(value)):
+        raise SecureAggregationError(f"{what} is not a list of distinct site names; refused")
+    return value
+
+
+def session_digest(config: Mapping[str, Any], sites: list[str], run: str = "") -> bytes:
+    """What every party derives from its own copy of the plan (its run configuration ``config`` as a
+    mapping, the federation's ``sites`` in order, the engine's run label): every signature is bound
+    to it, so nothing signed for one federation, plan or run verifies in another."""
+    text = json.dumps({"config": config, "sites": list(sites), "run": str(run)}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).digest()
+
+
+def check_advert(site: str, advert: Any, what: str) -> dict[str, str]:
+    """An advert of ``site`` in its exact shape (each key and the commitment 32 bytes, a signature, a
+    certificate or key as text); raises naming ``what`` it came from."""
+    if not isinstance(advert, dict) or set(advert) != set(ADVERT_FIELDS):
+        raise SecureAggregationError(f"{what}: site {site}'s advert does not carry exactly its keys, commitment, "
+                                     f"signature and certificate ({', '.join(ADVERT_FIELDS)})")
+    try:
+        for name in ("c_pk", "s_pk", "commit"):
+            _unb64(advert[name], KEY_BYTES, name)
+        if len(_unb64(advert["signature"], None, "its signature")) > MAX_SIGNATURE:
+            raise SecureAggregationError("its signature is too long")
+    except SecureAggregationError as exc:
+        raise SecureAggregationError(f"{what}: site {site}'s advert is malformed ({exc})") from None
+    if not isinstance(advert["certificate"], str) or not advert["certificate"] \
+            or len(advert["certificate"]) > MAX_CERTIFICATE:
+        raise SecureAggregationError(f"{what}: site {site}'s advert carries no certificate or key (text)")
+    return advert
 
 
 # --- the aggregator ---------------------------------------------------------------------------------
@@ -76,8 +120,9 @@ def relay_for(sites: list[str], settings: Any, layout: SumLayout) -> SecAggRelay
 
 class SecAggRelay:
     """The aggregator's side for a federation of ``sites`` (names, in the plan's order): one round at
-    a time (a message of a later round starts it). ``words``: the length of every site's vector;
-    ``quantizer``: the ring (the same at every site). Thread-safe."""
+    a time, begun by the engine (:meth:`begin`); a message of any other round is refused.
+    ``words``: the length of every site's vector; ``quantizer``: the ring (the same at every site).
+    Thread-safe."""
 
     def __init__(self, sites: list[str], threshold: int, words: int, quantizer: Quantizer) -> None:
         self.all_sites, self.threshold, self.words, self.quantizer = list(sites), threshold, words, quantizer
@@ -88,9 +133,11 @@ class SecAggRelay:
     def begin(self, round_num: int) -> None:
         with self.lock:
             self.round, self.phase = round_num, 0
-            self.members: list[list[str]] = [list(self.all_sites)]  # U0 (all), U1, U2, U3, U4
+            self.members: list[list[str]] = [list(self.all_sites)]  # U0 (all), U1 … U5
             self.received: list[dict[str, Any]] = [{} for _ in PHASES]
-            self.dropped: dict[str, str] = {}  # site → the phase it missed
+            self.dropped: dict[str, str] = {}  # site → why it is out (the phase it missed, or its withdrawal)
+            self.withdrawn: dict[str, str] = {}  # site → the reason it gave
+            self.blamed: dict[str, str] = {}  # site → its share that disagreed (left out of the unmasking)
             self.sum: np.ndarray | None = None
             self.unmask_cpu_s = 0.0
             self.started = time.monotonic()
@@ -103,13 +150,12 @@ class SecAggRelay:
     def receive(self, site: str, round_num: int, kind: str, payload: bytes) -> None:
         """Keep one site's message (checked) and close the phase once every member sent its own."""
         with self.lock:
-            if round_num < self.round:
-                return  # a stale message of a round that ended
-            if round_num > self.round:
-                self.begin(round_num)
+            if round_num != self.round:
+                raise SecureAggregationError(f"site {site} sent a secure-aggregation {kind} message of round "
+                                             f"{round_num + 1} during round {self.round + 1}; refused")
             if site in self.dropped:
                 raise SecureAggregationError(f"site {site} was dropped from round {round_num + 1}'s secure aggregation "
-                                             f"(it missed the {self.dropped[site]} phase); its {kind} message is refused")
+                                             f"({self.dropped[site]}); its {kind} message is refused")
             if kind not in PHASES or PHASES.index(kind) != self.phase:
                 expected = PHASES[self.phase] if self.open else "nothing"
                 raise SecureAggregationError(f"site {site} sent a secure-aggregation {kind} message in round "
@@ -118,9 +164,16 @@ class SecAggRelay:
                 raise SecureAggregationError(f"site {site} is not a member of round {round_num + 1}'s secure aggregation")
             if site in self.received[self.phase]:
                 raise SecureAggregationError(f"site {site} sent its {kind} message of round {round_num + 1} twice")
-            self.received[self.phase][site] = getattr(self, f"_check_{kind}")(site, payload)
-            if len(self.received[self.phase]) == len(self.members[self.phase]):
+            message = getattr(self, f"_check_{kind}")(site, payload)
+            if kind == "advert" and "withdraw" in message:
+                self.withdrawn[site] = self.dropped[site] = f"it withdrew: {message['withdraw']}"
+            else:
+                self.received[self.phase][site] = message
+            if self._all_in():
                 self._advance()
+
+    def _all_in(self) -> bool:
+        return all(s in self.received[self.phase] or s in self.dropped for s in self.members[self.phase])
 
     def close(self, at_least: int = 0) -> list[str]:
         """The engine's deadline passed: close the open phase with the sites that sent (when at least
@@ -129,17 +182,21 @@ class SecAggRelay:
             if not self.open:
                 return []
             present, expected = self.received[self.phase], self.members[self.phase]
-            missing = [s for s in expected if s not in present]
+            missing = [s for s in expected if s not in present and s not in self.dropped]
             needed = max(self.threshold, at_least)
             if len(present) < needed:
+                silent = f" (no answer from {', '.join(missing)})" if missing else ""
                 raise SecureAggregationError(
                     f"round {self.round + 1}'s secure aggregation: only {len(present)} of {len(expected)} sites sent "
-                    f"their {PHASES[self.phase]} message in time (no answer from {', '.join(missing)}), fewer than "
-                    f"the {needed} needed; the round ends without a sum")
+                    f"their {PHASES[self.phase]} message in time{silent}{self._withdrawals()}, fewer than the "
+                    f"{needed} needed; the round ends without a sum")
             for site in missing:
-                self.dropped[site] = PHASES[self.phase]
+                self.dropped[site] = f"it missed the {PHASES[self.phase]} phase's deadline"
             self._advance()
             return missing
+
+    def _withdrawals(self) -> str:
+        return "".join(f"; {s} withdrew: {r}" for s, r in self.withdrawn.items())
 
     def answer(self, site: str, round_num: int, kind: str) -> bytes | None:
         """What ``site`` fetches once the phase before it closed; None while it is open."""
@@ -148,7 +205,7 @@ class SecAggRelay:
                 return None
             if site in self.dropped:
                 return json.dumps({"dropped": f"this site was dropped from round {round_num + 1}'s secure aggregation "
-                                              f"(it missed the {self.dropped[site]} phase's deadline)"}).encode()
+                                              f"({self.dropped[site]})"}).encode()
             if self.phase < ANSWERS[kind]:
                 return None
             if kind == "adverts":
@@ -156,9 +213,9 @@ class SecAggRelay:
             if kind == "boxes":
                 boxes = {sender: box[site] for sender, box in self.received[1].items() if site in box}
                 return json.dumps({"peers": self.members[2], "boxes": boxes}).encode()
-            survivors = self.members[3]
-            return json.dumps({"survivors": survivors,
-                               "dropped": [s for s in self.members[2] if s not in survivors]}).encode()
+            if kind == "survivors":
+                return json.dumps({"survivors": self.members[3]}).encode()
+            return json.dumps({"signatures": self.received[3]}).encode()
 
     def total(self, round_num: int) -> np.ndarray:
         """The sum of the survivors' vectors of ``round_num`` (float64), once unmasked."""
@@ -170,39 +227,39 @@ class SecAggRelay:
 
     @property
     def survivors(self) -> list[str]:
+        """U3: the sites whose vectors are in the round's sum."""
         return list(self.members[3]) if len(self.members) > 3 else []
 
     # --- phases -------------------------------------------------------------------------------
     def _advance(self) -> None:
         present = [s for s in self.members[self.phase] if s in self.received[self.phase]]
         if len(present) < self.threshold:
-            raise SecureAggregationError(f"round {self.round + 1}'s secure aggregation: {len(present)} sites left, "
-                                         f"fewer than the threshold {self.threshold}; the round ends without a sum")
+            raise SecureAggregationError(f"round {self.round + 1}'s secure aggregation: {len(present)} sites left"
+                                         f"{self._withdrawals()}, fewer than the threshold {self.threshold}; the round "
+                                         "ends without a sum")
         self.members.append(present)
         self.phase += 1
         if self.phase == len(PHASES):
-            adverts = {s: {"s_pk": _unb64(a["s_pk"], KEY_BYTES, "a key")} for s, a in self.received[0].items()}
+            adverts = {s: {"s_pk": _unb64(a["s_pk"], KEY_BYTES, "a key"), "commit": _unb64(a["commit"], KEY_BYTES, "a key")}
+                       for s, a in self.received[0].items()}
             masked = {s: self.received[2][s] for s in self.members[3]}
             cpu = time.process_time()
-            self.sum = unmask(masked, self.received[3], adverts, self.members[2], self.threshold, self.quantizer)
+            self.sum = unmask(masked, self.received[4], adverts, self.members[2], self.threshold, self.quantizer,
+                              self.blamed)
             self.unmask_cpu_s = time.process_time() - cpu
 
     def _check_advert(self, site: str, payload: bytes) -> dict[str, str]:
-        advert = _json(payload, site, "advert")
-        if not isinstance(advert, dict) or set(advert) != {"c_pk", "s_pk", "signature", "certificate"}:
-            raise SecureAggregationError(f"site {site}'s advert does not carry exactly its keys, signature and certificate")
-        try:
-            _unb64(advert["c_pk"], KEY_BYTES, "a key"), _unb64(advert["s_pk"], KEY_BYTES, "a key")
-            if len(_unb64(advert["signature"], None, "a signature")) > MAX_SIGNATURE:
-                raise SecureAggregationError("its signature is too long")
-        except SecureAggregationError as exc:
-            raise SecureAggregationError(f"site {site}'s advert is malformed: {exc}") from None
-        if not isinstance(advert["certificate"], str) or len(advert["certificate"]) > MAX_CERTIFICATE:
-            raise SecureAggregationError(f"site {site}'s advert carries no certificate (PEM text)")
-        return advert
+        advert = _json(payload, f"site {site}", "advert")
+        if isinstance(advert, dict) and set(advert) == {"withdraw"}:
+            reason = advert["withdraw"]
+            if not isinstance(reason, str) or not reason or len(reason) > MAX_REASON:
+                raise SecureAggregationError(f"site {site}'s withdrawal gives no reason (a sentence of at most "
+                                             f"{MAX_REASON} characters)")
+            return {"withdraw": reason}
+        return check_advert(site, advert, "the advert it sent")
 
     def _check_boxes(self, site: str, payload: bytes) -> dict[str, str]:
-        boxes = _json(payload, site, "boxes")
+        boxes = _json(payload, f"site {site}", "boxes")
         peers = {s for s in self.members[1] if s != site}
         if not isinstance(boxes, dict) or set(boxes) != peers:
             raise SecureAggregationError(f"site {site} sent shares for {sorted(boxes) if isinstance(boxes, dict) else '?'}"
@@ -221,79 +278,188 @@ class SecAggRelay:
                                          f"{self.round + 1} declares {size}; refused")
         return np.frombuffer(payload, dtype=self.quantizer.unsigned).copy()
 
+    def _check_consistency(self, site: str, payload: bytes) -> str:
+        message = _json(payload, f"site {site}", "consistency")
+        if not isinstance(message, dict) or set(message) != {"signature"}:
+            raise SecureAggregationError(f"site {site}'s consistency message does not carry exactly its signature")
+        try:
+            if len(_unb64(message["signature"], None, "its signature")) > MAX_SIGNATURE:
+                raise SecureAggregationError("it is too long")
+        except SecureAggregationError as exc:
+            raise SecureAggregationError(f"site {site}'s consistency signature is malformed ({exc})") from None
+        return message["signature"]
+
     def _check_reveal(self, site: str, payload: bytes) -> dict[str, tuple[str, int, bytes]]:
-        reveal = _json(payload, site, "reveal")
+        reveal = _json(payload, f"site {site}", "reveal")
         survivors = set(self.members[3])
         dropped = set(self.members[2]) - survivors
         if not isinstance(reveal, dict) or set(reveal) != survivors | dropped:
             raise SecureAggregationError(f"site {site} revealed shares for other sites than the round's")
+        index = self.members[1].index(site) + 1  # a share's x-coordinate: the holder's place in U1
         out = {}
         for target, entry in reveal.items():
             kind = "b" if target in survivors else "s"
-            if not (isinstance(entry, list) and len(entry) == 3 and entry[0] == kind and isinstance(entry[1], int)
-                    and 1 <= entry[1] <= 255):
-                raise SecureAggregationError(f"site {site}'s share for {target} is malformed")
-            out[target] = (kind, entry[1], _unb64(entry[2], SHARE_BYTES, f"site {site}'s share for {target}"))
+            if not (isinstance(entry, list) and len(entry) == 3 and entry[0] == kind and entry[1] == index):
+                raise SecureAggregationError(f"site {site}'s share for {target} is malformed (a {kind} share at index "
+                                             f"{index} was expected)")
+            out[target] = (kind, index, _unb64(entry[2], SHARE_BYTES, f"site {site}'s share for {target}"))
         return out
 
 
+# --- a site's trust in its peers' keys ------------------------------------------------------------
+class PinnedKeys:
+    """A site's check of a peer's long-term key: the engine's own check (``verify(site, text)``: a
+    certificate against the federation's CA, a registered SuperNode key, …) and then the site's
+    roster (``pins``: site → :func:`~.secagg.fingerprint`, from its policy's ``peers:``), which the
+    hospitals confirmed among themselves and the operator cannot change. A pinned peer whose key
+    differs is refused; an unpinned one is refused when ``required`` (the policy requires secure
+    aggregation), else accepted and listed in ``unpinned``."""
+
+    def __init__(self, verify: Callable[[str, str], Any], pins: Mapping[str, str] | None = None,
+                 required: bool = False) -> None:
+        self.verify, self.pins, self.required = verify, dict(pins or {}), required
+        self.unpinned: set[str] = set()
+
+    def __call__(self, site: str, text: str) -> Any:
+        key = self.verify(site, text)
+        seen = fingerprint(key)
+        pinned = self.pins.get(site)
+        if pinned is not None and pinned.lower() != seen.lower():
+            raise SecureAggregationError(f"site {site}'s key {seen} is not the key pinned for it in this site's policy "
+                                         f"({pinned}): refused, nothing is shared with it (a key substituted on the "
+                                         "way, or a site that changed its key without telling the others)")
+        if pinned is None:
+            if self.required:
+                raise SecureAggregationError(f"site {site}'s key ({seen}) is not pinned in this site's policy (peers:), "
+                                             "which requires secure aggregation: nothing is shared with it (confirm its "
+                                             "fingerprint with that site, e.g. by phone, and add it under peers:)")
+            self.unpinned.add(site)
+        return key
+
+
 # --- a site --------------------------------------------------------------------------------------
+def _answer(payload: bytes | None) -> Any:
+    """The relay's answer; a site the relay dropped raises (the sentence says why)."""
+    if payload is None:
+        raise SecureAggregationError("the aggregator sent no secure-aggregation answer")
+    answer = _json(payload, "the aggregator", "answer")
+    if isinstance(answer, dict) and set(answer) == {"dropped"} and isinstance(answer["dropped"], str):
+        raise SecureAggregationError(answer["dropped"][:MAX_REASON])
+    if not isinstance(answer, dict):
+        raise SecureAggregationError("the aggregator's secure-aggregation answer is not a mapping; refused")
+    return answer
+
+
 class SecAggSteps:
     """One site's side of one round, one step per message of the aggregator (an engine that pushes
     messages, like Flower's, calls them in turn; :class:`SecAggClient` drives them by polling):
     :meth:`advert` → :meth:`boxes` (given every site's advert) → :meth:`masked` (given the shares
-    addressed to it) → :meth:`reveal` (given the survivors). ``peer_key(site, certificate)``: that
-    site's public key once its certificate (or registered key) is checked; raises otherwise."""
+    addressed to it) → :meth:`consistency` (given the survivors) → :meth:`reveal` (given their
+    signatures). ``peer_key(site, certificate)``: that site's long-term public key once checked
+    (:class:`PinnedKeys`); raises otherwise. ``session``: :func:`session_digest` of this site's plan."""
 
     def __init__(self, name: str, sites: list[str], threshold: int, round_num: int, signing_key: Any,
-                 certificate: str, peer_key: Callable[[str, str], Any], vector: np.ndarray, quantizer: Quantizer) -> None:
-        self.site = SecAggSite(name, list(sites), threshold, round_num, signing_key)
+                 certificate: str, peer_key: Callable[[str, str], Any], vector: np.ndarray, quantizer: Quantizer,
+                 session: bytes = b"") -> None:
+        if name not in sites:
+            raise SecureAggregationError(f"site {name} is not a site of this plan ({', '.join(sites)})")
+        if not minimum_threshold(len(sites)) <= threshold <= len(sites):
+            raise SecureAggregationError(f"the plan's secure-aggregation threshold {threshold} of {len(sites)} sites is "
+                                         f"outside {minimum_threshold(len(sites))}..{len(sites)}: below a majority an "
+                                         "operator that lies could unmask this site; this site takes no part")
+        self.plan_sites, self.threshold = list(sites), threshold
+        self.site = SecAggSite(name, list(sites), threshold, round_num, signing_key, session)
         self.certificate, self.peer_key, self.vector, self.quantizer = certificate, peer_key, vector, quantizer
-        self.peers: list[str] = []
+        self.keys: dict[str, Any] = {name: signing_key.public_key()}
+        self.u1: list[str] = []
+        self.u2: list[str] = []
+        self.u3: list[str] = []
+        self.sent_advert: dict[str, str] = {}
+
+    @property
+    def name(self) -> str:
+        return self.site.name
+
+    def _round(self) -> str:
+        return f"round {self.site.round_num + 1}"
+
+    def _members(self, names: list[str], within: list[str], what: str) -> list[str]:
+        """``names`` (the relay's set) checked: within the previous set, holding this site, at least the threshold."""
+        strangers = sorted(set(names) - set(within))
+        if strangers:
+            raise SecureAggregationError(f"the aggregator's {what} of {self._round()} names {', '.join(strangers)}, "
+                                         "outside the sites of the phase before: refused, nothing more is sent")
+        if self.name not in names:
+            raise SecureAggregationError(f"the aggregator left this site ({self.name}) out of {self._round()}'s {what}")
+        if len(names) < self.threshold:
+            raise SecureAggregationError(f"the aggregator's {what} of {self._round()} has {len(names)} sites, fewer than "
+                                         f"the threshold {self.threshold}: refused, nothing more is sent (fewer would "
+                                         "let it unmask a single site)")
+        return [s for s in within if s in names]  # in the plan's order
 
     def advert(self) -> bytes:
         advert = self.site.advertise()
-        return json.dumps({**{k: _b64(v) for k, v in advert.items()}, "certificate": self.certificate}).encode()
+        self.sent_advert = {**{k: _b64(v) for k, v in advert.items()}, "certificate": self.certificate}
+        return json.dumps(self.sent_advert).encode()
 
-    def boxes(self, answer: bytes) -> bytes:
-        site, adverts = self.site, _answer(answer)
-        if not isinstance(adverts, dict) or site.name not in adverts:
-            raise SecureAggregationError(f"the aggregator left this site ({site.name}) out of round "
-                                         f"{site.round_num + 1}'s keys")
-        keys = {peer: self.peer_key(peer, a["certificate"]) for peer, a in adverts.items()}
-        site.sites = [s for s in site.sites if s in adverts]  # U1, in the plan's order
-        boxes = site.share({p: {k: _unb64(a[k], None, "a key") for k in ("c_pk", "s_pk", "signature")}
-                            for p, a in adverts.items()}, keys)
+    def boxes(self, answer: bytes | None) -> bytes:
+        adverts = _answer(answer)
+        self.u1 = self._members(list(adverts), self.plan_sites, "key adverts")
+        for peer in self.u1:
+            check_advert(peer, adverts[peer], "the aggregator's adverts")
+        if adverts[self.name] != self.sent_advert:
+            raise SecureAggregationError(f"the aggregator's adverts of {self._round()} carry keys for this site "
+                                         f"({self.name}) other than the ones it sent: refused")
+        for peer in self.u1:
+            if peer != self.name:
+                self.keys[peer] = self.peer_key(peer, adverts[peer]["certificate"])
+        self.site.sites = list(self.u1)
+        boxes = self.site.share({p: {k: _unb64(adverts[p][k], None, k) for k in ("c_pk", "s_pk", "commit", "signature")}
+                                 for p in self.u1}, self.keys)
         return json.dumps({p: _b64(b) for p, b in boxes.items()}).encode()
 
-    def masked(self, answer: bytes) -> bytes:
-        site, mine = self.site, _answer(answer)
-        self.peers = [s for s in site.sites if s in mine["peers"]]
-        if site.name not in self.peers or set(mine["boxes"]) != set(self.peers) - {site.name}:
-            raise SecureAggregationError(f"the aggregator's shares for {site.name} do not match round "
-                                         f"{site.round_num + 1}'s sites")
-        site.receive({p: _unb64(b, BOX_BYTES, "a box") for p, b in mine["boxes"].items()})
-        return site.mask(self.vector, self.quantizer, self.peers).tobytes()
+    def masked(self, answer: bytes | None) -> bytes:
+        mine = _answer(answer)
+        if set(mine) != {"peers", "boxes"} or not isinstance(mine["boxes"], dict):
+            raise SecureAggregationError(f"the aggregator's shares for {self.name} are malformed; refused")
+        self.u2 = self._members(_names(mine["peers"], "the aggregator's list of sites that shared"), self.u1,
+                                "list of sites that shared keys")
+        if set(mine["boxes"]) != set(self.u2) - {self.name}:
+            raise SecureAggregationError(f"the aggregator's shares for {self.name} do not match {self._round()}'s sites")
+        self.site.receive({p: _unb64(b, BOX_BYTES, f"the shares from {p}") for p, b in mine["boxes"].items()})
+        return self.site.mask(self.vector, self.quantizer, self.u2).tobytes()
 
-    def reveal(self, answer: bytes) -> bytes:
-        site, answer = self.site, _answer(answer)
-        survivors, dropped = answer["survivors"], answer["dropped"]
-        if not set(survivors) | set(dropped) <= set(self.peers) or site.name not in survivors:
-            raise SecureAggregationError(f"the aggregator named survivors of round {site.round_num + 1} that did not "
-                                         "share keys with this site; nothing is revealed")
-        reveal = site.reveal(survivors, dropped)
+    def consistency(self, answer: bytes | None) -> bytes:
+        told = _answer(answer)
+        if set(told) != {"survivors"}:
+            raise SecureAggregationError("the aggregator's survivor set is malformed; refused")
+        self.u3 = self._members(_names(told["survivors"], "the aggregator's survivor set"), self.u2, "survivor set")
+        return json.dumps({"signature": _b64(self.site.sign_survivors(self.u3))}).encode()
+
+    def reveal(self, answer: bytes | None) -> bytes:
+        told = _answer(answer)
+        if set(told) != {"signatures"} or not isinstance(told["signatures"], dict):
+            raise SecureAggregationError("the aggregator's consistency signatures are malformed; refused")
+        signatures = {}
+        for signer, text in told["signatures"].items():
+            try:
+                signatures[str(signer)] = _unb64(text, None, "a signature")
+            except SecureAggregationError:
+                continue  # not counted: check_consistency names who is missing
+        self.site.check_consistency(signatures, self.keys)
+        dropped = [s for s in self.u2 if s not in self.u3]  # worked out here, never taken from the relay
+        reveal = self.site.reveal(self.u3, dropped)
         return json.dumps({t: [k, i, _b64(s)] for t, (k, i, s) in reveal.items()}).encode()
 
 
-def _answer(payload: bytes) -> Any:
-    """The relay's answer; a site the relay dropped raises (the sentence says why)."""
-    try:
-        answer = json.loads(payload.decode())
-    except (UnicodeDecodeError, ValueError):
-        raise SecureAggregationError("the aggregator's secure-aggregation answer is not JSON") from None
-    if isinstance(answer, dict) and isinstance(answer.get("dropped"), str):
-        raise SecureAggregationError(answer["dropped"])
-    return answer
+STEPS = (("advert", "adverts", "boxes"), ("boxes", "boxes", "masked"), ("masked", "survivors", "consistency"),
+         ("consistency", "signatures", "reveal"))  # what a site sends, what it fetches next, its next step
+
+
+def withdrawal(reason: str) -> bytes:
+    """The advert-phase message of a site whose own input failed its checks: it takes no part in the
+    round (the relay drops it at once, naming the reason, instead of waiting for its deadline)."""
+    return json.dumps({"withdraw": reason[:MAX_REASON]}).encode()
 
 
 class SecAggClient:
@@ -302,22 +468,26 @@ class SecAggClient:
 
     def __init__(self, name: str, sites: list[str], threshold: int, round_num: int, signing_key: Any,
                  certificate_pem: str, peer_key: Callable[[str, str], Any], send: Callable[[str, bytes], None],
-                 fetch: Callable[[str], bytes | None], *, poll: float = 0.1) -> None:
+                 fetch: Callable[[str], bytes | None], *, poll: float = 0.1, session: bytes = b"") -> None:
         self.args = name, sites, threshold, round_num, signing_key, certificate_pem, peer_key
+        self.session = session
         self.send, self.fetch, self.poll = send, fetch, poll
+
+    def withdraw(self, reason: str) -> None:
+        """Tell the relay this site takes no part in the round, and why."""
+        self.send("advert", withdrawal(reason))
 
     def run(self, vector: np.ndarray, quantizer: Quantizer) -> dict[str, float]:
         """Takes part in the round with ``vector``; returns the bytes it sent (``secagg_bytes``), the
         wall-clock seconds from its first message to its last (``secagg_s``, waits for the others
         included) and the CPU seconds of its own protocol work (``secagg_cpu_s``: keys, shares, masks)."""
         began, cpu, self.waited_cpu, sent = time.perf_counter(), time.process_time(), 0.0, 0
-        steps = SecAggSteps(*self.args, vector, quantizer)
+        steps = SecAggSteps(*self.args, vector, quantizer, self.session)
         payload = steps.advert()
-        for kind, answer, step in (("advert", "adverts", steps.boxes), ("boxes", "boxes", steps.masked),
-                                   ("masked", "survivors", steps.reveal)):
+        for kind, answer, step in STEPS:
             self.send(kind, payload)
             sent += len(payload)
-            payload = step(self._wait(answer))
+            payload = getattr(steps, step)(self._wait(answer))
         self.send("reveal", payload)
         sent += len(payload)
         return {"secagg_bytes": float(sent), "secagg_s": time.perf_counter() - began,
@@ -333,3 +503,85 @@ class SecAggClient:
                 time.sleep(self.poll)
         finally:
             self.waited_cpu += time.process_time() - cpu
+
+
+# --- a round with every party in this process (the simulator) ----------------------------------------
+@dataclass
+class SecureRound:
+    """What :func:`secure_sum` measured: the bytes one site sent (keys, shares, masked vector,
+    consistency signature, reveals) and those it would have sent as a plain float32 upload."""
+
+    sites: int
+    threshold: int
+    bytes_per_site: float
+    plain_bytes_per_site: float
+    site_seconds: float = 0.0  # one site's protocol work (keys, shares, masking, signing, reveal), mean over sites
+    aggregator_seconds: float = 0.0  # routing and unmasking
+
+
+def secure_sum(vectors: dict[str, np.ndarray], settings: Any, round_num: int, *, dropped: tuple[str, ...] = (),
+               session: bytes = b"") -> tuple[np.ndarray, SecureRound]:
+    """``Σ vectors`` (site → float64 vector within ``[-settings.clip, settings.clip]``) by the
+    deployments' own protocol (:class:`SecAggRelay` and a :class:`SecAggSteps` per site, their
+    messages passed in this process; each site with a fresh Ed25519 key standing in for its
+    certificate's); ``dropped``: sites that go silent after the shares went round (their vectors are
+    not in the sum). Returns the sum and what it cost (:class:`SecureRound`)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    names = sorted(vectors)
+    t = settings.sites_needed(len(names))
+    quantizer = Quantizer.for_sites(settings.clip, len(names), settings.bits)
+    private = {n: ed25519.Ed25519PrivateKey.generate() for n in names}
+    pem = {n: k.public_key().public_bytes(serialization.Encoding.PEM,
+                                          serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+           for n, k in private.items()}
+
+    def peer_key(site: str, text: str) -> Any:
+        if text != pem.get(site):
+            raise SecureAggregationError(f"site {site}'s key is not the one this federation holds for it")
+        return private[site].public_key()
+
+    relay = SecAggRelay(names, t, next(iter(vectors.values())).size, quantizer)
+    relay.begin(round_num)
+    steps = {n: SecAggSteps(n, names, t, round_num, private[n], pem[n], peer_key, vectors[n], quantizer, session)
+             for n in names}
+    cpu, sent = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
+
+    def at(site: str, call: Callable[[], bytes]) -> bytes:
+        began = time.process_time()
+        try:
+            return call()
+        finally:
+            cpu[site] += time.process_time() - began
+
+    payloads = {n: at(n, steps[n].advert) for n in names}
+    for kind, answer, step in (*STEPS, ("reveal", None, None)):
+        for n, payload in payloads.items():
+            if kind == "masked" and n in dropped:
+                continue
+            relay.receive(n, round_num, kind, payload)
+            sent[n] += len(payload)
+        if relay.open and PHASES.index(kind) == relay.phase:
+            relay.close()
+        if step is not None:
+            payloads = {n: at(n, lambda n=n: getattr(steps[n], step)(relay.answer(n, round_num, answer)))
+                        for n in payloads if n not in relay.dropped}
+    total = relay.total(round_num)
+    plain = next(iter(vectors.values())).size * 4
+    return total, SecureRound(len(names), t, float(sent[names[0]]), float(plain), sum(cpu.values()) / len(names),
+                              relay.unmask_cpu_s)
+
+
+def secure_aggregate(algorithm: Any, uploads: dict[str, dict[str, Any]], weights: dict[str, float], settings: Any,
+                     round_num: int, server: Any, *, dropped: tuple[str, ...] = (), session: bytes = b""):
+    """A plugin's downlink from the secure sum of its sites' :meth:`~fedcontrast.algorithms.Algorithm.secure_terms`
+    (:func:`~.secagg.site_terms`), every party in this process: (downlink, :class:`SecureRound`)."""
+    names = sorted(uploads)
+    terms = {n: site_terms(algorithm, uploads[n], weights[n], settings) for n in names}
+    layout = SumLayout({k: tuple(v.shape) for k, v in terms[names[0]].items()},
+                       {k: v.dtype for k, v in uploads[names[0]].items()}, term_scale(algorithm, settings))
+    total, cost = secure_sum({n: flatten_terms(terms[n], layout.scale) for n in names}, settings, round_num,
+                             dropped=dropped, session=session)
+    cost.plain_bytes_per_site = float(sum(v.numel() * v.element_size() for v in uploads[names[0]].values()) + 4)
+    return layout.downlink(algorithm, total, server), cost

@@ -196,10 +196,11 @@ class Federation:
     def _secure_aggregate(self, round_num: int, uploads: dict, weights: dict) -> dict[str, Any]:
         """The round's downlink from the secure sum of the plugin's terms (each site masks, say,
         ``n_k·u_k`` and ``n_k``: :meth:`~fedcontrast.algorithms.Algorithm.secure_terms`); its cost as a metrics row."""
-        from ..privacy.secagg import secure_aggregate
+        from ..privacy.secagg_protocol import secure_aggregate, session_digest
 
+        session = session_digest(self.config.to_dict(), site_names(self.config), "simulator")
         self.downlink, cost = secure_aggregate(self.algorithm, uploads, weights, self.config.secure_aggregation,
-                                               round_num, self.server)
+                                               round_num, self.server, session=session)
         return metric_row(round_num + 1, "aggregator", "secure_aggregation", len(uploads),
                           {"bytes_per_site": cost.bytes_per_site, "plain_bytes_per_site": cost.plain_bytes_per_site,
                            "threshold": cost.threshold, "site_cpu_s": cost.site_seconds,
