@@ -1,22 +1,36 @@
 """Loaded at every interpreter start in an environment where fedcontrast is installed (by the file
-``fedcontrast_fx_guard.pth``); does nothing unless this process is ``fx collaborator start`` (or
-``fx aggregator start``, whose plan file is read first so that a broken one is one sentence).
+``fedcontrast_fx_guard.pth``), and by torch at its import (the entry point ``torch.backends`` →
+``_fedcontrast_torch_guard``, which runs even under ``python -S``): it makes the site's checks run
+wherever OpenFL starts a collaborator or aggregator, whatever the launcher is called.
 
-Then, before OpenFL puts the workspace first on ``sys.path`` and imports the plan's components, the
-workspace and its plan are checked (:func:`fedcontrast.site.guard.guard_collaborator_start`):
-no Python file in the workspace, only installed components, TLS on unless the site's policy allows
-otherwise. A refusal is one sentence on standard error and exit code 1.
+* A meta path finder watches for OpenFL. When a process first imports ``openfl`` and its arguments say
+  ``collaborator start`` (or ``aggregator start``) — ``fx``, a link to ``fx`` under another name,
+  ``python -m openfl.interface.cli``, ``python -c ...`` — the workspace and its plan are checked
+  (:func:`fedcontrast.site.guard.guard_collaborator_start`) before OpenFL puts the workspace first on
+  ``sys.path`` and imports anything from it: no Python file in the workspace, only installed
+  components, TLS on unless the site's policy allows otherwise.
+* When OpenFL's plan machinery (``openfl.federated.plan.plan``) is imported, ``Plan.get_collaborator``
+  and ``Plan.get_aggregator`` are wrapped: every program that builds a party from a plan, whatever
+  started it, is checked before the plan's first component is imported.
+
+A refusal is one sentence on standard error and exit code 1 (a program that builds a collaborator
+itself gets :class:`fedcontrast.site.trust.PackageRefused` instead). Outside what a site can be
+protected from: an interpreter that loads neither site-packages' ``.pth`` files nor torch's entry
+points (``python -S`` without fedcontrast's environment, or with ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``).
 """
 
 import os
 import sys
 
+PLAN_MODULE = "openfl.federated.plan.plan"
+_state = {"argv_checked": False}
+_checked = set()  # (party, cwd, plan, data config, name) already checked in this process
+
 
 def _starting(argv):
-    """"collaborator" or "aggregator" when this process is ``fx collaborator|aggregator start``, else None."""
-    if not argv or os.path.basename(argv[0]) != "fx":
-        return None
-    args = argv[1:]
+    """"collaborator" or "aggregator" when this process's arguments (after the program, whatever it is
+    called: fx, a renamed link, ``-m`` or ``-c``) say ``collaborator start`` / ``aggregator start``."""
+    args = list(argv[1:]) if argv else []
     for party in ("collaborator", "aggregator"):
         if party in args and args[args.index(party) + 1:args.index(party) + 2] == ["start"]:
             return party
@@ -30,33 +44,172 @@ def _refuse(party, message):
     os._exit(1)
 
 
+class _WithoutWorkingDirectory:
+    """fedcontrast's own modules, never the workspace's: ``python -m`` and ``-c`` put the working
+    directory (the workspace) first on ``sys.path``, where a ``fedcontrast/`` folder would replace the guard."""
+
+    def __enter__(self):
+        self.saved, cwd = sys.path[:], os.getcwd()
+        sys.path[:] = [p for p in sys.path if p not in ("", ".") and os.path.abspath(p) != cwd]
+
+    def __exit__(self, *exc):
+        sys.path[:] = self.saved
+
+
 def _guard():
+    """The checks of ``fx collaborator|aggregator start`` (any launcher), from this process's arguments."""
     argv = list(getattr(sys, "argv", None) or [])
     party = _starting(argv)
     if party is None:
         return
+    argv = ["fx", *argv[1:]]  # the command line as fx reads it, whatever started this process
+    with _WithoutWorkingDirectory():
+        _check(party, argv, None)
+
+
+def _check(party, argv, plan):
+    """Run the checks for ``party`` (from ``argv``, or, with ``plan``, from OpenFL's Plan object)."""
     if party == "aggregator":  # the operator's own code: only a plan fx would stop on with a traceback is named
         try:
             from fedcontrast.errors import FedContrastError
-            from fedcontrast.site.guard import guard_aggregator_start
-
-            guard_aggregator_start(argv, os.getcwd())
+            from fedcontrast.site.guard import guard_aggregator_start, guard_aggregator_plan
+        except Exception:  # left to fx and fedcontrast's aggregator, which say it themselves
+            return
+        try:
+            guard_aggregator_start(argv, os.getcwd()) if plan is None else guard_aggregator_plan(*plan, os.getcwd())
         except FedContrastError as exc:
-            _refuse(party, str(exc))
+            _refuse_or_raise(party, exc, plan)
         except Exception:  # anything else is left to fx and fedcontrast's aggregator, which say it themselves
             pass
         return
     try:
         from fedcontrast.errors import FedContrastError
-        from fedcontrast.site.guard import guard_collaborator_start
+        from fedcontrast.site.guard import guard_collaborator_plan, guard_collaborator_start
     except Exception as exc:  # fedcontrast half-installed: refuse rather than run unchecked
         _refuse(party, f"the workspace cannot be checked ({exc}); reinstall fedcontrast")
     try:
-        guard_collaborator_start(argv, os.getcwd())
+        if plan is None:
+            guard_collaborator_start(argv, os.getcwd())
+        else:
+            guard_collaborator_plan(*plan, os.getcwd())
     except FedContrastError as exc:
-        _refuse(party, str(exc))
+        _refuse_or_raise(party, exc, plan)
     except Exception as exc:
+        if plan is not None and _starting(list(getattr(sys, "argv", None) or [])) is None:
+            raise
         _refuse(party, f"the workspace could not be checked ({type(exc).__name__}: {exc}); nothing was run")
+
+
+def _refuse_or_raise(party, exc, plan):
+    """Under a start command: one sentence and exit 1; in a program that builds the party itself: raise."""
+    if plan is None or _starting(list(getattr(sys, "argv", None) or [])) is not None:
+        _refuse(party, str(exc))
+    raise exc
+
+
+# --- OpenFL's plan machinery: every program that builds a party from a plan ---------------------------
+def _patch_plan(plan_class):
+    """Wrap ``Plan.parse`` (to know the plan's files), ``Plan.get_collaborator`` and ``Plan.get_aggregator``
+    (to check them before the plan's first component is imported)."""
+    if getattr(plan_class, "_fedcontrast_guarded", False):
+        return
+    import inspect
+
+    parse = plan_class.parse
+    signature = inspect.signature(parse)
+
+    def guarded_parse(*args, **kwargs):
+        plan = parse(*args, **kwargs)
+        try:
+            given = signature.bind(*args, **kwargs).arguments
+            plan._fedcontrast_files = (given.get("plan_config_path"), given.get("data_config_path"))
+        except (TypeError, AttributeError):
+            pass
+        return plan
+
+    get_collaborator, get_aggregator = plan_class.get_collaborator, plan_class.get_aggregator
+
+    def guarded_get_collaborator(self, collaborator_name, *args, **kwargs):
+        _check_plan(self, "collaborator", collaborator_name)
+        return get_collaborator(self, collaborator_name, *args, **kwargs)
+
+    def guarded_get_aggregator(self, *args, **kwargs):
+        _check_plan(self, "aggregator", None)
+        return get_aggregator(self, *args, **kwargs)
+
+    plan_class.parse = staticmethod(guarded_parse)
+    plan_class.get_collaborator = guarded_get_collaborator
+    plan_class.get_aggregator = guarded_get_aggregator
+    plan_class._fedcontrast_guarded = True
+
+
+def _check_plan(plan, party, name):
+    files = getattr(plan, "_fedcontrast_files", None) or (None, None)
+    plan_path = os.path.abspath(str(files[0] or os.path.join("plan", "plan.yaml")))
+    data_path = os.path.abspath(str(files[1] or os.path.join("plan", "data.yaml")))
+    key = (party, os.getcwd(), plan_path, data_path, name)
+    if key in _checked:
+        return
+    with _WithoutWorkingDirectory():
+        _check(party, None, (plan_path, data_path, name, getattr(plan, "config", None)) if party == "collaborator"
+               else (plan_path,))
+    _checked.add(key)
+
+
+class _PatchingLoader:
+    """OpenFL's own loader of its plan module, which then wraps the Plan class (:func:`_patch_plan`)."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        if hasattr(module, "Plan"):
+            _patch_plan(module.Plan)
+
+    def __getattr__(self, name):  # get_code, get_source, … for tracebacks and tools
+        return getattr(self.loader, name)
+
+
+class _OpenFLGuard:
+    """First on ``sys.meta_path``: finds nothing itself, but runs the start checks when OpenFL is first
+    imported, and hands OpenFL's plan module a loader that wraps its Plan class."""
+
+    def find_spec(self, name, path=None, target=None):
+        if not name.startswith("openfl"):
+            return None
+        if not _state["argv_checked"]:
+            _state["argv_checked"] = True
+            _guard()
+        if name == PLAN_MODULE:
+            from importlib.machinery import PathFinder
+
+            spec = PathFinder.find_spec(name, path)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchingLoader(spec.loader)
+            return spec
+        return None
+
+
+def install():
+    """Put the watcher first on ``sys.meta_path`` (once); catch up when OpenFL was imported before."""
+    if not any(isinstance(f, _OpenFLGuard) for f in sys.meta_path):
+        sys.meta_path.insert(0, _OpenFLGuard())
+    if not _state["argv_checked"] and "openfl" in sys.modules:
+        _state["argv_checked"] = True
+        _guard()
+    module = sys.modules.get(PLAN_MODULE)
+    if module is not None and hasattr(module, "Plan"):
+        _patch_plan(module.Plan)
+
+
+def from_torch():
+    """Called by torch at its import (``_fedcontrast_torch_guard``): the watcher, also where site-packages'
+    ``.pth`` files were not run (``python -S`` with site-packages on ``PYTHONPATH``)."""
+    install()
 
 
 def _flower_app_bundles():
@@ -94,5 +247,5 @@ def _guard_flower_site():
     sys.meta_path.insert(0, _NoBundleCode(_flower_app_bundles()))
 
 
-_guard()
+install()
 _guard_flower_site()

@@ -127,8 +127,8 @@ def fx_plan_path(command: str, argv: list[str] | None = None, cwd: str | Path = 
     default ``plan/plan.yaml`` of the workspace it runs in. None when this process is not that."""
     argv = list(sys.argv if argv is None else argv)
     program, args = (argv[0] if argv else ""), argv[1:]
-    if Path(program).name != "fx" and "openfl" not in program:
-        return None
+    if Path(program).name != "fx" and "openfl" not in program and "openfl.interface.cli" not in sys.modules:
+        return None  # not OpenFL's command line (under whatever name: fx, a renamed link, python -m)
     if command not in args or args.index(command) + 1 >= len(args) or args[args.index(command) + 1] != "start":
         return None
     return Path(cwd) / (fx_option(args, ("-p", "--plan")) or "plan/plan.yaml")

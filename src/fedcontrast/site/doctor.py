@@ -113,7 +113,7 @@ def check_code(ws: Path, plan: dict, config: RunConfig) -> Check:
     the versions ``requirements.txt`` pins; and a raw ``fx collaborator start`` here is checked the
     same way (the guard is installed)."""
     from ..provenance import code_lines, read_requirements
-    from .guard import GUARD_PTH, guard_installed
+    from .guard import GUARD_PTH, covered_launchers, guard_installed
     from .templates import template_problems
     from .trust import code_files
 
@@ -129,12 +129,16 @@ def check_code(ws: Path, plan: dict, config: RunConfig) -> Check:
               f"{c.installed or 'none'}" for c in lines if c.mismatch]
     if differ:
         return Check("code", FAIL, "; ".join(differ) + ": install the pinned versions (or ask the operator)")
+    covered, uncovered = covered_launchers()
     if guard_installed() is None:
         return Check("code", WARN, f"the plan names only installed components, but {GUARD_PTH} is not installed in "
                                    "this environment, so a raw `fx collaborator start` would not check the workspace "
-                                   "first: start with `fedcontrast site start`, or reinstall fedcontrast with pip")
+                                   "first: start with `fedcontrast site start`, or reinstall fedcontrast with pip"
+                                   f" (checked first here: {', '.join(covered) or 'no launcher'})")
     return Check("code", OK, "no code in the workspace; the plan runs only installed code: "
-                             + ", ".join(f"{c.distribution} {c.installed}" for c in lines if c.installed))
+                             + ", ".join(f"{c.distribution} {c.installed}" for c in lines if c.installed)
+                             + f"; checked first whatever starts the site: {', '.join(covered)} (not: "
+                             + "; ".join(uncovered) + ")")
 
 
 def check_transport(ws: Path, plan: dict) -> Check:

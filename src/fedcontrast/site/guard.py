@@ -12,19 +12,37 @@ from .trust import PackageRefused, check_policy_for_workspace, check_workspace
 
 def guard_collaborator_start(argv: list[str], cwd: str | Path) -> None:
     """What ``fx collaborator start`` must pass before OpenFL imports anything from the workspace
-    (called by ``_fedcontrast_fx_guard``): raises :class:`FedContrastError` in one sentence."""
-    from ..deploy.workspace import fx_option, fx_plan_path, load_plan_file
+    (called by ``_fedcontrast_fx_guard``, whatever launched fx): raises :class:`FedContrastError` in one
+    sentence."""
+    from ..deploy.workspace import fx_option, fx_plan_path
 
     path = fx_plan_path("collaborator", argv, cwd)
     if path is None:
         return
+    data_config = Path(cwd) / (fx_option(argv, ("-d", "--data_config")) or "plan/data.yaml")
+    guard_collaborator_plan(path, data_config, fx_option(argv, ("-n", "--collaborator_name")), None, cwd)
+
+
+def guard_collaborator_plan(plan_path: str | Path, data_config: str | Path, name: str | None, built: Any,
+                            cwd: str | Path) -> None:
+    """The checks of a collaborator's start, wherever OpenFL builds one from a plan (``Plan.get_collaborator``,
+    wrapped by ``_fedcontrast_fx_guard``): ``built`` is the plan as OpenFL parsed it (None: not parsed
+    yet), whose components are checked too, being what OpenFL will import."""
+    from ..deploy.workspace import load_plan_file
+
+    path = Path(plan_path)
     if not path.is_file():
         return  # fx names the missing plan itself
     plan = load_plan_file(path)  # one copy of every setting (a split plan is refused here, before any code runs)
     ws = Path(cwd)
     check_workspace(ws, plan, check_policy_for_workspace(ws), plan_source=str(path))
-    name = fx_option(argv, ("-n", "--collaborator_name"))
-    data_config = ws / (fx_option(argv, ("-d", "--data_config")) or "plan/data.yaml")
+    if isinstance(built, dict):  # what OpenFL parsed from that file (its defaults merged): only installed code
+        from .templates import template_problems
+
+        problems = template_problems({k: v for k, v in built.items() if isinstance(v, dict)}, str(path))
+        if problems:
+            raise PackageRefused("this workspace is refused before anything runs: " + "; ".join(problems))
+    data_config = Path(data_config)
     _check_policy_first(ws, plan, name, data_config)
     if name is not None:
         _check_site_files(ws, plan, name, data_config)
@@ -52,11 +70,19 @@ def _check_policy_first(ws: Path, plan: Any, name: str | None, data_config: Path
 def guard_aggregator_start(argv: list[str], cwd: str | Path) -> None:
     """``fx aggregator start``: its plan file read as fedcontrast reads it, so that one OpenFL would stop
     on with a traceback (not YAML, a key given twice, split copies of a setting) is one sentence."""
-    from ..deploy.workspace import fx_plan_path, load_plan_file
+    from ..deploy.workspace import fx_plan_path
 
     path = fx_plan_path("aggregator", argv, cwd)
-    if path is not None and path.is_file():
-        load_plan_file(path)
+    if path is not None:
+        guard_aggregator_plan(path, cwd)
+
+
+def guard_aggregator_plan(plan_path: str | Path, cwd: str | Path) -> None:
+    """The aggregator's plan file, wherever OpenFL builds one from it (``Plan.get_aggregator``)."""
+    from ..deploy.workspace import load_plan_file
+
+    if Path(plan_path).is_file():
+        load_plan_file(plan_path)
 
 
 def _check_site_files(ws: Path, plan: Any, name: str, data_config: Path) -> None:
@@ -95,5 +121,28 @@ def guard_installed() -> Path | None:
     return None
 
 
+def torch_guard_installed() -> bool:
+    """torch runs ``_fedcontrast_torch_guard`` at its import here (its entry point is installed, and
+    ``TORCH_DEVICE_BACKEND_AUTOLOAD`` does not turn torch's entry points off)."""
+    import os
+    from importlib.metadata import entry_points
+
+    if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "1":
+        return False
+    return any(ep.value.startswith(TORCH_GUARD_MODULE) for ep in entry_points(group="torch.backends"))
+
+
+def covered_launchers() -> tuple[list[str], list[str]]:
+    """(the launchers of a collaborator that run the start-up checks first in this environment, those
+    that do not): what ``fedcontrast doctor`` reports."""
+    pth, torch = guard_installed() is not None, torch_guard_installed()
+    everyday = ["fx", "a link to fx under another name", "python -m openfl.interface.cli",
+                "a program building the collaborator with OpenFL's Plan"]
+    covered = (everyday if pth or torch else []) + (["python -S with site-packages on PYTHONPATH"] if torch else [])
+    missing = ([] if pth or torch else everyday) + ([] if torch else ["python -S with site-packages on PYTHONPATH"])
+    return covered, missing + ["python -S without this environment (nothing of fedcontrast runs there)"]
+
+
 GUARD_MODULE = "_fedcontrast_fx_guard"
+TORCH_GUARD_MODULE = "_fedcontrast_torch_guard"
 GUARD_PTH = "fedcontrast_fx_guard.pth"
