@@ -45,11 +45,18 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
     from ..privacy.policy import POLICY_ENV, SitePolicy
     from ..site.trust import check_package
 
+    from ..archives import ArchiveLimits, check_archive
+
     archive = Path(package).resolve()
-    config = package_config(archive)
     policy_path = Path(policy).expanduser().resolve() if policy is not None else (
         Path(os.environ[POLICY_ENV]) if os.environ.get(POLICY_ENV) else None)
     site_policy = SitePolicy.from_yaml(policy_path) if policy_path is not None else None
+    if not archive.is_file():
+        raise DeploymentError(f"workspace package {archive} does not exist")
+    # Its sizes first, from its central directory: nothing of it is read, let alone unpacked, beyond them.
+    check_archive(archive, ArchiveLimits.from_mapping(getattr(site_policy, "package_limits", None)),
+                  what=f"the package {archive.name}")
+    config = package_config(archive)
     check_package(archive, package_plan(archive), site_policy)
     problems = requirement_problems(package_requirements(archive))
     if problems:
@@ -117,9 +124,11 @@ def package_plan(archive: Path) -> dict:
 
     if not archive.is_file():
         raise DeploymentError(f"workspace package {archive} does not exist")
+    from ..archives import read_entry
+
     try:
         with zipfile.ZipFile(archive) as z:
-            plan = loads_yaml(z.read("plan/plan.yaml").decode(), f"the plan in {archive}")
+            plan = loads_yaml(read_entry(z, "plan/plan.yaml", what="the plan").decode(), f"the plan in {archive}")
     except (zipfile.BadZipFile, KeyError, UnicodeDecodeError):
         plan = None
     if not isinstance(plan, dict):
@@ -142,10 +151,12 @@ def package_config(archive: Path):
 
 def package_requirements(archive: Path) -> list[str]:
     """The requirement lines of a package's ``requirements.txt`` (comments and blank lines dropped)."""
+    from ..archives import read_entry
+
     with zipfile.ZipFile(archive) as z:
         if "requirements.txt" not in z.namelist():
             return []
-        text = z.read("requirements.txt").decode(errors="replace")
+        text = read_entry(z, "requirements.txt", what="requirements.txt").decode(errors="replace")
     return [line.split("#", 1)[0].strip() for line in text.splitlines() if line.split("#", 1)[0].strip()]
 
 
@@ -193,11 +204,14 @@ def import_certificate(workspace: str | Path, signed_zip: str | Path, *, log: Ca
     archive = Path(signed_zip).resolve()
     if not archive.is_file():
         raise DeploymentError(f"signed certificate package {archive} does not exist")
+    from ..archives import check_archive, read_entry
+
+    check_archive(archive, what=f"the signed certificate package {archive.name}")  # its sizes, before any entry
     if secrets_in(archive):
         raise DeploymentError(f"{archive} holds private key material; do not use it and tell the operator")
     with zipfile.ZipFile(archive) as z:
         crts = [n for n in z.namelist() if n.startswith("client/") and n.endswith(".crt")]
-        pem = z.read(crts[0]) if len(crts) == 1 else b""
+        pem = read_entry(z, crts[0], max_bytes=1 << 20, what="the certificate") if len(crts) == 1 else b""
     if len(crts) != 1:
         raise DeploymentError(f"{archive} is not a signed certificate package (client/col_NAME.crt)")
     name = Path(crts[0]).stem.removeprefix("col_")

@@ -116,13 +116,17 @@ def read_request(request_zip: str | Path, *, claimed: str | None = None) -> Cert
     from .certificates import subject
     from .enrolment import identity
 
+    from ..archives import check_archive, read_entry
+
     request_zip = Path(request_zip)
+    if request_zip.is_file():  # its sizes, from its directory, before any entry is read
+        check_archive(request_zip, what=f"the request package {request_zip}")
     try:
         with zipfile.ZipFile(request_zip) as z:
             csrs = [n for n in z.namelist() if n.endswith(".csr")]
             if len(csrs) != 1 or any(n.endswith(SECRET_SUFFIXES) for n in z.namelist()):
                 raise DeploymentError(f"{request_zip} is not a certificate request package (one .csr, no key)")
-            pem = z.read(csrs[0])
+            pem = read_entry(z, csrs[0], max_bytes=1 << 20, what="the certificate request")
         csr = x509.load_pem_x509_csr(pem)
     except (zipfile.BadZipFile, ValueError) as exc:
         raise DeploymentError(f"{request_zip} is not a readable certificate request package ({exc})") from None

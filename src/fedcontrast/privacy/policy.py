@@ -63,8 +63,15 @@ class SitePolicy:
     # fingerprint, `fedcontrast site roster`): secure aggregation shares nothing with a peer whose key
     # differs, and under require_secure_aggregation nothing with one left out.
     peers: dict[str, str] | None = None
+    # The most a package this site joins may unpack (fedcontrast.archives.ArchiveLimits: max_total_bytes,
+    # max_entries, max_entry_bytes, max_ratio); unset limits keep their defaults.
+    package_limits: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
+        if self.package_limits is not None:  # checked now: a policy with a wrong limit is refused when read
+            from ..archives import ArchiveLimits
+
+            ArchiveLimits.from_mapping(self.package_limits, "policy package_limits")
         if self.max_epsilon is not None and not (_finite(self.max_epsilon) and self.max_epsilon > 0):
             raise ConfigError(f"policy max_epsilon must be a number > 0, got {self.max_epsilon!r}")
         if self.max_delta is not None and not (_finite(self.max_delta) and 0 < self.max_delta < 1):

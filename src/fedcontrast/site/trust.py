@@ -81,10 +81,26 @@ def archive_findings(archive: Path, *, workspace_package: bool = True) -> tuple[
                     and name not in PACKAGE_CERT_FILES:
                 keys.append(Finding(name, "a file under cert/ other than the CA chain"))
                 continue
-            what = key_material(z.read(info))
+            what = entry_key_material(z, info)
             if what is not None:
                 keys.append(Finding(name, what))
     return code, keys
+
+
+def entry_key_material(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> str | None:
+    """:func:`key_material` of an archive's entry, read in a stream (never whole): a DER key or PKCS#12
+    bundle is at most 1 MiB, read whole only up to that; a PEM key's marker is looked for in every chunk."""
+    from ..archives import scan_entry
+
+    marker = b"PRIVATE KEY-----"
+    head, tail = b"", b""
+    for chunk in scan_entry(z, info):
+        if marker in tail + chunk:
+            return "a PEM private key"
+        if len(head) <= 1 << 20:
+            head += chunk[:(1 << 20) + 1 - len(head)]
+        tail = chunk[-len(marker):]
+    return key_material(head) if len(head) <= 1 << 20 else None
 
 
 def code_files(root: Path, *, limit: int = 5) -> list[Path]:
