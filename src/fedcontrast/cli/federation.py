@@ -108,6 +108,11 @@ def cmd_workspace_export(args: argparse.Namespace) -> int:
     if config.public_data is not None:
         join += f" --public PUBLIC_FOLDER (fingerprint {config.public_data.sha256[:16]}…)"
     print(f"send it to every institution; each runs: {join}")
+    chain = Path(args.workspace) / "cert" / "cert_chain.crt"
+    if chain.is_file():  # in the package: each institution pins it at join, once it confirmed the fingerprint
+        from .sites import print_ca_fingerprint
+
+        print_ca_fingerprint(chain)
     enrolled = sorted((Path(args.workspace) / "cert" / "client").glob("col_*.crt"))
     if enrolled:  # the PKI of an earlier experiment: those sites keep their keys and certificates
         print(f"sites already enrolled in this federation ({', '.join(p.stem[4:] for p in enrolled)}) add "

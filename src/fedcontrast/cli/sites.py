@@ -17,7 +17,47 @@ def cmd_ca_init(args: argparse.Namespace) -> int:
     chain = init_ca(args.workspace, fqdn=args.fqdn)
     print(f"certificate authority in {Path(args.workspace) / 'cert' / 'ca'} (its private keys never leave this "
           f"machine) and the aggregator's certificate in {Path(args.workspace) / 'cert' / 'server'}; CA chain {chain}")
+    print_ca_fingerprint(chain)
     return 0
+
+
+def print_ca_fingerprint(chain: Path) -> None:
+    """The federation's CA fingerprint, for the operator to read to every institution (they pin it at join)."""
+    from ..deploy.anchor import fingerprint_of_chain, shown
+
+    found, subject = fingerprint_of_chain(chain.read_bytes(), str(chain))
+    print(f"the federation's CA ({subject}): {shown(found)} — read this fingerprint to every institution by phone "
+          f"or another channel; each joins with --ca-fingerprint {shown(found)}")
+
+
+def _ca_arguments(c: argparse.ArgumentParser, command: str) -> None:
+    c.add_argument("--ca-fingerprint", metavar="SHA256:HEX",
+                   help="the federation's CA fingerprint, as the operator read it to you (`fedcontrast ca init` prints "
+                        "it): the CA is pinned, and any other refused; without it you are asked to confirm it")
+    c.add_argument("--yes", action="store_true", help="pin the CA the package brings without asking (compare its "
+                                                      f"fingerprint yourself: {command} prints it)")
+
+
+def confirm_ca(args: argparse.Namespace) -> Any:
+    """The question ``site join`` / ``import-cert`` ask about the federation's CA (None with --ca-fingerprint)."""
+    from ..deploy.anchor import shown
+
+    if args.ca_fingerprint:
+        return None
+
+    def confirm(subject: str, fingerprint: str) -> bool:
+        print(f"the federation's CA: {subject}, {shown(fingerprint)}")
+        if args.yes:
+            return True
+        try:
+            answer = input("Is this the CA fingerprint the operator read out to you (by phone or another channel)? "
+                           "[y/N] ")
+        except EOFError:  # no terminal to ask on
+            raise ConfigError("no one to confirm the federation's CA fingerprint (no terminal): compare it with the "
+                              "operator's, then pass --ca-fingerprint SHA256:…") from None
+        return answer.strip().lower() in ("y", "yes")
+
+    return confirm
 
 
 def cmd_ca_sign(args: argparse.Namespace) -> int:
@@ -60,7 +100,8 @@ def cmd_site_join(args: argparse.Namespace) -> int:
     from ..deploy.institution_flows import join, package_plan
 
     joined = join(args.package, name=args.name, data=args.data, public=args.public, into=args.into,
-                  cert_from=args.cert_from, policy=args.policy)
+                  cert_from=args.cert_from, policy=args.policy, ca_fingerprint=args.ca_fingerprint,
+                  confirm_ca=confirm_ca(args))
     s = joined.summary
     present = {c: n for c, n in s.counts.items() if n}
     print(f"workspace {joined.workspace}: {args.name} reads {s.folder} ({s.total} images; training images per "
@@ -85,7 +126,7 @@ def cmd_site_import_cert(args: argparse.Namespace) -> int:
     from ..deploy.institution_flows import import_certificate
 
     ws = Path(args.workspace)
-    name = import_certificate(ws, args.signed)
+    name = import_certificate(ws, args.signed, ca_fingerprint=args.ca_fingerprint, confirm_ca=confirm_ca(args))
     print(f"{name}'s certificate is installed and checked (it fits this site's key and the federation's CA)")
     print(f"ready: fedcontrast site start {ws} --name {name}")
     return 0
@@ -308,10 +349,12 @@ def _add_site(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=cmd_site_import_cert)
     c = ssub.add_parser("start", help="check this site's workspace (its data.yaml line, cols.yaml, certificate), then "
                                       "run fx collaborator start -n NAME in it (arguments after -- go to fx)",
+    _ca_arguments(c, "join")
                         usage="fedcontrast site start [WORKSPACE] --name NAME [-p PLAN] [-d DATA_CONFIG] [-- FX_ARGS]")
     c.add_argument("workspace", nargs="?", default=".", help="this site's workspace (default: here)")
     c.add_argument("--name", required=True, help="this site's name in the plan")
     c.add_argument("-p", "--plan", help="the plan, relative to the workspace (fx's default: plan/plan.yaml)")
+    _ca_arguments(c, "import-cert")
     c.add_argument("-d", "--data_config", "--data-config", dest="data_config",
                    help="the data file, relative to the workspace (fx's default: plan/data.yaml)")
     c.set_defaults(func=cmd_site_start, fx_args=[])  # and any further fx arguments after --

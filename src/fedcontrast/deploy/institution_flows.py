@@ -26,6 +26,7 @@ class Joined:
 
 def join(package: str | Path, *, name: str, data: str | Path, public: str | Path | None = None,
          into: str | Path = ".", cert_from: str | Path | None = None, policy: str | Path | None = None,
+         ca_fingerprint: str | None = None, confirm_ca: Callable[[str, str], bool] | None = None,
          log: Callable[[str], None] = print) -> Joined:
     """An institution joins with the operator's package: ``fx workspace import``, its own data line
     (the folder checked against the plan's schema first), the public folder linked (fingerprint
@@ -38,7 +39,12 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
     ``site_policy.yaml`` (else ``$FEDCONTRAST_SITE_POLICY``, if set, is checked). The package is
     refused before anything is unpacked if it carries code or key material, names a component this
     site has not installed, pins code this site does not run, or turns TLS off (unless the policy
-    allows it: :func:`fedcontrast.site.trust.check_package`)."""
+    allows it: :func:`fedcontrast.site.trust.check_package`).
+
+    The federation's CA (the package's ``cert/cert_chain.crt``) is pinned (:mod:`.anchor`) once the site
+    confirmed its fingerprint: ``ca_fingerprint``, the one the operator read out, must be it; else
+    ``confirm_ca(subject, fingerprint)`` is asked (the command line asks the person joining). A package
+    without the chain pins ``ca_fingerprint`` when given, else the first ``import-cert`` pins it."""
     from ..config import site_names
     from ..construction import build_algorithm
     from ..data.schema import folder_fingerprint, public_folder_path, summarise_folder
@@ -58,6 +64,11 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
                   what=f"the package {archive.name}")
     config = package_config(archive)
     check_package(archive, package_plan(archive), site_policy)
+    if ca_fingerprint is None and cert_from is not None:  # the next experiment: the CA that site pinned before
+        from .anchor import read_pin
+
+        ca_fingerprint = (read_pin(Path(cert_from).resolve() / "cert") or {}).get("sha256")
+    pin = package_ca(archive, ca_fingerprint, confirm_ca)
     problems = requirement_problems(package_requirements(archive))
     if problems:
         raise DeploymentError(f"{archive.name} is refused, nothing was unpacked: {'; '.join(problems)}")
@@ -94,6 +105,10 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
                 target.symlink_to(source, target_is_directory=True)
         build_algorithm(config).check_shared_files(ws)  # e.g. FedPCL's backbone files against the plan's hashes
         (ws / "plan" / "data.yaml").write_text(_data_yaml(ws, name, folder))
+        if pin is not None:  # the CA this site confirmed: no other CA chain is installed or used from now on
+            from .anchor import pin_ca
+
+            pin_ca(ws / "cert", *pin)
         if policy is not None:  # the site's own conditions travel with its workspace (checked at every start)
             shutil.copyfile(policy_path, ws / "site_policy.yaml")
         if cert_from is not None:
@@ -103,6 +118,14 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
                 if not (old / rel).is_file():
                     raise DeploymentError(f"{old / rel} is missing: {cert_from} is not {name}'s certified workspace")
                 shutil.copy2(old / rel, ws / "cert" / rel)
+            if pin is None:  # the earlier workspace's chain, confirmed when that one joined
+                from .anchor import fingerprint_of_chain, pin_ca, read_pin
+
+                earlier = read_pin(old)
+                found, subject = fingerprint_of_chain((ws / "cert" / "cert_chain.crt").read_bytes(),
+                                                      f"the CA chain of {cert_from}")
+                pin_ca(ws / "cert", (earlier or {}).get("sha256", found), subject,
+                       f"from {cert_from}'s pin" if earlier else f"from {cert_from}'s CA chain")
             verify_site_certificate(ws, name)
             return Joined(ws, None, "", summary)
         log(f"  $ fx collaborator generate-cert-request -n {name} --silent")
@@ -116,6 +139,32 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
     _refuse_secrets(request)
     _, csr_hash = request_site(request)
     return Joined(ws, request, csr_hash, summary)
+
+
+def package_ca(archive: Path, given: str | None, confirm: Callable[[str, str], bool] | None
+               ) -> tuple[str, str, str] | None:
+    """The CA to pin at join: (fingerprint, subject, how it was confirmed), or None when the package
+    brings no CA chain and none was given. Refused, nothing unpacked, when the package's CA is not the
+    one whose fingerprint was given, or the person joining does not confirm it."""
+    from ..archives import read_entry
+    from .anchor import fingerprint_of_chain, normalise_fingerprint, shown
+
+    expected = normalise_fingerprint(given) if given is not None else None
+    with zipfile.ZipFile(archive) as z:
+        pem = read_entry(z, "cert/cert_chain.crt", max_bytes=1 << 20, what="the CA chain") \
+            if "cert/cert_chain.crt" in z.namelist() else None
+    if pem is None:
+        return None if expected is None else (expected, "", "the fingerprint given at join")
+    found, subject = fingerprint_of_chain(pem, f"the CA chain in {archive.name}")
+    if expected is not None and found != expected:
+        raise DeploymentError(f"{archive.name} is refused, nothing was unpacked: its CA ({subject}, {shown(found)}) is "
+                              f"not the federation's CA whose fingerprint you were given ({shown(expected)}); "
+                              "check the fingerprint with the operator by phone or another channel")
+    if expected is None and confirm is not None and not confirm(subject, found):
+        raise DeploymentError(f"{archive.name} is refused, nothing was unpacked: its CA ({subject}, {shown(found)}) was "
+                              "not confirmed; ask the operator to read you its CA's fingerprint")
+    how = "--ca-fingerprint at join" if expected is not None else "confirmed at join" if confirm else "taken at join"
+    return found, subject, how
 
 
 def package_plan(archive: Path) -> dict:
@@ -190,11 +239,15 @@ def _data_yaml(ws: Path, name: str, folder: Path) -> str:
     return "\n".join([*comments, f"{name},{folder}"]) + "\n"
 
 
-def import_certificate(workspace: str | Path, signed_zip: str | Path, *, log: Callable[[str], None] = print) -> str:
+def import_certificate(workspace: str | Path, signed_zip: str | Path, *, ca_fingerprint: str | None = None,
+                       confirm_ca: Callable[[str, str], bool] | None = None,
+                       log: Callable[[str], None] = print) -> str:
     """``fx collaborator certify --import`` the operator's signed package, then check that the
     certificate belongs to this site's key and is signed by the federation's CA. The certificate must
-    be issued for the name of this site's key (``cert/client/col_NAME.key``), and for nothing else:
-    checked before anything is installed. Returns the name."""
+    be issued for the name of this site's key (``cert/client/col_NAME.key``), and for nothing else,
+    and its CA chain must be the CA this site pinned at join (:mod:`.anchor`; without a pin:
+    ``ca_fingerprint``, else ``confirm_ca(subject, fingerprint)``, and it is pinned now): checked before
+    anything is installed. Returns the name."""
     from cryptography import x509
 
     from .certificates import subject
@@ -231,12 +284,17 @@ def import_certificate(workspace: str | Path, signed_zip: str | Path, *, log: Ca
         raise DeploymentError(f"{archive.name} holds a certificate issued for {issued_for} ({subject(cert)}), but this "
                               f"site is {name} (its key {key}): not installed; a site may only use a certificate for "
                               f"its own name — ask the operator for the certificate signed from {name}'s own request")
+    pin = _signed_package_ca(ws, archive, ca_fingerprint, confirm_ca)
     # what the import overwrites, restored if the certificate is refused: a refused one is never left installed
     installed = [ws / "cert" / "client" / f"col_{name}.crt", ws / "cert" / "cert_chain.crt"]
     before = {path: path.read_bytes() if path.is_file() else None for path in installed}
     log(f"  $ fx collaborator certify --import {archive}")
     try:
         run_fx(ws, ["collaborator", "certify", "--import", str(archive)])
+        if pin is not None:
+            from .anchor import pin_ca
+
+            pin_ca(ws / "cert", *pin)
         verify_site_certificate(ws, name)
     except BaseException:
         for path, data in before.items():
@@ -252,6 +310,7 @@ def verify_site_certificate(workspace: Path, name: str) -> None:
     """The site's certificate is within its dates, matches its private key, is signed by the CA in
     ``cert_chain.crt`` (:func:`~.certificates.check_own_certificate`) and is issued for ``name`` alone
     (:func:`~.enrolment.check_certificate_name`)."""
+    from .anchor import check_installed_chain
     from .certificates import check_own_certificate
     from .enrolment import check_certificate_name
 
@@ -262,7 +321,38 @@ def verify_site_certificate(workspace: Path, name: str) -> None:
         if not path.exists():
             raise DeploymentError(f"{path} is missing after the import")
     try:
+        check_installed_chain(cert_dir)  # the CA pinned at join, and no other
         check_own_certificate(crt, key, chain)
         check_certificate_name(crt, name)
     except ConfigError as exc:
         raise DeploymentError(str(exc)) from None
+
+
+def _signed_package_ca(ws: Path, archive: Path, given: str | None, confirm: Callable[[str, str], bool] | None
+                       ) -> tuple[str, str, str] | None:
+    """The signed package's CA chain checked before anything is installed: the CA pinned at join, and no
+    other, in one sentence. Without a pin: the one ``given`` or confirmed, to be pinned (returned)."""
+    from ..archives import read_entry
+    from .anchor import check_against_pin, normalise_fingerprint, read_pin, shown
+
+    with zipfile.ZipFile(archive) as z:
+        if "cert_chain.crt" not in z.namelist():
+            return None  # fx's import and the checks after it name the missing chain
+        pem = read_entry(z, "cert_chain.crt", max_bytes=1 << 20, what="the CA chain")
+    cert_dir = ws / "cert"
+    try:
+        found, subject = check_against_pin(cert_dir, pem, f"the CA chain in {archive.name}")
+    except ConfigError as exc:
+        raise DeploymentError(f"{exc}: not installed; a site trusts only the CA it confirmed at join — ask the operator "
+                              "for the package signed by the federation's CA") from None
+    expected = normalise_fingerprint(given) if given is not None else None
+    if expected is not None and found != expected:
+        raise DeploymentError(f"the CA chain in {archive.name} is from {subject} ({shown(found)}), not the CA whose "
+                              f"fingerprint you were given ({shown(expected)}): not installed")
+    if read_pin(cert_dir) is not None:
+        return None
+    if expected is None and confirm is not None and not confirm(subject, found):
+        raise DeploymentError(f"the CA of {archive.name} ({subject}, {shown(found)}) was not confirmed: not installed; "
+                              "ask the operator to read you its CA's fingerprint")
+    return found, subject, ("--ca-fingerprint at import-cert" if expected is not None
+                            else "confirmed at import-cert" if confirm else "taken at import-cert")

@@ -81,6 +81,10 @@ def export_workspace(workspace: str | Path, *, log: Callable[[str], None] = prin
     run_fx(ws, ["workspace", "export"])
     if not archive.exists():
         raise DeploymentError(f"'fx workspace export' did not write {archive}")
+    chain = ws / "cert" / "cert_chain.crt"
+    if chain.is_file():  # the federation's CA (public): each site checks its fingerprint at join and pins it
+        with zipfile.ZipFile(archive, "a") as z:
+            z.write(chain, "cert/cert_chain.crt")
     _refuse_secrets(archive, workspace_package=True)
     return archive
 

@@ -140,9 +140,15 @@ class CrossSiloLab:
         self.fedcontrast(OPERATOR, "workspace", "export", name)
         package = self.disk(OPERATOR) / name / f"{name}.zip"
 
+        from ..deploy.anchor import fingerprint_of_chain, shown
+
+        chain = self.disk(OPERATOR) / name / "cert" / "cert_chain.crt"
+        ca = shown(fingerprint_of_chain(chain.read_bytes(), str(chain))[0])  # what the operator reads out by phone
+
         def join(site: str) -> None:  # the sites act at the same time, as separate institutions would
             local = self.send(OPERATOR, package, site)
-            argv = ["site", "join", local.name, "--name", site, "--data", "images", "--public", "public"]
+            argv = ["site", "join", local.name, "--name", site, "--data", "images", "--public", "public",
+                    "--ca-fingerprint", ca]
             self.fedcontrast(site, *argv, *(["--cert-from", reuse.name] if reuse is not None else []))
 
         def import_cert(site: str) -> None:

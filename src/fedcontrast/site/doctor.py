@@ -158,6 +158,7 @@ def check_transport(ws: Path, plan: dict) -> Check:
 
 
 def check_certificate(ws: Path, name: str) -> Check:
+    from ..deploy.anchor import check_installed_chain
     from ..deploy.certificates import _certificates, check_own_certificate, subject
     from ..deploy.enrolment import check_certificate_name
 
@@ -170,6 +171,7 @@ def check_certificate(ws: Path, name: str) -> Check:
                                           "with `fedcontrast site join`, then install the signed certificate with "
                                           "`fedcontrast site import-cert`")
     try:
+        check_installed_chain(cert_dir)  # the CA pinned at join: nothing replaced it since
         check_own_certificate(crt, key, chain)
         check_certificate_name(crt, name)  # the aggregator admits a name only with a certificate for that name
         cert = _certificates(crt)[0]

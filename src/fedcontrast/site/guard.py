@@ -106,6 +106,13 @@ def _check_site_files(ws: Path, plan: Any, name: str, data_config: Path) -> None
         raise PackageRefused(f"{', '.join(map(str, missing))} missing, and the plan uses TLS: {first}install the "
                              f"certificate the operator signed with `fedcontrast site import-cert "
                              f"agg_to_col_{name}_signed_cert.zip --workspace {ws}`")
+    from ..deploy.anchor import check_installed_chain
+    from ..errors import ConfigError
+
+    try:
+        check_installed_chain(cert)  # the CA this site pinned at join, and no other
+    except ConfigError as exc:
+        raise PackageRefused(str(exc)) from None
 
 
 def guard_installed() -> Path | None:
