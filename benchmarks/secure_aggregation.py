@@ -5,10 +5,11 @@ secure-sum variants of FedSSC, FedPCL, FLESD; digits).
         [--algorithms fedavg moon | fedssc fedpcl flesd] [--threads 2]
 
 Per configuration, the same run twice (same seed, threads, shards), plain and with
-`secure_aggregation` (32-bit ring, default clip and threshold): seconds per round (median of rounds
-2 …), bytes one site sends per round (keys, encrypted shares, masked vector, reveals; plain: its
-float32 upload), the protocol's CPU time per site and at the aggregator (all parties in one
-process), and the final accuracy over the seeds. A plugin runs in its secure-summable variant
+`secure_aggregation` (32-bit ring, default clip and threshold ⌊2n/3⌋ + 1; the deployments' own relay
+and site steps in one process, consistency round included): seconds per round (median of rounds
+2 …), bytes one site sends per round (its advert, encrypted shares, masked vector, consistency
+signature and reveals, as the messages' payloads; plain: its float32 upload), the protocol's CPU time
+per site and at the aggregator, and the final accuracy over the seeds. A plugin runs in its secure-summable variant
 (``SECURE_VARIANTS``: FedSSC ``class_reps: pooled``, FedPCL ``local_sets: global``); where that is
 not its default, its default runs too, without secure aggregation, so the table shows what the
 variant costs in accuracy. FedAvg/FedProx/MOON write the section ``secure_aggregation``, the other
@@ -74,7 +75,7 @@ def main() -> None:
              f"Command: `.venv/bin/python benchmarks/secure_aggregation.py --sites {' '.join(map(str, args.sites))} "
              f"--rounds {args.rounds} --seeds {' '.join(map(str, args.seeds))} --algorithms {' '.join(args.algorithms)} "
              f"--threads {args.threads}" + (f" --section {args.section}" if args.section else "") + f"` on {machine()}, {time.strftime('%Y-%m-%d')}. Digits, Dir(0.5), the default "
-             "10 local epochs, 32-bit ring, threshold a majority.", "",
+             "10 local epochs, 32-bit ring, default threshold ⌊2n/3⌋ + 1, the consistency round (five messages per site).", "",
              "| algorithm | secure variant | sites | s / round plain | s / round secure | ratio | bytes / site / round "
              "plain | secure | ratio | protocol CPU per site | at the aggregator | final accuracy: default, plain | "
              "variant, plain | variant, secure |",
@@ -103,7 +104,7 @@ def main() -> None:
               "here; in a deployment each site does its own share. Accuracy: mean ± std over the seeds (FedPCL: "
               "personalised, by nearest global prototype; FLESD: linear probe)."]
     if not plugins:
-        lines.append("Goal (issue 26): under 1.3× the round time and 1.2× the bytes at 10 sites for FedAvg.")
+        lines.append("Goal (issues 26, 33): under 1.3× the round time and 1.2× the bytes at 10 sites for FedAvg.")
     write_section(args.section or ("secure_aggregation_plugins" if plugins else "secure_aggregation"), "\n".join(lines))
 
 

@@ -5,7 +5,7 @@ collaborators, mutual TLS): the same run with and without it, side by side.
 
 Per run: seconds per round (median interval between the aggregator's round stamps, rounds 2 …), the
 bytes a site sends per round (plain: its packed float32 upload and its sample count; secure: the
-protocol's four messages, from the sites' logs), the protocol's CPU time per site (keys, shares,
+protocol's five messages, from the sites' logs), the protocol's CPU time per site (keys, shares,
 masking, reveal; from the sites' logs) and at the aggregator (unmasking; from its log), and the final
 held-out accuracy (the sites' accuracies weighted by their held-out sizes).
 """
@@ -28,6 +28,7 @@ from fedcontrast.openfl.launch import initialize_plan, run_federation
 from fedcontrast.openfl.packing import packed_size
 from fedcontrast.openfl.plan import create_workspace
 from fedcontrast.sim import Federation
+from fedcontrast.site.roster import format_roster, read_roster
 
 SITE_LINE = re.compile(r"took part in the secure sum \((\d+) bytes sent; ([0-9.]+) s of CPU")
 AGGREGATOR_LINE = re.compile(r"unmasking: ([0-9.]+) s of CPU")
@@ -37,6 +38,9 @@ def federation(config: RunConfig, tmp: Path, cert: Path, port: int, name: str) -
     ws = create_workspace(tmp / name, config, port=port)
     shutil.rmtree(ws / "cert")
     shutil.copytree(cert, ws / "cert")
+    if config.secure_aggregation is not None:  # as a careful site runs it: every peer's key pinned
+        roster = format_roster(read_roster(sorted((ws / "cert" / "client").glob("col_site_*.crt"))))
+        (ws / "site_policy.yaml").write_text("require_secure_aggregation: true\n" + roster[roster.index("peers:"):])
     initialize_plan(ws)
     records = run_federation(ws, timeout=3600)
     stamps = [r["trained_at"] for r in records]
@@ -63,8 +67,9 @@ def main() -> None:
              f"Command: `.venv/bin/python benchmarks/secure_aggregation_fx.py --algorithms {' '.join(args.algorithms)} "
              f"--rounds {args.rounds} --sites {args.sites}` on {machine()}, {time.strftime('%Y-%m-%d')}. "
              f"`fx aggregator start` + {args.sites} `fx collaborator start`, mutual TLS on localhost, digits, "
-             "Dir(0.5), the default 10 local epochs, 32-bit ring, threshold a majority; plain and secure run "
-             "one after the other with the same seed.", "",
+             "Dir(0.5), the default 10 local epochs, 32-bit ring, the default threshold ⌊2n/3⌋ + 1 with the "
+             "consistency round, every site's peers pinned in its policy; plain and secure run one after the other "
+             "with the same seed.", "",
              "| algorithm | s / round plain | secure | ratio | bytes / site / round plain | secure | ratio | "
              "protocol CPU per site | unmasking CPU at the aggregator | final accuracy plain | secure |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -86,7 +91,7 @@ def main() -> None:
                      f"{100 * secure['accuracy']:.2f} % |")
     shutil.rmtree(tmp, ignore_errors=True)
     lines += ["", "Bytes are the payloads (gRPC/protobuf framing adds a few hundred bytes per message; the secure "
-              "run sends four messages per site per round instead of one). A site's protocol CPU excludes its waits "
+              "run sends five messages per site per round instead of one). A site's protocol CPU excludes its waits "
               "for the other sites; its rounds also wait for the slowest site's masked vector, as plain rounds wait "
               "for its upload."]
     write_section("secure_aggregation_fx", "\n".join(lines))

@@ -224,3 +224,118 @@ def test_a_sites_clientapp_process_refuses_code_from_the_operators_bundle(tmp_pa
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           check=False)
     assert done.returncode == 0 and (tmp_path / "ran").exists()
+
+
+# --- secure aggregation at a Flower site ------------------------------------------------------------
+def secure_sites(folders, tmp_path, *, pins=True):
+    """hosp1 and hosp2 under secure aggregation, each with its SuperNode key and a policy that requires
+    secure aggregation and pins the other's key (``pins``); returns (plan text, settings by site, keys)."""
+    from fedcontrast.privacy.secagg import fingerprint
+
+    config = plan("fedavg", secure_aggregation={})
+    keys = {s: deploy.make_site_key(tmp_path / "keys", s) for s in SITES}
+    public = {s: serialization.load_ssh_public_key(keys[s][1].read_bytes()) for s in SITES}
+    out = {}
+    roster = "peers:\n" + "".join(f"  {s}: {fingerprint(public[s])}\n" for s in SITES)  # as site roster prints it
+    for site in SITES:
+        policy = tmp_path / f"{site}-policy.yaml"
+        policy.write_text("require_secure_aggregation: true\n" + (roster if pins else ""))
+        out[site] = settings(folders, tmp_path, site, policy=str(policy), worker="1",
+                             **{"signing-key": str(keys[site][0])})
+    return json.dumps(config.to_dict()), out, keys
+
+
+def secure_exchange(text, sts, config, relay, answers=None):
+    """Each site's train reply (its advert), then the four query.secagg steps through ``relay``;
+    ``answers(site, kind, honest)`` may replace what the relay answers. Returns the errors by site."""
+    from fedcontrast.flower.secure import PHASES
+
+    answers = answers or (lambda site, kind, honest: honest)
+    content = {"task": {"round": 0}, "received": downlink(config)}
+    errors = {}
+    for site in SITES:
+        reply, _ = site_app.handle("train", 5, text, sts[site], content, None)
+        relay.receive(site, 0, "advert", bytes(reply["secagg"]["payload"]))
+    for phase, answer in PHASES:
+        for site in relay.members[relay.phase]:
+            if site in errors:
+                continue
+            message = {"task": {"round": 0, "phase": phase},
+                       "secagg": {"payload": answers(site, answer, relay.answer(site, 0, answer))}}
+            try:
+                reply, _ = site_app.handle("secagg", 5, text, sts[site], message, None)
+            except Exception as exc:  # noqa: BLE001 — what the site answers the operator with
+                errors[site] = site_app.refusal(exc)
+                continue
+            relay.receive(site, 0, phase, bytes(reply["secagg"]["payload"]))
+    return errors
+
+
+def secure_relay(config):
+    from fedcontrast.privacy.secagg import SumLayout
+    from fedcontrast.privacy.secagg_protocol import relay_for
+
+    algorithm = build_algorithm(config)
+    specs = algorithm.upload_specs(initial_model(config, **data_shape(config)), 10)
+    return relay_for(list(SITES), config.secure_aggregation, SumLayout.of(algorithm, specs, config.secure_aggregation))
+
+
+def test_flower_sites_with_pinned_keys_give_the_secure_sum(folders, tmp_path):
+    text, sts, _ = secure_sites(folders, tmp_path)
+    config = RunConfig.from_dict(json.loads(text))
+    relay = secure_relay(config)
+    assert not secure_exchange(text, sts, config, relay)
+    assert relay.survivors == list(SITES) and relay.total(0).size == relay.words
+
+
+def test_a_flower_site_refuses_a_peer_key_the_operator_substituted(folders, tmp_path):
+    """The ServerApp puts its own key in hosp2's place in the adverts hosp1 receives, signed with that
+    key: the check against the key inside the advert passes; hosp1's pinned roster does not."""
+    from fedcontrast.flower.secure import _openssh
+    from fedcontrast.privacy.secagg import Quantizer
+    from fedcontrast.privacy.secagg_protocol import SecAggSteps
+
+    text, sts, _ = secure_sites(folders, tmp_path)
+    config = RunConfig.from_dict(json.loads(text))
+    relay = secure_relay(config)
+    impostor = ec.generate_private_key(ec.SECP384R1())
+    fake = json.loads(SecAggSteps("hosp2", list(SITES), 2, 0, impostor, _openssh(impostor.public_key()),
+                                  lambda s, t: None, np.zeros(4), Quantizer.for_sites(10.0, 2)).advert())
+
+    def lying(site, kind, honest):
+        if site == "hosp1" and kind == "adverts":
+            adverts = json.loads(honest)
+            adverts["hosp2"] = fake
+            return json.dumps(adverts).encode()
+        return honest
+
+    errors = secure_exchange(text, sts, config, relay, lying)
+    assert "site hosp2's key SHA256:" in errors["hosp1"] and "is not the key pinned for it" in errors["hosp1"]
+    assert "hosp1" not in relay.received[1]  # hosp1 sent no share
+
+
+def test_a_flower_site_that_requires_secure_aggregation_refuses_an_unpinned_plan(folders, tmp_path):
+    text, sts, _ = secure_sites(folders, tmp_path, pins=False)
+    with pytest.raises(site_app.SiteRefused, match="requires secure aggregation but pins no key for hosp1, hosp2"):
+        site_app.handle("query", 6, text, sts["hosp1"], {}, None)
+
+
+def test_a_flower_site_with_a_nan_upload_withdraws_naming_the_cause(folders, tmp_path, monkeypatch):
+    from fedcontrast.privacy.secagg import SecureAggregationError
+
+    text, sts, _ = secure_sites(folders, tmp_path)
+    config = RunConfig.from_dict(json.loads(text))
+    honest_train = site_app.SiteRuntime.train
+
+    def train(self, *args):
+        uploads, weight, metrics, state = honest_train(self, *args)
+        if self.name == "hosp2":
+            name = next(iter(uploads))
+            uploads[name] = uploads[name].clone().fill_(float("nan"))
+        return uploads, weight, metrics, state
+
+    monkeypatch.setattr(site_app.SiteRuntime, "train", train)
+    relay = secure_relay(config)
+    with pytest.raises(SecureAggregationError, match="hosp2 withdrew: site 'hosp2' uploaded .* NaN or infinite values"):
+        secure_exchange(text, sts, config, relay)
+    assert "hosp2" in relay.withdrawn and "hosp2" not in relay.received[0]

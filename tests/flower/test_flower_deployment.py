@@ -86,11 +86,26 @@ def deployed(lab):
         for site in SITES:
             ca = lab.send(OPERATOR, folder / "certs" / "ca.crt", site)
             ca.rename(ca.with_name(f"{name}_ca.crt"))
-            nodes[site] = start_supernode(lab, site, name, port, extra=["--port", str(NODE_PORTS[algorithm])])
+            extra = ["--port", str(NODE_PORTS[algorithm])]
+            if algorithm == "moon_secure":
+                extra += ["--policy", pinned_policy(lab, site)]
+            nodes[site] = start_supernode(lab, site, name, port, extra=extra)
         made[algorithm] = (folder, nodes)
         return made[algorithm]
 
     return get
+
+
+def pinned_policy(lab, site: str) -> str:
+    """The site's policy under secure aggregation: it requires it and pins every member's SuperNode key,
+    as `fedcontrast site roster` prints them from the keys the hospitals exchanged (and compared by phone)."""
+    for other in SITES:
+        if other != site:
+            lab.send(other, lab.disk(other) / f"{other}.pub", site)
+    out = lab.fedcontrast(site, "site", "roster", *[f"{s}.pub" for s in SITES])
+    assert all(f"{s}  SHA256:" in out for s in SITES)
+    (lab.disk(site) / "secure_policy.yaml").write_text("require_secure_aggregation: true\n" + out[out.index("peers:"):])
+    return "secure_policy.yaml"
 
 
 def run(lab, folder, *args, timeout=400):
@@ -133,6 +148,8 @@ def test_a_federation_on_flower_across_hosts(lab, deployed, algorithm):
         assert info["site"] == site and info["algorithm"] == ALGORITHM.get(algorithm, algorithm)
     if algorithm == "moon_secure":  # the ServerApp saw only the sum of the three sites' uploads
         assert all(r["secure_sum_of"] == SITES and "weight" not in r["sites"]["hosp1"] for r in records)
+        # each site's policy requires secure aggregation with every key pinned: an unpinned or other key would
+        # have been refused (tests/test_flower_site.py), so the run went through each site's own roster
         plain, _ = deployed("moon")  # the same plan without it: the same model within the 32-bit ring's rounding
         if not (plain / "run" / "metrics.csv").exists():
             assert run(lab, plain).returncode == 0

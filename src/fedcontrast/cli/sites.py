@@ -229,6 +229,13 @@ def site_start_command(workspace: str | Path, name: str, *, plan: str | None = N
     return argv + extra
 
 
+def cmd_site_roster(args: argparse.Namespace) -> int:
+    from ..site.roster import format_roster, read_roster
+
+    print(format_roster(read_roster(args.paths, args.name)))
+    return 0
+
+
 def cmd_site_start(args: argparse.Namespace) -> int:
     import os
 
@@ -342,22 +349,28 @@ def _add_site(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--policy", metavar="SITE_POLICY.yaml",
                    help="this site's policy: checked against the package now and installed as the workspace's "
                         "site_policy.yaml (checked again at every start)")
+    _ca_arguments(c, "join")
     c.set_defaults(func=cmd_site_join)
     c = ssub.add_parser("import-cert", help="install the certificate the operator signed")
     c.add_argument("signed", metavar="SIGNED.zip")
     c.add_argument("--workspace", default=".", help="this site's workspace (default: here)")
+    _ca_arguments(c, "import-cert")
     c.set_defaults(func=cmd_site_import_cert)
     c = ssub.add_parser("start", help="check this site's workspace (its data.yaml line, cols.yaml, certificate), then "
                                       "run fx collaborator start -n NAME in it (arguments after -- go to fx)",
-    _ca_arguments(c, "join")
                         usage="fedcontrast site start [WORKSPACE] --name NAME [-p PLAN] [-d DATA_CONFIG] [-- FX_ARGS]")
     c.add_argument("workspace", nargs="?", default=".", help="this site's workspace (default: here)")
     c.add_argument("--name", required=True, help="this site's name in the plan")
     c.add_argument("-p", "--plan", help="the plan, relative to the workspace (fx's default: plan/plan.yaml)")
-    _ca_arguments(c, "import-cert")
     c.add_argument("-d", "--data_config", "--data-config", dest="data_config",
                    help="the data file, relative to the workspace (fx's default: plan/data.yaml)")
     c.set_defaults(func=cmd_site_start, fx_args=[])  # and any further fx arguments after --
+    c = ssub.add_parser("roster", help="the key fingerprint of each member of the federation, to confirm with the "
+                                       "other hospitals and pin in this site's policy (peers:) for secure aggregation")
+    c.add_argument("paths", nargs="+", metavar="PATH",
+                   help="an OpenFL workspace, a Flower operator folder or key folder, a certificate or key file")
+    c.add_argument("--name", help="the site a lone key file belongs to (default: its file name)")
+    c.set_defaults(func=cmd_site_roster)
 
 
 def _add_report(sub: argparse._SubParsersAction) -> None:

@@ -341,8 +341,9 @@ def default_threshold(sites: int) -> int:
 
 
 def colluders_tolerated(sites: int, threshold: int) -> int:
-    """How many sites may collude with a lying operator while it still learns only sums of honest
-    sites: fewer than ``2t − n`` (no two survivor sets can both gather ``t`` signatures) and fewer
-    than ``t`` (their own shares rebuild nothing)."""
-    return max(0, min(2 * threshold - sites, threshold) - 1)
+    """How many sites may collude with a lying operator while it still learns only sums of at least
+    two honest sites: fewer than ``2t − n`` (no two survivor sets can both gather ``t`` signatures)
+    and at most ``t − 2`` (a sum of ``t`` sites minus the colluders' own inputs must still hold two
+    honest ones)."""
+    return max(0, min(2 * threshold - sites - 1, threshold - 2))
 

@@ -1,29 +1,38 @@
 """Secure aggregation on a Flower deployment: the protocol of :mod:`fedcontrast.privacy.secagg_protocol`
 carried by the ServerApp's messages. After a round's ``train`` message each site answers with its
-signed keys instead of its uploads; three ``query.secagg`` messages follow (``boxes``, ``masked``,
-``reveal``), each carrying the relay's answer to that site; the ServerApp unmasks only the sum.
+signed keys instead of its uploads (or a withdrawal, when its own input fails its checks); four
+``query.secagg`` messages follow (``boxes``, ``masked``, ``consistency``, ``reveal``), each carrying
+the relay's answer to that site; the ServerApp unmasks only the sum.
 
-A site signs its keys with its SuperNode's private key (``fedcontrast flower site-key``); its peers
-check the signature against the public key the operator registered for that site (sent with the
-keys; the ServerApp refuses an advert whose key is not the registered one). The site's secrets of a
-round (its key-agreement keys, its self-mask seed) live only in its long-lived worker's memory, so
-secure aggregation needs the worker (``fedcontrast flower supernode`` without ``--no-worker``). A site
-that stays silent stops the run, named, as without secure aggregation (no ``min_sites`` on Flower).
+A site signs its keys with its SuperNode's private key (``fedcontrast flower site-key``). A peer's key
+travels inside its advert, put there by the operator's ServerApp, so a site checks it against its own
+roster: the fingerprints its policy pins (``peers:``), which the hospitals confirmed among themselves
+(``fedcontrast site roster``); without a pin only the ServerApp's check against the registered key
+stands between the site and a lying operator (the site says so in its log), and under
+``require_secure_aggregation`` an unpinned peer is refused. The site's secrets of a round (its
+key-agreement keys, its self-mask seed) live only in its long-lived worker's memory, so secure
+aggregation needs the worker (``fedcontrast flower supernode`` without ``--no-worker``). A site that
+stays silent stops the run, named, as without secure aggregation (no ``min_sites`` on Flower).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from ..config import site_names
 from ..errors import FedContrastError
-from ..privacy.secagg import Quantizer, SecureAggregationError, secure_vector
-from ..privacy.secagg_protocol import SecAggSteps
+from ..privacy.secagg import Quantizer, SecureAggregationError, checked_vector
+from ..privacy.secagg_protocol import PinnedKeys, SecAggSteps, session_digest, withdrawal
+from ..tensors import InvalidUploadError
+
+logger = logging.getLogger("fedcontrast.flower")
 
 SECAGG_MESSAGE = "query.secagg"
-PHASES = (("boxes", "adverts"), ("masked", "boxes"), ("reveal", "survivors"))  # what a site sends, given what
+PHASES = (("boxes", "adverts"), ("masked", "boxes"), ("consistency", "survivors"),
+          ("reveal", "signatures"))  # what a site sends, given what
 _SESSIONS: dict[tuple[int, str, int], SecAggSteps] = {}  # (run, site, round) → its round, in the worker's memory
 
 
@@ -59,12 +68,21 @@ def begin_site_round(site: Any, round_num: int, uploads: dict[str, Any], weight:
                                "SuperNode was started without: start it with `fedcontrast flower supernode --key`")
     signing = serialization.load_ssh_private_key(Path(settings["signing-key"]).read_bytes(), None)
     secure, sites = site.config.secure_aggregation, site_names(site.config)
-    steps = SecAggSteps(site.name, sites, secure.sites_needed(len(sites)), round_num, signing,
-                        _openssh(signing.public_key()), registered_key,
-                        secure_vector(site.algorithm, uploads, weight, secure),
-                        Quantizer.for_sites(secure.clip, len(sites), secure.bits))
     for key in [k for k in _SESSIONS if k[:2] == (site.run_id, site.name)]:  # an earlier round that never ended
         del _SESSIONS[key]
+    try:  # the checks the ServerApp cannot make on a masked vector, made here before masking
+        vector = checked_vector(site.name, site.algorithm, uploads, weight, secure,
+                                site.algorithm.upload_specs(site.model, site.shape["num_classes"]))
+    except InvalidUploadError as exc:
+        logger.error("%s, round %d: %s; this site withdraws from the round's secure sum", site.name, round_num + 1, exc)
+        return withdrawal(str(exc))
+    policy = site.data.site_policy
+    peers = PinnedKeys(registered_key, getattr(policy, "peers", None),
+                       bool(getattr(policy, "require_secure_aggregation", False)))
+    steps = SecAggSteps(site.name, sites, secure.sites_needed(len(sites)), round_num, signing,
+                        _openssh(signing.public_key()), peers, vector,
+                        Quantizer.for_sites(secure.clip, len(sites), secure.bits),
+                        session_digest(site.config.to_dict(), sites, str(site.run_id)))
     _SESSIONS[(site.run_id, site.name, round_num)] = steps
     return steps.advert()
 
@@ -77,7 +95,15 @@ def site_step(site: Any, content: dict[str, Any]) -> dict[str, Any]:
     if steps is None or phase not in dict(PHASES):
         raise FedContrastError(f"no secure aggregation of round {round_num + 1} is under way at this site (its worker "
                                "restarted?), or the phase is unknown; refused")
-    payload = getattr(steps, phase)(bytes(content["secagg"]["payload"]))
+    try:
+        payload = getattr(steps, phase)(bytes(content["secagg"]["payload"]))
+    except SecureAggregationError:
+        del _SESSIONS[(site.run_id, site.name, round_num)]  # nothing more of this round leaves the site
+        raise
+    if phase == "boxes" and steps.peer_key.unpinned:
+        logger.warning("%s, round %d: the keys of %s came from the operator's ServerApp with nothing of this site's to "
+                       "check them against: pin them in its policy (peers:, `fedcontrast site roster`)", site.name,
+                       round_num + 1, ", ".join(sorted(steps.peer_key.unpinned)))
     if phase == "reveal":
         del _SESSIONS[(site.run_id, site.name, round_num)]
     return {"secagg": {"payload": payload}}
@@ -90,16 +116,21 @@ def secure_round(server: Any, round_num: int, adverts: dict[str, bytes], site_ke
     from flwr.app import ConfigRecord
 
     relay = server.relay
-    relay.begin(round_num)
+    relay.begin(round_num)  # a site that withdraws is dropped, named; the round goes on while the threshold allows
     for site, payload in adverts.items():
+        try:
+            message = json.loads(payload.decode())
+        except (UnicodeDecodeError, ValueError):
+            message = None
+        if isinstance(message, dict) and set(message) == {"withdraw"}:  # its own input failed its checks
+            relay.receive(site, round_num, "advert", payload)
+            say_withdrawn(site, round_num, message["withdraw"])
+            continue
         if not site_keys.get(site):
             raise SecureAggregationError(f"site {site}'s key was registered without being recorded for secure "
                                          "aggregation (an older deployment folder): register the sites again in a new "
                                          "folder (`fedcontrast flower init`, `register`)")
-        try:
-            claimed = json.loads(payload.decode()).get("certificate", "")
-        except (UnicodeDecodeError, ValueError, AttributeError):
-            claimed = ""
+        claimed = message.get("certificate", "") if isinstance(message, dict) else ""
         if str(claimed).split()[:2] != site_keys[site].split()[:2]:
             raise SecureAggregationError(f"site {site} advertised a signing key other than the one registered for it; "
                                          "the run stops")
@@ -112,4 +143,10 @@ def secure_round(server: Any, round_num: int, adverts: dict[str, bytes], site_ke
         replies = server.exchange(messages, server.round_timeout, f"round {round_num + 1}'s secure aggregation ({phase})")
         for site, reply in replies.items():
             relay.receive(site, round_num, phase, bytes(reply.content["secagg"]["payload"]))
+    for site, why in sorted(relay.blamed.items()):
+        logger.warning("round %d: site %s sent a bad secure-aggregation share: %s", round_num + 1, site, why)
     return server.sum_layout.downlink(server.algorithm, relay.total(round_num), server.server)
+
+
+def say_withdrawn(site: str, round_num: int, reason: Any) -> None:
+    logger.warning("round %d: site %s takes no part in the secure sum: %s", round_num + 1, site, str(reason)[:500])

@@ -237,7 +237,8 @@ class FlowerServer:
         append_jsonl(self.out / ROUNDS_FILE, {
             "round": round_num + 1, "time": time.time(), "secure_sum_of": self.relay.survivors,
             "sites": {s: {"training": json.loads(str(replies[s].content["outcome"]["metrics"])),
-                          "evaluation_of_received": evaluations[s]} for s in self.sites}, "excluded": {}})
+                          "evaluation_of_received": evaluations[s]} for s in self.sites},
+            "excluded": {s: r for s, r in sorted({**self.relay.withdrawn, **self.relay.blamed}.items())}})
 
     def _rejected(self, round_num: int, rejected: dict[str, str], accepted: dict) -> None:
         """As the simulator: stop naming them (``robustness.on_rejected: stop``), or go on without."""

@@ -175,6 +175,10 @@ class PluginAggregation(AggregationFunction):
         downlink = self.sum_layout.downlink(self.algorithm, RELAY.total(fl_round), self.server)
         logger.info("round %d: aggregated the secure sum of %s (unmasking: %.3f s of CPU)", fl_round,
                     ", ".join(RELAY.survivors), RELAY.unmask_cpu_s)
+        for site, why in sorted(RELAY.blamed.items()):
+            logger.warning("round %d: site %s sent a bad secure-aggregation share: %s", fl_round, site, why)
+        for site, why in sorted(RELAY.withdrawn.items()):
+            logger.warning("round %d: site %s took no part in the secure sum: %s", fl_round, site, why)
         return self._store_downlink(db, fl_round, downlink)
 
 

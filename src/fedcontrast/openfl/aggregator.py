@@ -92,6 +92,8 @@ class SafeAggregator(SecureRounds, Aggregator):
         grpc_bounds.MAX_MESSAGE_BYTES = min(self.max_upload_bytes + MESSAGE_ALLOWANCE, grpc_common.MAX_MESSAGE_LENGTH_BYTES)
         self.round_timeout = float(round_timeout) if round_timeout else None
         self.min_sites = min_sites
+        if self.relay is not None:  # a site that withdraws counts against min_sites as a silent one does
+            self.relay.at_least = min_sites or len(site_names(config))
         callbacks = list(kwargs.pop("callbacks", None) or [])  # the stock default is a shared list
         callbacks.append(self.report)
         # Set before super(): recovery may replay a whole round (its uploads were saved, its end was not).

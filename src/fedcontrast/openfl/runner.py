@@ -199,21 +199,28 @@ class PluginTaskRunner(TaskRunner):
     def _secure_upload(self, col_name: str, round_num: int, uploads: dict[str, torch.Tensor], weight: float):
         """Takes part in the round's secure sum with this site's terms; the task's own upload is a
         placeholder (and its sample count is not sent: it is inside the sum)."""
+        from ..privacy.secagg import checked_vector
         from ..site.checks import CollaboratorStopped
-        from ..privacy.secagg import secure_vector
+        from ..tensors import InvalidUploadError
         from .secure import DroppedFromRound
 
         channel = getattr(self, "secure_channel", None)
         if channel is None:
             raise ConfigError("secure aggregation needs fedcontrast's collaborator (the plan's SafeCollaborator)")
         self.data_loader.reported_train_size = 1.0
-        vector = secure_vector(self.algorithm, uploads, weight, self.config.secure_aggregation)
+        try:  # the checks the aggregator cannot make on a masked vector, made here before masking
+            vector, reason = checked_vector(col_name, self.algorithm, uploads, weight, self.config.secure_aggregation,
+                                            self.upload_specs), ""
+        except InvalidUploadError as exc:
+            vector, reason = None, str(exc)
+            logger.error("%s, round %d: %s; this site withdraws from the round's secure sum", col_name, round_num, exc)
         try:
-            cost = channel.run(col_name, round_num, vector, self.config)
+            cost = channel.run(col_name, round_num, vector, self.config, reason)
         except DroppedFromRound as exc:  # the federation goes on without this site: not a failed task
             raise CollaboratorStopped(f"fedcontrast collaborator: error: {exc}") from None
-        logger.info("%s, round %d: took part in the secure sum (%d bytes sent; %.3f s of CPU, %.2f s in all)",
-                    col_name, round_num, cost["secagg_bytes"], cost["secagg_cpu_s"], cost["secagg_s"])
+        if vector is not None:
+            logger.info("%s, round %d: took part in the secure sum (%d bytes sent; %.3f s of CPU, %.2f s in all)",
+                        col_name, round_num, cost["secagg_bytes"], cost["secagg_cpu_s"], cost["secagg_s"])
         return np.zeros(1, dtype=np.float32)
 
     def _report(self, col_name: str) -> SiteReport:

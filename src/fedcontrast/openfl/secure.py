@@ -27,7 +27,7 @@ from openfl.utilities import TensorKey
 from ..config import RunConfig, site_names
 from ..errors import ConfigError
 from ..privacy.secagg import Quantizer, SecureAggregationError
-from ..privacy.secagg_protocol import SecAggClient, SecAggRelay
+from ..privacy.secagg_protocol import PHASES, PinnedKeys, SecAggClient, SecAggRelay, session_digest, withdrawal
 from .protocol import SECAGG_REFUSED, FederationStopped
 
 logger = logging.getLogger("fedcontrast.openfl.components")
@@ -139,8 +139,10 @@ class OpenFLChannel:
         self.certificate = Path(client.certificate).read_text()
         self.peer_keys = CertificateKeys(client.root_certificate)
 
-    def run(self, site: str, round_num: int, vector: np.ndarray, config: RunConfig) -> dict[str, float]:
-        """This site's part of round ``round_num``'s secure sum, with ``vector``."""
+    def run(self, site: str, round_num: int, vector: np.ndarray | None, config: RunConfig,
+            reason: str = "") -> dict[str, float]:
+        """This site's part of round ``round_num``'s secure sum, with ``vector`` (None: it withdraws,
+        giving ``reason``)."""
         settings = config.secure_aggregation
         sites = site_names(config)
         col = self.collaborator
@@ -156,14 +158,26 @@ class OpenFLChannel:
                 return None
             return from_words(col.named_tensor_to_nparray(named), "the aggregator")
 
+        policy = getattr(getattr(getattr(col, "task_runner", None), "data_loader", None), "site_policy", None)
+        peer_keys = PinnedKeys(self.peer_keys, getattr(policy, "peers", None),
+                               bool(getattr(policy, "require_secure_aggregation", False)))
+        session = session_digest(config.to_dict(), sites, str(getattr(col, "federation_uuid", "")))
         client = SecAggClient(site, sites, settings.sites_needed(len(sites)), round_num, self.signing_key,
-                              self.certificate, self.peer_keys, send, fetch, poll=0.05)
+                              self.certificate, peer_keys, send, fetch, poll=0.05, session=session)
+        if vector is None:  # this site's own input failed its checks: it takes no part in the round
+            client.withdraw(reason)
+            return {}
         try:
-            return client.run(vector, Quantizer.for_sites(settings.clip, len(sites), settings.bits))
+            cost = client.run(vector, Quantizer.for_sites(settings.clip, len(sites), settings.bits))
         except SecureAggregationError as exc:
             if str(exc).startswith("this site was dropped"):
                 raise DroppedFromRound(f"{site} {str(exc)[len('this site '):]}") from None
             raise
+        if peer_keys.unpinned:
+            logger.warning("%s, round %d: the keys of %s were checked against the federation's CA only, which the "
+                           "operator holds: pin them in this site's policy (peers:, `fedcontrast site roster`)",
+                           site, round_num, ", ".join(sorted(peer_keys.unpinned)))
+        return cost
 
 
 class SecureRounds:
@@ -183,10 +197,11 @@ class SecureRounds:
             if self.relay is None or round_number != self.round_number:
                 raise FederationStopped(SECAGG_REFUSED + ("this federation has no secure aggregation"
                                                           if self.relay is None else f"round {round_number} is over"))
-            if collaborator in self.relay.dropped and self.relay.round == round_number:
+            if self.relay.round != round_number:  # the aggregator's round, checked above: never a message's own
+                self.relay.begin(round_number)
+            if collaborator in self.relay.dropped:
                 raise FederationStopped(SECAGG_REFUSED + f"{collaborator} was dropped from round {round_number + 1}'s "
-                                        f"secure aggregation (it missed the {self.relay.dropped[collaborator]} "
-                                        "phase's deadline)")
+                                        f"secure aggregation ({self.relay.dropped[collaborator]})")
             try:
                 self.relay.receive(collaborator, round_number, kind, message_payload(self, collaborator, named_tensors))
             except SecureAggregationError as exc:
@@ -215,15 +230,15 @@ class SecureRounds:
             relay.begin(self.round_number)
         if not relay.open:
             return False
+        phase = PHASES[relay.phase]
         try:
             dropped = relay.close(self.min_sites or len(self.authorized_cols))
         except SecureAggregationError as exc:
-            self.absent = set(relay.members[relay.phase]) - set(relay.received[relay.phase])
+            self.absent = set(relay.members[relay.phase]) - set(relay.received[relay.phase]) - set(relay.dropped)
             self._fail(f"{exc} (the plan's round_timeout is {self.round_timeout:.0f} s)")
             return True
         logger.warning("round %d: no %s message from %s within %.0f s; the secure sum goes on without them "
-                       "(min_sites %s)", self.round_number, "/".join(sorted({relay.dropped[s] for s in dropped})),
-                       ", ".join(dropped), self.round_timeout, self.min_sites)
+                       "(min_sites %s)", self.round_number, phase, ", ".join(dropped), self.round_timeout, self.min_sites)
         self.absent |= set(dropped)
         self.round_started = time.monotonic()
         self.end_secure_round()

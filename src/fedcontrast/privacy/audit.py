@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import RunConfig
+from ..config import RunConfig, site_names
 from ..errors import ConfigError
 from .accounting import planned_epsilon
 from .releases import ReleaseLine, describe_releases, release_choices
@@ -77,6 +77,8 @@ class AuditReport:
     # Secure aggregation: the fewest sites inside any sum the aggregator unmasks (None: it sees each upload)
     secure_sum_sites: int | None = None
     secure_terms: list[TensorLine] = field(default_factory=list)  # what each site masks into the sum (ring words)
+    plan_sites: list[str] = field(default_factory=list)  # every site the plan names
+    secure_ring: list[str] = field(default_factory=list)  # the ring's precision and what a lying party can do
 
     @property
     def weights_leave(self) -> list[str]:
@@ -360,6 +362,33 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
                        tls=bool(network.get("use_tls", True)), client_auth=bool(network.get("require_client_auth", True)),
                        certificates=certs, class_minimum=minimum, guarantee_kind=kind,
                        releases=releases, secure_noise=_secure_noise(config), here=here,
-                       secure_sum_sites=secure_sites, secure_terms=terms)
+                       secure_sum_sites=secure_sites, secure_terms=terms, plan_sites=site_names(config),
+                       secure_ring=_secure_ring(config, algorithm))
+
+
+def _secure_ring(config: RunConfig, algorithm: Any) -> list[str]:
+    """What secure aggregation's ring does to the terms, and whom the protocol withstands, for the privacy officer."""
+    from ..config.sections import colluders_tolerated
+    from .secagg import MAX_MEAN_ERROR, SecureAggregationError, precision
+
+    secure = config.secure_aggregation
+    if secure is None:
+        return []
+    n = config.clients
+    t = secure.sites_needed(n)
+    try:
+        quantizer, scale, error = precision(algorithm, secure, n, config.min_samples)
+    except SecureAggregationError as exc:
+        return [f"ring: {exc}"]
+    lines = [f"ring: {secure.bits}-bit words, {quantizer.frac_bits} fractional bits: step {quantizer.step:.3g} per "
+             f"term (terms divided by {scale:g} before the ring); the averaged model is off by at most {error:.3g} per "
+             f"value for sites of {config.min_samples} samples (limit {MAX_MEAN_ERROR:g})",
+             f"threshold {t} of {n} sites: an operator that lies to the sites learns only sums of at least "
+             f"{t - colluders_tolerated(n, t)} honest sites while at most {colluders_tolerated(n, t)} site(s) collude "
+             f"with it (Bonawitz et al.'s protocol against an active adversary; 2t > n + colluders)",
+             f"a hostile site can move each summed term by up to ±{quantizer.reach:g} (any word of the ring, "
+             f"{quantizer.reach / secure.clip:.1f} × the clip {secure.clip:g}), not only within the clip: masked "
+             "uploads cannot be checked; robust rules cannot run, so clip and add DP at the site"]
+    return lines
 
 

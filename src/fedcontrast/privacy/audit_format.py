@@ -79,6 +79,7 @@ def format_report(report: AuditReport) -> str:
         for t in report.secure_terms:
             lines.append(f"    {t.name:40s} {str(tuple(t.shape)):>14s} {t.dtype:6s} {t.bytes_per_round:>9d} "
                          f"{'weights' if t.kind == 'weights' else t.kind:15s} {t.mechanism}")
+    lines += [f"  {line}" for line in report.secure_ring]
     lines += ["", f"transport: TLS {'on' if report.tls else 'OFF'}, client authentication "
                   f"{'on' if report.client_auth else 'OFF'}"]
     if report.certificates is None:

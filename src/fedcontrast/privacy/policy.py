@@ -151,12 +151,12 @@ def check_policy(report: AuditReport, policy: SitePolicy, *, sites: list[str] | 
             violations.append(f"the plan's secure aggregation unmasks sums of {report.secure_sum_sites} sites, fewer "
                               f"than the policy's min_secure_sites {wanted}")
     if policy.require_secure_aggregation and report.secure_sum_sites is not None:
-        unpinned = [s.name for s in report.sites if s.name not in (policy.peers or {}) and s.name not in (sites or ())]
+        unpinned = [s for s in report.plan_sites if s not in (policy.peers or {})]
         if unpinned:
             violations.append(f"the policy requires secure aggregation but pins no key for {', '.join(unpinned)} "
-                              "(peers:): without keys confirmed among the hospitals, an operator that lies could "
-                              "put its own keys in their place; confirm each fingerprint (`fedcontrast site roster`) "
-                              "and list it under peers:")
+                              "(peers:, every member of the federation): without keys confirmed among the hospitals, "
+                              "an operator that lies could put its own keys in their place; confirm each fingerprint "
+                              "(`fedcontrast site roster`) and list it under peers:")
     violations += list(report.foreign_code)  # whatever else it says, a plan that runs code no one installed
     for line in report.code:
         if line.mismatch:

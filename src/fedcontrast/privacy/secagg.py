@@ -518,6 +518,25 @@ def secure_vector(algorithm: Any, uploads: dict[str, Any], weight: float, settin
     return flatten_terms(site_terms(algorithm, uploads, weight, settings), term_scale(algorithm, settings))
 
 
+def checked_vector(site: str, algorithm: Any, uploads: dict[str, Any], weight: float, settings: Any,
+                   specs: list[Any]) -> np.ndarray:
+    """What a deployed site masks, once its own input passed the checks the aggregator can no longer
+    make: the declared names, shapes and dtypes, finite values, the plugin's own checks
+    (:meth:`~fedcontrast.algorithms.Algorithm.check_upload`), a finite count, and the terms clipped
+    and finite. Raises :class:`~fedcontrast.tensors.InvalidUploadError` in one sentence; the site then
+    withdraws from the round (:func:`~.secagg_protocol.withdrawal`)."""
+    from ..tensors import InvalidUploadError, validate_uploads
+
+    validate_uploads(site, uploads, specs)
+    if not (math.isfinite(float(weight)) and float(weight) > 0):
+        raise InvalidUploadError(f"site {site!r}'s sample count {weight!r} is not a finite positive number; rejected")
+    algorithm.check_upload(site, uploads, float(weight))
+    vector = secure_vector(algorithm, uploads, weight, settings)
+    if not np.isfinite(vector).all():
+        raise InvalidUploadError(f"site {site!r}'s secure-sum terms hold NaN or infinite values; rejected")
+    return vector
+
+
 def term_scale(algorithm: Any, settings: Any) -> float:
     """What a plugin's terms are divided by before the ring (``max_samples`` for count-weighted terms,
     :meth:`~fedcontrast.algorithms.Algorithm.secure_scale`), and the sums multiplied by after."""

@@ -126,6 +126,7 @@ class SecAggRelay:
 
     def __init__(self, sites: list[str], threshold: int, words: int, quantizer: Quantizer) -> None:
         self.all_sites, self.threshold, self.words, self.quantizer = list(sites), threshold, words, quantizer
+        self.at_least = 0  # the engine's own floor (e.g. OpenFL's min_sites): fewer present ends the round
         self.lock = threading.RLock()
         self.round = -1
         self.begin(0)
@@ -166,7 +167,8 @@ class SecAggRelay:
                 raise SecureAggregationError(f"site {site} sent its {kind} message of round {round_num + 1} twice")
             message = getattr(self, f"_check_{kind}")(site, payload)
             if kind == "advert" and "withdraw" in message:
-                self.withdrawn[site] = self.dropped[site] = f"it withdrew: {message['withdraw']}"
+                self.withdrawn[site] = message["withdraw"]
+                self.dropped[site] = f"it withdrew: {message['withdraw']}"
             else:
                 self.received[self.phase][site] = message
             if self._all_in():
@@ -233,10 +235,11 @@ class SecAggRelay:
     # --- phases -------------------------------------------------------------------------------
     def _advance(self) -> None:
         present = [s for s in self.members[self.phase] if s in self.received[self.phase]]
-        if len(present) < self.threshold:
+        needed = max(self.threshold, self.at_least)
+        if len(present) < needed:
             raise SecureAggregationError(f"round {self.round + 1}'s secure aggregation: {len(present)} sites left"
-                                         f"{self._withdrawals()}, fewer than the threshold {self.threshold}; the round "
-                                         "ends without a sum")
+                                         f"{self._withdrawals()}, fewer than the {needed} needed; the round ends "
+                                         "without a sum")
         self.members.append(present)
         self.phase += 1
         if self.phase == len(PHASES):

@@ -1,0 +1,116 @@
+"""The federation's roster as the hospitals confirm it among themselves: each member's long-term key
+fingerprint (``SHA256:`` and the hex SHA-256 of its public key), read from certificates, SuperNode
+keys or the operator's folders, so that each site can pin its peers' keys in its own policy
+(``peers:``) and no operator can put a key of its own in a peer's place under secure aggregation.
+
+Sources (any mix, engine-free; nothing is trusted because of where it came from — that is what the
+out-of-band comparison is for):
+
+* an OpenFL workspace (``cert/client/col_NAME.crt``: a site's own, or every site's at the operator);
+* a Flower operator folder (``sites.json``: the registered SuperNode keys) or a folder of ``NAME.pub``;
+* a certificate (PEM), an OpenSSH public key, or a private key (OpenSSH or PEM) file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..privacy.secagg import fingerprint
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str
+    fingerprint: str
+    source: str
+
+
+def _certificate_name(cert: Any) -> str | None:
+    from cryptography.x509.oid import NameOID
+
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(names[0].value).lower() if names else None
+
+
+def _from_file(path: Path, name: str | None) -> list[Member]:
+    from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    stem = name or path.stem.removeprefix("col_")
+    if b"-----BEGIN CERTIFICATE-----" in data:
+        try:
+            certs = x509.load_pem_x509_certificates(data)
+        except ValueError:
+            raise ConfigError(f"{path} holds a certificate that cannot be read") from None
+        return [Member(name or _certificate_name(c) or stem, fingerprint(c.public_key()), str(path)) for c in certs[:1]]
+    loaders = ((lambda d: serialization.load_ssh_public_key(d)),
+               (lambda d: serialization.load_ssh_private_key(d, None).public_key()),
+               (lambda d: serialization.load_pem_private_key(d, None).public_key()),
+               (lambda d: serialization.load_pem_public_key(d)))
+    for load in loaders:
+        try:
+            return [Member(stem, fingerprint(load(data.strip())), str(path))]
+        except (ValueError, TypeError, UnsupportedAlgorithm):
+            continue
+    raise ConfigError(f"{path} is no certificate, public key or unencrypted private key")
+
+
+def _from_folder(folder: Path, name: str | None) -> list[Member]:
+    members: list[Member] = []
+    registry = folder / "sites.json"  # a Flower operator folder: the keys it registered
+    if registry.is_file():
+        from cryptography.hazmat.primitives import serialization
+
+        try:
+            nodes = json.loads(registry.read_text())
+            for site, entry in sorted(nodes.items()):
+                key = serialization.load_ssh_public_key(str(entry["public_key"]).encode())
+                members.append(Member(site, fingerprint(key), f"{registry} (registered)"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ConfigError(f"{registry} is not a Flower operator's registry of site keys") from None
+    for cert in sorted((folder / "cert" / "client").glob("col_*.crt")):  # an OpenFL workspace
+        members += _from_file(cert, None)
+    if not members:
+        for key in sorted(folder.glob("*.pub")):  # a folder of SuperNode keys
+            members += _from_file(key, None)
+    if not members:
+        raise ConfigError(f"{folder} holds no site certificate (cert/client/col_NAME.crt), registry (sites.json) or "
+                          "public key (NAME.pub)")
+    return members
+
+
+def read_roster(paths: list[str | Path], name: str | None = None) -> list[Member]:
+    """Every member found in ``paths`` (``name`` names a lone key file's site); one entry per site,
+    refused when two sources disagree about a site's key."""
+    found: dict[str, Member] = {}
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise ConfigError(f"{path} does not exist")
+        for member in (_from_folder(path, name) if path.is_dir() else _from_file(path, name)):
+            seen = found.get(member.name)
+            if seen is not None and seen.fingerprint != member.fingerprint:
+                raise ConfigError(f"{member.name} has two different keys: {seen.fingerprint} in {seen.source} and "
+                                  f"{member.fingerprint} in {member.source}; find out which is right before pinning")
+            found.setdefault(member.name, member)
+    return [found[k] for k in sorted(found)]
+
+
+def format_roster(members: list[Member]) -> str:
+    width = max(len(m.name) for m in members)
+    lines = [f"{m.name:<{width}}  {m.fingerprint}  ({m.source})" for m in members]
+    lines += ["", "Compare every fingerprint with its hospital by another channel (phone, signed e-mail): each reads "
+                  "its own, you read what you hold. Only then put this in your site_policy.yaml (secure aggregation "
+                  "then shares nothing with a peer whose key differs; with require_secure_aggregation: true, nothing "
+                  "with one left out):", "", "peers:"]
+    lines += [f"  {m.name}: {m.fingerprint}" for m in members]
+    return "\n".join(lines)
