@@ -1,26 +1,36 @@
 """CUDA correctness in one command: every device-sensitive path on the GPU, against the CPU.
 
-    .venv/bin/python benchmarks/gpu_check.py [--device cuda[:N]] [--rounds 2] [--skip-tests] [--write]
+    .venv/bin/python benchmarks/gpu_check.py [--device cuda[:N]] [--rounds 2] [--seeds 10] [--control] [--write]
     .venv/bin/python benchmarks/gpu_check.py --stand-in [--write]      # on a machine without a GPU
 
 Items, one line each (PASS/FAIL, seconds), exit status 1 if any fails:
 
-* ``tests``: the test suite's device-sensitive tests, run by pytest in a fresh interpreter — with
-  CUDA present the runs whose device is ``auto`` take the GPU (every test outside ``tests/openfl``;
-  with ``--stand-in``: ``tests/test_devices.py``, which runs every item through the stand-in);
+* ``tests``: the test suite's device-sensitive tests (:data:`DEVICE_TESTS`), run by pytest in a fresh
+  interpreter (``--test-workers`` N: pytest-xdist with N processes) — with CUDA present the runs whose
+  device is ``auto`` take the GPU; with ``--stand-in``: ``tests/test_devices.py``, which runs every
+  item through the stand-in;
 * ``run:NAME``: every item of :func:`fedcontrast.device_check.items` (each registered algorithm,
   DP-SGD, representation DP, FLESD's similarity upload, FedPCL pre-training, resume equal to the
   uninterrupted run, ``compare``, the linear probe, one OpenFL task-runner round) for ``--rounds``
   rounds on the device;
-* ``repeat:NAME``: each algorithm run twice on the device, bit-identical (deterministic kernels);
-* ``cpu-vs-device:NAME``: each algorithm on digits (2 sites, ``--rounds`` rounds of 20 local epochs) on the CPU and on
-  the device, same seed: final test accuracy within ``--tolerance`` points (float sums differ in the
-  last bits between devices, so the runs are not bit-identical).
+* ``cpu-vs-device:NAME``: each algorithm on digits where the models learn (2 sites, 2 rounds of 20
+  local epochs, lr 0.01: 60-90 %), on the CPU and on the device, paired by seed over ``--seeds`` seeds
+  (default 10). Criterion, stated here and in the output: the 95 % interval (Student's t) of the mean
+  paired difference device − CPU, in points of accuracy, includes 0 or lies within ±``--bound`` points
+  (default 1). One seed cannot tell a bug from noise: CPU and GPU float sums differ in their last bits,
+  and training amplifies that into another trajectory whose accuracy differs by several points either way;
+* ``repeat:NAME``: each algorithm run twice on the device for every one of those seeds, in separate
+  processes: every pair bit-identical (deterministic kernels);
+* with ``--control``, for reading the above: the same paired statistic between the CPU with 1 and with
+  2 torch threads — a perturbation of the last bits alone, no device involved.
+
+The seeded runs go to process pools (``--cpu-workers``, ``--device-workers``; 1 torch thread each), seed
+by seed, within ``--agreement-budget`` seconds: fewer than ``--min-seeds`` finished pairs fail the item.
 
 ``--stand-in`` runs the same items on the CPU inside :func:`fedcontrast.devices.cpu_stand_in`
 (torch's default device ``meta``: anything created without a device fails as it would on CUDA);
-there the CPU-vs-device comparison must be exact. ``--write`` records the run in benchmarks/RESULTS.md
-(section ``gpu_check_stand_in`` or ``gpu_check_cuda``).
+there the CPU-vs-device comparison must be exact (every seed bit-identical). ``--write`` records the
+run in benchmarks/RESULTS.md (section ``gpu_check_stand_in`` or ``gpu_check_cuda``).
 """
 
 from __future__ import annotations
@@ -34,30 +44,52 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
+DEVICE_TESTS = ["tests/algorithms", "tests/losses", "tests/models", "tests/privacy", "tests/test_devices.py",
+                "tests/test_aggregation.py", "tests/test_dual_aggregation.py", "tests/test_linear_probe.py",
+                "tests/test_nearest_prototype.py", "tests/test_robust.py"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", help="the GPU to check (default cuda)")
     parser.add_argument("--stand-in", action="store_true", help="run the items on the CPU through the stand-in")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--tolerance", type=float, default=2.0, help="points of accuracy, CPU vs device")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the run: items")
+    parser.add_argument("--seeds", type=int, default=10, help="seeds of the CPU-vs-device and repeat items")
+    parser.add_argument("--min-seeds", type=int, default=5, help="fewer finished seeds fail an item")
+    parser.add_argument("--bound", type=float, default=1.0, help="points: the criterion's bound (see above)")
+    parser.add_argument("--control", nargs="*", default=None, metavar="ALGORITHM",
+                        help="also the CPU with 1 against 2 threads, for these algorithms (none named: every one)")
+    parser.add_argument("--cpu-workers", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    parser.add_argument("--device-workers", type=int, default=4)
+    parser.add_argument("--agreement-budget", type=float, default=300.0, help="seconds for the seeded runs")
+    parser.add_argument("--agreement-algorithms", nargs="*", default=None, help="default: every algorithm")
     parser.add_argument("--skip-tests", action="store_true", help="leave out the pytest item")
+    parser.add_argument("--test-workers", type=int, default=0, help="pytest-xdist processes (0: none)")
+    parser.add_argument("--test-timeout", type=float, default=600.0, help="seconds for the pytest item")
     parser.add_argument("--only", nargs="*", default=None, help="run only items whose name contains one of these")
     parser.add_argument("--write", action="store_true", help="record the run in benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.tolerance < 0:
-        parser.error("--rounds must be >= 1 and --tolerance >= 0")
+    if args.rounds < 1 or args.seeds < 2 or not 2 <= args.min_seeds <= args.seeds or args.bound < 0:
+        parser.error("--rounds must be >= 1, --seeds >= 2, --min-seeds between 2 and --seeds, --bound >= 0")
+    if args.cpu_workers < 1 or args.device_workers < 1 or args.agreement_budget <= 0 or args.test_workers < 0:
+        parser.error("--cpu-workers and --device-workers must be >= 1, --agreement-budget > 0, --test-workers >= 0")
 
     import torch
 
     from fedcontrast import device_check
+    from fedcontrast.algorithms import available_algorithms
     from fedcontrast.devices import cpu_stand_in, make_cuda_deterministic
 
+    unknown = sorted((set(args.agreement_algorithms or []) | set(args.control or [])) - set(available_algorithms()))
+    if unknown:
+        parser.error(f"unknown algorithm(s) {', '.join(unknown)}; known: {', '.join(available_algorithms())}")
     if args.stand_in:
         device, where = "cpu", cpu_stand_in
     else:
@@ -67,10 +99,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         make_cuda_deterministic()  # before any CUDA work, as the engines do
         device, where = args.device, contextlib.nullcontext
+    torch.set_num_threads(1)  # explicit: every item and every pooled run uses one torch thread
     results: list[tuple[str, bool, float, str]] = []
+    wanted = lambda name: args.only is None or any(part in name for part in args.only)
 
     def check(name: str, job: Callable[[], str]) -> None:
-        if args.only is not None and not any(part in name for part in args.only):
+        if not wanted(name):
             return
         start = time.perf_counter()
         try:
@@ -83,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'PASS' if ok else 'FAIL'}  {name:<32} {seconds:7.1f} s  {note}", flush=True)
 
     if not args.skip_tests:
-        check("tests", lambda: _pytest(args.stand_in))
+        check("tests", lambda: _pytest(args))
     on_device = device_check.items(device, rounds=args.rounds)
     for name, run in on_device.items():
         def job(run=run) -> str:
@@ -91,75 +125,177 @@ def main(argv: list[str] | None = None) -> int:
                 outcome = run()
             return "" if outcome.accuracy is None else f"accuracy {100 * outcome.accuracy:.2f} %"
         check(f"run:{name}", job)
-    from fedcontrast.algorithms import available_algorithms
 
-    for name in available_algorithms():
-        def repeat(name=name) -> str:
-            with where():
-                first, second = (device_check.simulate(device_check.config(name, device, rounds=args.rounds))
-                                 for _ in range(2))
-            differing = device_check.differences(first.values, second.values)
-            if differing:
-                raise AssertionError(f"two runs with one seed differ in {', '.join(differing[:4])}")
-            return "bit-identical"
-        check(f"repeat:{name}", repeat)
-    for name in available_algorithms():
-        def versus(name=name) -> str:
-            from fedcontrast.config import TrainingConfig
-
-            def digits(on: str):  # 20 local epochs: the models learn (60-85 % after 2 rounds), not chance
-                return device_check.config(name, on, rounds=args.rounds, dataset="digits", image_size=16,
-                                           training=TrainingConfig(local_epochs=20, batch_size=32))
-            cpu = device_check.simulate(digits("cpu"))
-            with where():
-                dev = device_check.simulate(digits(device))
-            if cpu.accuracy is None or dev.accuracy is None:
-                raise AssertionError("a run reported no final accuracy")
-            gap = 100 * abs(cpu.accuracy - dev.accuracy)
-            allowed = 0.0 if args.stand_in else args.tolerance
-            if gap > allowed:
-                raise AssertionError(f"CPU {100 * cpu.accuracy:.2f} % vs {device} {100 * dev.accuracy:.2f} %: "
-                                     f"{gap:.2f} points apart (allowed {allowed:g})")
-            return f"CPU {100 * cpu.accuracy:.2f} % vs {'stand-in' if args.stand_in else device} {100 * dev.accuracy:.2f} %"
-        check(f"cpu-vs-device:{name}", versus)
+    algorithms = [a for a in (args.agreement_algorithms or available_algorithms())
+                  if wanted(f"cpu-vs-device:{a}") or wanted(f"repeat:{a}")]
+    runs, seconds = _seeded_runs(args, device, algorithms) if algorithms else ({}, 0.0)
+    if algorithms:
+        print(f"seeded runs: {sum(len(v) for v in runs.values())} in {seconds:.0f} s "
+              f"({args.cpu_workers} CPU and {args.device_workers} device worker processes)", flush=True)
+    stats: dict[str, device_check.Paired] = {}
+    for name in algorithms:
+        check(f"cpu-vs-device:{name}", lambda name=name: _versus(args, runs, name, stats))
+    for name in algorithms:
+        check(f"repeat:{name}", lambda name=name: _repeat(args, runs, name))
+    control = {}
+    if args.control is not None:
+        for name in [a for a in algorithms if not args.control or a in args.control]:
+            pairs = _pairs(runs, name, "cpu", "cpu-2threads")
+            if len(pairs) >= 2:
+                control[name] = device_check.paired(*zip(*[(a[0], b[0]) for a, b in pairs]))
+                print(f"control  {name:<24} CPU 2 threads − CPU 1 thread: {control[name]}", flush=True)
 
     failed = [r for r in results if not r[1]]
     total = sum(r[2] for r in results)
     print(f"{len(results) - len(failed)} of {len(results)} items passed in {total:.0f} s"
           + (f"; failed: {', '.join(r[0] for r in failed)}" if failed else ""))
     if args.write:
-        _write(args, device, results, total)
+        _write(args, device, results, total, stats, control)
     return 1 if failed else 0
 
 
-def _pytest(stand_in: bool) -> str:
-    targets = ["tests/test_devices.py"] if stand_in else ["tests", "--ignore=tests/openfl"]
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *targets],
-                          cwd=ROOT, capture_output=True, text=True)
+ARMS = ("cpu", "device", "device-again", "cpu-2threads")
+
+
+def _seeded_run(algorithm: str, arm: str, seed: int, device: str, stand_in: bool):
+    """One pooled run (in a worker process): (accuracy, fingerprint, seconds)."""
+    from fedcontrast import device_check
+
+    start = time.perf_counter()
+    on_device = arm.startswith("device")
+    accuracy, digest = device_check.seeded_run(algorithm, device if on_device else "cpu", seed,
+                                               threads=2 if arm == "cpu-2threads" else 1,
+                                               stand_in=stand_in and on_device, **device_check.AGREEMENT)
+    return accuracy, digest, time.perf_counter() - start
+
+
+def _seeded_runs(args, device: str, algorithms: list[str]):
+    """Every (algorithm, arm, seed) run, seed by seed, in two process pools (CPU arms; device arms),
+    within ``--agreement-budget`` seconds; returns ``{(algorithm, arm): {seed: result or error}}``."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    controlled = set(algorithms if args.control == [] else args.control or [])
+    spawn = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+    cpu_pool = ProcessPoolExecutor(args.cpu_workers, mp_context=spawn)
+    dev_pool = cpu_pool if args.stand_in else ProcessPoolExecutor(args.device_workers, mp_context=spawn)
+    futures = {}
+    start = time.perf_counter()
+    for seed in range(args.seeds):
+        for name in algorithms:
+            for arm in ARMS if name in controlled else ARMS[:3]:
+                pool = dev_pool if arm.startswith("device") else cpu_pool
+                futures[pool.submit(_seeded_run, name, arm, seed, device, args.stand_in)] = (name, arm, seed)
+    runs: dict[tuple[str, str], dict[int, Any]] = {}
+    pending = set(futures)
+    while pending:
+        left = args.agreement_budget - (time.perf_counter() - start)
+        if left <= 0:
+            break
+        done, pending = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
+        for future in done:
+            name, arm, seed = futures[future]
+            try:
+                runs.setdefault((name, arm), {})[seed] = future.result()
+            except Exception as exc:  # the run's error, kept as its result
+                runs.setdefault((name, arm), {})[seed] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    for pool in {cpu_pool, dev_pool}:
+        processes = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:  # runs past the budget: stopped
+            if process.is_alive():
+                process.terminate()
+    return runs, time.perf_counter() - start
+
+
+def _pairs(runs, name: str, a: str, b: str) -> list[tuple[tuple, tuple]]:
+    """The seeds where both arms finished, as (a's result, b's result); an arm's error is raised."""
+    first, second = runs.get((name, a), {}), runs.get((name, b), {})
+    for arm, got in ((a, first), (b, second)):
+        errors = [f"seed {s}: {r}" for s, r in sorted(got.items()) if isinstance(r, str)]
+        if errors:
+            raise RuntimeError(f"{arm} run failed: {errors[0]}")
+    return [(first[s], second[s]) for s in sorted(set(first) & set(second))]
+
+
+def _versus(args, runs, name: str, stats: dict) -> str:
+    from fedcontrast import device_check
+
+    pairs = _pairs(runs, name, "cpu", "device")
+    if len(pairs) < args.min_seeds:
+        raise AssertionError(f"only {len(pairs)} of {args.seeds} seeds finished on both (at least {args.min_seeds} "
+                             "needed): raise --agreement-budget or the workers")
+    if args.stand_in:  # the stand-in is the CPU: every seed must be bit-identical
+        differing = [i for i, (a, b) in enumerate(pairs) if a[1] != b[1]]
+        if differing:
+            raise AssertionError(f"{len(differing)} of {len(pairs)} seeds differ between the CPU and the stand-in")
+        return f"{len(pairs)} of {len(pairs)} seeds bit-identical to the CPU run"
+    p = stats[name] = device_check.paired([a[0] for a, _ in pairs], [b[0] for _, b in pairs])
+    cpu = sum(a[0] for a, _ in pairs) / len(pairs)
+    line = f"device − CPU {p} (CPU mean {100 * cpu:.1f} %)"
+    if not device_check.agree(p, args.bound):
+        raise AssertionError(f"{line}: the interval excludes 0 and leaves ±{args.bound:g} points")
+    return line
+
+
+def _repeat(args, runs, name: str) -> str:
+    pairs = _pairs(runs, name, "device", "device-again")
+    if len(pairs) < args.min_seeds:
+        raise AssertionError(f"only {len(pairs)} of {args.seeds} seeds finished twice (at least {args.min_seeds} needed)")
+    differing = [i for i, (a, b) in enumerate(pairs) if a[1] != b[1]]
+    if differing:
+        raise AssertionError(f"{len(differing)} of {len(pairs)} seeds differ between two runs on the device")
+    return f"{len(pairs)} of {len(pairs)} seeds bit-identical (two processes each)"
+
+
+def _pytest(args) -> str:
+    targets = ["tests/test_devices.py"] if args.stand_in else DEVICE_TESTS
+    workers = ["-n", str(args.test_workers)] if args.test_workers else []
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, *targets],
+                              cwd=ROOT, capture_output=True, text=True, timeout=args.test_timeout)
+    except subprocess.TimeoutExpired as exc:
+        sys.stderr.write((exc.stdout or b"")[-6000:].decode(errors="replace") if isinstance(exc.stdout, bytes)
+                         else (exc.stdout or "")[-6000:])
+        raise AssertionError(f"pytest did not finish within {args.test_timeout:g} s") from None
     last = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
     if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-6000:])
+        sys.stderr.write(proc.stdout[-12000:])
         raise AssertionError(f"pytest {' '.join(targets)}: {last}")
     return last.strip("= ")
 
 
-def _write(args, device: str, results, total: float) -> None:
+def _write(args, device: str, results, total: float, stats: dict, control: dict) -> None:
     import torch
     from _results import machine, write_section
+
+    from fedcontrast import device_check
 
     name = "gpu_check_stand_in" if args.stand_in else "gpu_check_cuda"
     what = ("through the CPU stand-in (torch's default device `meta`; generators must be placed)" if args.stand_in
             else f"on {torch.cuda.get_device_name(torch.device(device))}")
-    command = "benchmarks/gpu_check.py" + (" --stand-in" if args.stand_in else f" --device {device}")
-    lines = [f"## CUDA correctness: `{command}` ({datetime.date.today().isoformat()})", "",
-             f"Command: `.venv/bin/python {command} --rounds {args.rounds} --write` — {what}; {machine()}.", "",
+    command = ("benchmarks/gpu_check.py" + (" --stand-in" if args.stand_in else f" --device {device}")
+               + f" --rounds {args.rounds} --seeds {args.seeds}"
+               + ("" if args.control is None else " --control" + "".join(f" {a}" for a in args.control))
+               + (f" --test-workers {args.test_workers}" if args.test_workers else "") + " --write")
+    setting = device_check.AGREEMENT
+    lines = [f"## CUDA correctness: `benchmarks/gpu_check.py{' --stand-in' if args.stand_in else ''}` "
+             f"({datetime.date.today().isoformat()})", "",
+             f"Command: `python {command}` — {what}; {machine()}.", "",
              f"{sum(r[1] for r in results)} of {len(results)} items passed in {total:.0f} s.", "",
+             f"CPU against the device: digits, 2 sites, {setting['rounds']} rounds of {setting['local_epochs']} local "
+             f"epochs, lr {setting['lr']}, seeds 0–{args.seeds - 1}, each run in a process of its own with 1 torch "
+             f"thread. Criterion: the 95 % interval of the mean paired difference (device − CPU) includes 0 or lies "
+             f"within ±{args.bound:g} points. Repeat: every seed run twice on the device, bit-identical.", "",
              "| item | result | seconds | note |", "|---|---|---|---|"]
     lines += [f"| {n} | {'PASS' if ok else 'FAIL'} | {s:.1f} | {note} |" for n, ok, s, note in results]
+    if control:
+        lines += ["", "Control (no device involved): the same paired statistic between the CPU with 2 and with 1 torch "
+                      "thread, whose float sums differ only in their last bits:", "",
+                  "| algorithm | CPU 2 threads − CPU 1 thread | device − CPU |", "|---|---|---|"]
+        lines += [f"| {n} | {c} | {stats.get(n, '—')} |" for n, c in control.items()]
     if args.stand_in:
-        lines += ["", "No run on a real GPU exists yet: no GPU was lent to this project's developers. On a machine "
-                      "with CUDA, `.venv/bin/python benchmarks/gpu_check.py --write` runs the same items on the GPU "
-                      "and records them in a section of their own."]
+        lines += ["", "The same items on a real GPU: section `gpu_check_cuda` (`benchmarks/gpu_all.sh`)."]
     write_section(name, "\n".join(lines))
 
 

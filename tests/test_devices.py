@@ -195,3 +195,27 @@ def test_cuda_runs_use_deterministic_kernels(monkeypatch):
 def test_device_generators_are_seeded_where_asked():
     a, b = device_generator(torch.device("cpu"), 5), device_generator(torch.device("cpu"), 5)
     assert a.device.type == "cpu" and torch.equal(torch.rand(3, generator=a), torch.rand(3, generator=b))
+
+
+def test_paired_differences_their_interval_and_the_criterion():
+    cpu = [0.70, 0.80, 0.75, 0.90, 0.85]
+    same = device_check.paired(cpu, [0.72, 0.79, 0.74, 0.91, 0.86])  # ±1-2 points either way
+    assert same.n == 5 and same.mean == pytest.approx(0.4) and same.above == 3 and same.below == 2
+    assert same.low < 0 < same.high and device_check.agree(same)
+    # an interval from scipy's t quantile: mean ± t(0.975, 4) · sd / √5
+    assert same.high - same.mean == pytest.approx(2.7764451 * same.sd / 5 ** 0.5, rel=1e-6)
+    lower = device_check.paired(cpu, [c - 0.05 + e for c, e in zip(cpu, (0.004, -0.003, 0.002, 0.0, -0.004))])
+    assert lower.high < -1 and not device_check.agree(lower)  # 5 points lower in every seed: a difference
+    small = device_check.paired(cpu, [c + 0.003 + e for c, e in zip(cpu, (0.0005, -0.0005, 0.0, 0.0004, -0.0004))])
+    assert small.low > 0 and device_check.agree(small, bound=1.0) and not device_check.agree(small, bound=0.1)
+    with pytest.raises(ValueError, match="two lists of one length"):
+        device_check.paired([0.5], [0.5])
+
+
+def test_a_fingerprint_changes_with_any_bit_of_a_run():
+    values = {"metrics.csv": "round,accuracy\n1,0.5\n", "global/w": torch.tensor([1.0, 2.0]), "s": torch.tensor(3.0)}
+    same = {"metrics.csv": "round,accuracy\n1,0.5\n", "global/w": torch.tensor([1.0, 2.0]), "s": torch.tensor(3.0)}
+    assert device_check.fingerprint(values) == device_check.fingerprint(same)
+    nudged = dict(same, **{"global/w": torch.tensor([1.0, float(torch.nextafter(torch.tensor(2.0), torch.tensor(3.0)))])})
+    assert device_check.fingerprint(values) != device_check.fingerprint(nudged)
+    assert device_check.fingerprint(values) != device_check.fingerprint(dict(same, s=torch.tensor(3.0, dtype=torch.float64)))

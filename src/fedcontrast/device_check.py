@@ -4,6 +4,11 @@ the CPU stand-in (:func:`fedcontrast.devices.cpu_stand_in`) and ``benchmarks/gpu
 Each item runs a small job (2 sites; synthetic 16×16 images) on ``device`` in a fresh folder and
 returns its :class:`Outcome`: the numbers it produced (compared across runs and devices) and the
 test accuracy where it has one.
+
+CPU and GPU runs of one seed are not bit-identical (float sums differ in their last bits, and training
+amplifies that into a different trajectory), so the two devices are compared as a statistic over seeds:
+:func:`seeded_run` on digits where the models learn, :func:`paired` for the paired differences and
+:func:`agree` for the criterion.
 """
 
 from __future__ import annotations
@@ -217,6 +222,92 @@ def items(device: str, *, rounds: int = 1) -> dict[str, Callable[[], Outcome]]:
     out["probe"] = lambda: probe(config("fedavg", device))
     out["openfl_round"] = lambda: openfl_round(config("fedssc", device))
     return out
+
+
+# --- CPU against the device, over seeds -------------------------------------------------------------
+
+AGREEMENT = {"rounds": 2, "local_epochs": 20, "lr": 0.01}  # digits, 2 sites: 60-90 % after 2 rounds
+
+
+def digits_config(algorithm: str, device: str, seed: int, *, rounds: int = 2, local_epochs: int = 20,
+                  lr: float = 0.01) -> RunConfig:
+    """2 sites of digits (16×16), ``rounds`` rounds of ``local_epochs`` epochs: the models learn."""
+    return config(algorithm, device, rounds=rounds, seed=seed, dataset="digits", image_size=16,
+                  training=TrainingConfig(local_epochs=local_epochs, batch_size=32, lr=lr))
+
+
+def fingerprint(values: dict[str, Any]) -> str:
+    """A digest of every number of a run (tensors bit for bit): equal digests, equal runs."""
+    import hashlib
+
+    import numpy as np
+
+    digest = hashlib.sha256()
+    for key in sorted(values):
+        value = values[key]
+        digest.update(key.encode())
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().contiguous()
+            digest.update(f"{value.dtype}{tuple(value.shape)}".encode())
+            digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, np.ndarray):
+            digest.update(f"{value.dtype}{value.shape}".encode() + np.ascontiguousarray(value).tobytes())
+        else:
+            digest.update(repr(value).encode())
+    return digest.hexdigest()
+
+
+def seeded_run(algorithm: str, device: str, seed: int, *, threads: int = 1, stand_in: bool = False,
+               **setting: Any) -> tuple[float, str]:
+    """One :func:`digits_config` run in this process with ``threads`` torch threads (inside the CPU
+    stand-in with ``stand_in``): its final test accuracy and :func:`fingerprint`."""
+    from .devices import cpu_stand_in, make_cuda_deterministic
+
+    torch.set_num_threads(threads)
+    if device.startswith("cuda"):
+        make_cuda_deterministic()
+    with cpu_stand_in() if stand_in else contextlib.nullcontext():
+        outcome = simulate(digits_config(algorithm, device, seed, **setting))
+    if outcome.accuracy is None:
+        raise AssertionError(f"{algorithm} reported no final accuracy")
+    return outcome.accuracy, fingerprint(outcome.values)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """Paired differences ``b − a`` (in points of accuracy) over ``n`` seeds: their mean, standard
+    deviation, the mean's ``confidence`` interval (Student's t) and how often ``b`` was above or below."""
+    n: int
+    mean: float
+    sd: float
+    low: float
+    high: float
+    above: int
+    below: int
+
+    def __str__(self) -> str:
+        return (f"n={self.n}: mean {self.mean:+.2f} ± {self.sd:.2f} points, 95 % CI [{self.low:+.2f}, {self.high:+.2f}], "
+                f"higher in {self.above}, lower in {self.below}")
+
+
+def paired(a: list[float], b: list[float], confidence: float = 0.95) -> Paired:
+    """:class:`Paired` of accuracies ``a`` and ``b`` (fractions, seed by seed)."""
+    import statistics
+
+    from scipy.stats import t
+
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(f"paired needs two lists of one length >= 2, got {len(a)} and {len(b)}")
+    d = [100 * (y - x) for x, y in zip(a, b)]
+    mean, sd = statistics.mean(d), statistics.stdev(d)
+    half = float(t.ppf(0.5 + confidence / 2, len(d) - 1)) * sd / math.sqrt(len(d))
+    return Paired(len(d), mean, sd, mean - half, mean + half, sum(x > 0 for x in d), sum(x < 0 for x in d))
+
+
+def agree(p: Paired, bound: float = 1.0) -> bool:
+    """The criterion: the mean paired difference's interval includes 0 (no difference shown) or lies
+    within ``±bound`` points (any difference is small)."""
+    return p.low <= 0.0 <= p.high or (-bound <= p.low and p.high <= bound)
 
 
 def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
