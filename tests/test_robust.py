@@ -97,7 +97,8 @@ def test_weights_bounds_and_noise_allowance():
             screen.check_weight("a", bad)
     with pytest.raises(FedContrastError, match="'b' claimed 1e\\+12 samples.*max_samples 50"):
         screen.check_weight("b", 1e12)
-    screen.check_weight("c", 1e12)  # no bound declared for c
+    with pytest.raises(FedContrastError, match="'c' has no bound in the plan's max_samples mapping"):
+        screen.check_weight("c", 1e12)  # a site the mapping leaves out is not unbounded (issue 34)
     noisy = UploadScreen(RobustnessConfig(max_samples=100), _Plugin(), count_noise=10.0)
     noisy.check_weight("a", 100 + 59.0)  # within 6σ of the noise
     with pytest.raises(FedContrastError, match="6σ of count noise"):
@@ -160,7 +161,8 @@ def test_config_refuses_bad_settings():
                 {"max_samples": -3}, {"max_samples": {"nobody": 10}}, {"on_rejected": "ignore"}):
         with pytest.raises(ConfigError, match="robustness"):
             RunConfig(clients=2, robustness=bad)
-    assert RunConfig(clients=2, robustness={"max_samples": {"site_1": 10}}).robustness.max_samples == {"site_1": 10}
+    assert RunConfig(clients=2, robustness={"max_samples": {"site_0": 5, "site_1": 10}}).robustness.max_samples == {
+        "site_0": 5, "site_1": 10}
 
 
 # --- the bound and the value in every rejection ------------------------------------------------

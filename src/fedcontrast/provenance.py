@@ -62,8 +62,10 @@ def requirement_pins(lines: list[str]) -> dict[str, str]:
 def read_requirements(path) -> list[str] | None:
     from pathlib import Path
 
+    from .yamlio import read_text
+
     path = Path(path)
-    return path.read_text().splitlines() if path.is_file() else None
+    return read_text(path, "requirements file").splitlines() if path.is_file() else None
 
 
 def code_lines(algorithm: str, requirements: list[str] | None = None) -> list[CodeLine]:

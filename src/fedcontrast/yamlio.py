@@ -63,8 +63,31 @@ def load_yaml_file(path: str | Path, what: str = "file") -> Any:
         if os.path.lexists(p):
             raise ConfigError(f"{what} {p} is not a regular file" + (" (a link to nothing)" if p.is_symlink() else ""))
         raise ConfigError(f"{what} {p} does not exist")
+    return loads_yaml(read_text(p, what), f"{what} {p}")
+
+
+def read_text(path: str | Path, what: str = "file") -> str:
+    """A text file a party reads (a plan, ``plan/data.yaml``, ``requirements.txt``, a record), decoded as
+    UTF-8; a file that cannot be read or decoded is one :class:`ConfigError` naming it, the line and what to do."""
+    p = Path(path)
     try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{what} {p} cannot be read ({type(exc).__name__})") from None
-    return loads_yaml(text, f"{what} {p}")
+        data = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{what} {p} cannot be read ({type(exc).__name__}: {exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{what} {p} is not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}): it is damaged "
+                          "or was saved in another encoding; write it again as UTF-8 text") from None
+
+
+def read_json(path: str | Path, what: str = "file") -> Any:
+    """A JSON file a party reads (its report's records), decoded; one :class:`ConfigError` when it is not."""
+    import json
+
+    p = Path(path)
+    try:
+        return json.loads(read_text(p, what))
+    except ValueError as exc:
+        raise ConfigError(f"{what} {p} is not valid JSON ({exc}): it is damaged; restore it or run again") from None

@@ -126,6 +126,10 @@ class RunConfig:
             strangers = sorted(set(self.robustness.max_samples) - set(site_names(self)))
             _check(not strangers, f"robustness.max_samples names {', '.join(strangers)}, which the plan does not "
                                   f"name as a site ({', '.join(site_names(self))})")
+            missing = [n for n in site_names(self) if n not in self.robustness.max_samples]
+            _check(not missing, f"robustness.max_samples gives no bound for {', '.join(missing)}, a site of the plan "
+                                f"({', '.join(site_names(self))}): a site left out of the mapping would be unbounded; "
+                                "give every site its declared count, or one number for all")
 
     # --- (de)serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

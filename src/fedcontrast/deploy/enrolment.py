@@ -77,8 +77,10 @@ def revocations(cert_dir: str | Path) -> list[dict]:
     path = Path(cert_dir) / REVOCATION_LOG
     if not path.is_file():
         return []
+    from ..yamlio import read_text
+
     records = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(read_text(path, "the revocation record").splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -235,7 +235,10 @@ def requirement_problems(lines: list[str]) -> list[str]:
 
 def _data_yaml(ws: Path, name: str, folder: Path) -> str:
     """The site's ``plan/data.yaml``: the operator's comment lines and this site's one data line."""
-    comments = [l for l in (ws / "plan" / "data.yaml").read_text().splitlines() if l.lstrip().startswith("#")]
+    from ..yamlio import read_text
+
+    comments = [l for l in read_text(ws / "plan" / "data.yaml", "the package's data file").splitlines()
+                if l.lstrip().startswith("#")]
     return "\n".join([*comments, f"{name},{folder}"]) + "\n"
 
 

@@ -165,8 +165,10 @@ def read_data_lines(path: Path) -> dict[str, str]:
     line right-stripped, empty lines and lines starting with ``#`` skipped, the name everything up to
     the first comma (spaces included: a line fx would not match is not matched here), a later line for
     the same name winning. A line without a comma, on which fx would stop, raises :class:`ConfigError`."""
+    from ..yamlio import read_text
+
     lines = {}
-    for number, line in enumerate(path.read_text().split("\n"), start=1):  # text mode: the lines fx iterates
+    for number, line in enumerate(read_text(path, "the data file").split("\n"), start=1):  # the lines fx iterates
         line = line.rstrip()
         if not line or line.startswith("#"):
             continue

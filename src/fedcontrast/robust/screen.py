@@ -10,7 +10,7 @@ import hashlib
 import logging
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -19,6 +19,7 @@ from ..config import MIN_ROBUST_SITES
 from ..errors import FedContrastError
 from ..tensors import InvalidUploadError
 from .blame import BLAME_WINDOW, Move, _cosine_to, _non_finite, _round_spans, abnormal_move, all_rejected_hint
+from .replay import NEAR_REPLAY, nearest, upload_sketch
 from .updates import (_reference_norm, _shared_weight_names, _update_norm, _weight_names, clip_update, update_cosines,
                       update_spreads)
 
@@ -47,6 +48,12 @@ def upload_digest(upload: Mapping[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+class ReplayMark(NamedTuple):
+    """What an accepted upload leaves for replay detection: its digest and its sketch (:mod:`.replay`)."""
+    digest: str
+    sketch: tuple
+
+
 def _finite(tensors: Mapping[str, torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors.values() if t.is_floating_point())
 
@@ -70,6 +77,7 @@ class UploadScreen:
         self.algorithm = algorithm
         self.count_noise = float(count_noise)
         self.digests: dict[str, dict[str, int]] = {}  # site → digest → round it was first sent
+        self.sketches: dict[str, list] = {}  # site → (round, sketch, norm) of its accepted uploads (.replay)
         self.moves: list[Move] = []  # the last abnormal moves of the global model, oldest first
         self.moved: dict[str, list[int]] = {}  # site → every round in which its upload moved the model abnormally
         self.causes: dict[int, dict[str, Move]] = {}  # round → site named as a likely cause → its move
@@ -81,7 +89,10 @@ class UploadScreen:
     def max_samples(self, site: str) -> float | None:
         bound = self.config.max_samples
         if isinstance(bound, Mapping):
-            bound = bound.get(site)
+            if site not in bound:  # a plan's mapping names every site (RunConfig); anything else is not bounded here
+                raise RejectedUpload(f"site {site!r} has no bound in the plan's max_samples mapping (it names "
+                                     f"{', '.join(map(str, bound))}), so its claimed samples cannot be checked; rejected")
+            bound = bound[site]
         return None if bound is None else float(bound)
 
     def check_weight(self, site: str, weight: Any) -> None:
@@ -125,8 +136,9 @@ class UploadScreen:
                                  f"(by {measured / ratio:.3g}×); rejected", model_may_explain=True)
         return norm
 
-    def check_replay(self, site: str, upload: Mapping[str, torch.Tensor], round_num: int) -> str | None:
-        """The upload's digest, or None when the plan does not reject replays (nothing hashed)."""
+    def check_replay(self, site: str, upload: Mapping[str, torch.Tensor], round_num: int) -> ReplayMark | None:
+        """The upload's digest and sketch, or None when the plan does not reject replays (nothing hashed);
+        an exact copy of one of the site's earlier uploads, or a near-copy (:mod:`.replay`), is rejected."""
         if not self.config.reject_replays:
             return None
         digest = upload_digest(upload)
@@ -134,7 +146,14 @@ class UploadScreen:
         if first is not None and first != round_num:
             raise RejectedUpload(f"site {site!r} sent in round {round_num} exactly the upload it sent in round "
                                  f"{first} (a replay, not fresh work); rejected")
-        return digest
+        sketch = upload_sketch(upload)
+        near = nearest(sketch, [e for e in self.sketches.get(site, []) if e[0] != round_num])
+        if near is not None and first is None:
+            raise RejectedUpload(f"site {site!r} sent in round {round_num} an upload within {near[1]:.2g} (relative "
+                                 f"distance) of the one it sent in round {near[0]}, below the {NEAR_REPLAY:g} that "
+                                 "honest training always exceeds: a replay altered in its last digits, not fresh "
+                                 "work; rejected")
+        return ReplayMark(digest, sketch)
 
     def check(self, site: str, upload: Mapping[str, torch.Tensor], weight: Any, round_num: int,
               reference: Mapping[str, torch.Tensor] | None,
@@ -275,7 +294,8 @@ class UploadScreen:
         accepted, kept = {}, {}
         for site, (digest, norm) in passed.items():
             if digest is not None:
-                self.digests.setdefault(site, {}).setdefault(digest, round_num)
+                self.digests.setdefault(site, {}).setdefault(digest.digest, round_num)
+                self.sketches.setdefault(site, []).append((round_num, *digest.sketch))
             upload = uploads[site]
             if self.config.clip_update_norm is not None and reference:
                 upload = clip_update(upload, reference, self.config.clip_update_norm, norm=norm)

@@ -194,8 +194,10 @@ def load_final_model(folder: str | Path) -> tuple[torch.nn.Module, RunConfig, di
     info_path = folder / FINAL_INFO
     if not info_path.is_file():
         raise CheckpointError(f"{info_path} does not exist: no final round has reached this site yet")
-    info = json.loads(info_path.read_text())
-    config = RunConfig.from_dict(yaml.safe_load((folder / info["files"]["config"]).read_text()))
+    from ..yamlio import load_yaml_file, read_json
+
+    info = read_json(info_path, "the final model's record")
+    config = RunConfig.from_dict(load_yaml_file(folder / info["files"]["config"], "the final model's configuration"))
     model = initial_model(config, **info["model_shape"])
     if "model" in info["files"]:
         model.load_state_dict(_load(folder / info["files"]["model"]))
@@ -297,7 +299,9 @@ def score_in_workspace(workspace: str | Path, name: str | None = None) -> tuple[
         scored = score_final_model(folder, loader.train, loader.test, public=loader.public, device=None)
     finally:
         os.chdir(before)
-    info = json.loads((folder / FINAL_INFO).read_text())
+    from ..yamlio import read_json
+
+    info = read_json(folder / FINAL_INFO, "the final model's record")
     rows = {r["round"]: r for r in read_rows(folder)}
     reported = rows.get(info["round"]) or {"round": info["round"], "evaluation": info.get("evaluation", {}),
                                            "accuracy": info.get("evaluation", {}).get("accuracy")}

@@ -1,0 +1,66 @@
+"""Near-copies of a site's earlier uploads: a replay changed in its last digits is still a replay.
+
+An exact replay is found by its digest (:func:`~.screen.upload_digest`); a replay with a value changed
+by one ULP has another digest. So each accepted upload also leaves a *sketch*: a count sketch of all
+its numbers — each value added, with a fixed pseudo-random sign, to one of :data:`BUCKETS` buckets
+(seeded by the tensor's name, so every upload of a plan is sketched alike) — and its norm. The sketch
+is linear, so the sketch of a difference is the difference of sketches, and for a difference spread
+over many values its norm is the difference's norm up to a few per cent (a count sketch preserves
+the squared norm in expectation; with 256 buckets the relative spread is about √(2/256) ≈ 9 %); a
+change confined to a few values is measured exactly. An upload whose relative distance
+``‖s(u) − s(v)‖ / ‖u‖`` to one of the same site's earlier uploads is below :data:`NEAR_REPLAY` is
+rejected as a replay.
+
+Why honest sites are not flagged: an honest upload is the result of local training that starts from
+the newest global model, so it differs from any of the site's earlier uploads at least by the global
+model's moves in between and by its own SGD steps, each of which moves every trained weight by
+lr × gradient. Measured on digits (3 sites, 10 rounds, 1 local epoch, seed 0; 135 comparisons each),
+the smallest relative distance between a site's upload and any of its earlier ones is 1.2 × 10⁻³
+(FedAvg), 4.2 × 10⁻³ (MOON) and 2.4 × 10⁻³ (FedPCL). :data:`NEAR_REPLAY` = 10⁻⁵ is two orders of magnitude below
+that, and 80 times float32's relative rounding (1.2 × 10⁻⁷): a replay must be altered by more than
+10⁻⁵ of its norm to pass — by then it carries a perturbation rather than a copy, which the update
+bounds judge as any other upload. The sketches are kept in memory (a restarted aggregator checks
+exact replays of earlier rounds only, by their saved digests).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+
+import torch
+
+BUCKETS = 256
+NEAR_REPLAY = 1e-5  # relative L2 distance below which an upload is a near-copy of an earlier one
+
+
+def upload_sketch(upload: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, float]:
+    """(the count sketch of every number in ``upload``, float64, and the upload's L2 norm)."""
+    sketch = torch.zeros(BUCKETS, dtype=torch.float64)
+    squared = 0.0
+    for name in sorted(upload):
+        values = upload[name].detach().to("cpu").reshape(-1).to(torch.float64)
+        if not values.numel():
+            continue
+        g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+        buckets = torch.randint(0, BUCKETS, (values.numel(),), generator=g)
+        signs = torch.randint(0, 2, (values.numel(),), generator=g, dtype=torch.float64) * 2 - 1
+        sketch.index_add_(0, buckets, values * signs)
+        squared += float(values.dot(values))
+    return sketch, squared ** 0.5
+
+
+def nearest(sketch: tuple[torch.Tensor, float], earlier: list[tuple[int, torch.Tensor, float]]
+            ) -> tuple[int, float] | None:
+    """(the round, relative distance) of the earlier upload nearest to ``sketch`` when that distance is
+    below :data:`NEAR_REPLAY`; None otherwise (or when the upload is all zeros: only its digest counts)."""
+    values, norm = sketch
+    best = None
+    for round_num, other, other_norm in earlier:
+        scale = max(norm, other_norm)
+        if scale == 0 or not torch.isfinite(values).all():
+            continue
+        distance = float(torch.linalg.vector_norm(values - other)) / scale
+        if distance < NEAR_REPLAY and (best is None or distance < best[1]):
+            best = (round_num, distance)
+    return best

@@ -1,0 +1,64 @@
+"""Issue 34: a per-site bound given as a mapping names every site of the plan, and replay detection
+catches near-copies of a site's earlier uploads (one value changed by one ULP), never honest rounds."""
+
+import math
+
+import pytest
+import torch
+
+from fedcontrast.config import RobustnessConfig, RunConfig
+from fedcontrast.errors import ConfigError, FedContrastError
+from fedcontrast.robust.replay import NEAR_REPLAY, upload_sketch
+from fedcontrast.robust.screen import UploadScreen
+
+from .test_robust import _Plugin
+
+
+def test_a_max_samples_mapping_that_leaves_a_site_out_is_refused():
+    with pytest.raises(ConfigError, match=r"robustness.max_samples gives no bound for site_2, a site of the plan "
+                                          r"\(site_0, site_1, site_2\): a site left out of the mapping would be "
+                                          "unbounded"):
+        RunConfig(clients=3, robustness={"max_samples": {"site_0": 100, "site_1": 100}})
+    config = RunConfig(clients=3, robustness={"max_samples": {"site_0": 100, "site_1": 100, "site_2": 50}})
+    screen = UploadScreen(config.robustness, _Plugin())
+    with pytest.raises(FedContrastError, match=r"'site_2' claimed 1e\+12 samples, more than the plan's max_samples 50"):
+        screen.check_weight("site_2", 1e12)
+
+
+def one_ulp_off(upload):
+    changed = {k: v.clone() for k, v in upload.items()}
+    flat = changed["model.w"].view(-1)
+    flat[7] = torch.nextafter(flat[7], torch.tensor(math.inf))
+    return changed
+
+
+def test_a_replay_changed_by_one_ulp_is_still_a_replay():
+    g = torch.Generator().manual_seed(0)
+    ref = {"model.w": torch.randn(5000, generator=g)}
+    first = {"model.w": ref["model.w"] + 0.01 * torch.randn(5000, generator=g)}
+    screen = UploadScreen(RobustnessConfig(), _Plugin())
+    accepted, _, rejected = screen.screen(1, {"a": first}, {"a": 10.0}, ref)
+    assert "a" in accepted and not rejected
+    honest = {"model.w": first["model.w"] + 1e-3 * torch.randn(5000, generator=g)}  # a small honest round
+    accepted, _, rejected = screen.screen(2, {"a": honest}, {"a": 10.0}, ref)
+    assert "a" in accepted and not rejected
+    replay = one_ulp_off(first)
+    accepted, _, rejected = screen.screen(3, {"a": replay}, {"a": 10.0}, ref)
+    assert not accepted and rejected["a"].startswith("round 3: site 'a' sent in round 3 an upload within ")
+    assert "of the one it sent in round 1, below the 1e-05 that honest training always exceeds: a replay altered in " \
+           "its last digits" in rejected["a"]
+    # another site's identical upload is not this site's replay
+    accepted, _, rejected = screen.screen(3, {"b": replay}, {"b": 10.0}, ref)
+    assert "b" in accepted
+
+
+def test_the_sketch_measures_distances_as_the_threshold_assumes():
+    g = torch.Generator().manual_seed(1)
+    u = {"model.w": torch.randn(20000, generator=g), "model.b": torch.randn(30, generator=g)}
+    for scale in (1e-2, 1e-3, 1e-4):  # a difference spread over every value: measured within ~30 %
+        v = {k: t + scale * torch.randn(t.shape, generator=g) for k, t in u.items()}
+        (su, nu), (sv, _) = upload_sketch(u), upload_sketch(v)
+        true = math.sqrt(sum(float((u[k] - v[k]).double().pow(2).sum()) for k in u)) / nu
+        assert 0.7 < float(torch.linalg.vector_norm(su - sv)) / nu / true < 1.3
+    (su, nu), (sw, _) = upload_sketch(u), upload_sketch(one_ulp_off(u))
+    assert float(torch.linalg.vector_norm(su - sw)) / nu < NEAR_REPLAY
