@@ -30,3 +30,5 @@ for w in .whl/openfl-*.whl; do
     unzip -l "$w" 'openfl-tutorials/*' >/dev/null 2>&1 && slim "$w" openfl-tutorials
 done
 du -sh .whl
+# the project as committed: what gpu_all.sh checks (the working tree may hold unfinished work)
+git archive --format=tar -o .whl/tree.tar HEAD
