@@ -166,9 +166,13 @@ def test_the_audit_says_who_sees_what_and_a_site_policy_can_require_secure_aggre
     assert plain.secure_sum_sites is None and secure.secure_sum_sites == 3  # ⌊2·3/3⌋ + 1
     assert "aggregator sees each site's uploads above one by one" in format_report(plain)
     assert "only inside sums of at least 3 sites" in format_report(secure)
-    require = SitePolicy(require_secure_aggregation=True)
+    pins = {f"site_{i}": "SHA256:" + f"{i}" * 64 for i in range(3)}
+    require = SitePolicy(require_secure_aggregation=True, peers=pins)
     assert any("no secure aggregation" in v for v in check_policy(plain, require))
     assert not any("secure aggregation" in v for v in check_policy(secure, require))
-    stricter = SitePolicy(require_secure_aggregation=True, min_secure_sites=4)
+    unpinned = SitePolicy(require_secure_aggregation=True, peers={"site_0": pins["site_0"]})
+    assert any("requires secure aggregation but pins no key for site_1, site_2" in v
+               for v in check_policy(secure, unpinned))
+    stricter = SitePolicy(require_secure_aggregation=True, min_secure_sites=4, peers=pins)
     assert any("sums of 3 sites, fewer than the policy's min_secure_sites 4" in v
                for v in check_policy(secure, stricter))

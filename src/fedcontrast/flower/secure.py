@@ -143,10 +143,17 @@ def secure_round(server: Any, round_num: int, adverts: dict[str, bytes], site_ke
         replies = server.exchange(messages, server.round_timeout, f"round {round_num + 1}'s secure aggregation ({phase})")
         for site, reply in replies.items():
             relay.receive(site, round_num, phase, bytes(reply.content["secagg"]["payload"]))
+    from .server_app import say
+
     for site, why in sorted(relay.blamed.items()):
-        logger.warning("round %d: site %s sent a bad secure-aggregation share: %s", round_num + 1, site, why)
+        say(f"round {round_num + 1}: site {site} sent a bad secure-aggregation share: {why}")
+    sent = [relay.bytes_from.get(s, 0) for s in relay.survivors]
+    say(f"round {round_num + 1}: secure sum of {', '.join(relay.survivors)} (threshold {relay.threshold}; "
+        f"{sum(sent) / max(1, len(sent)):.0f} bytes per site; unmasking {relay.unmask_cpu_s:.3f} s of CPU)")
     return server.sum_layout.downlink(server.algorithm, relay.total(round_num), server.server)
 
 
 def say_withdrawn(site: str, round_num: int, reason: Any) -> None:
-    logger.warning("round %d: site %s takes no part in the secure sum: %s", round_num + 1, site, str(reason)[:500])
+    from .server_app import say
+
+    say(f"round {round_num + 1}: site {site} takes no part in the secure sum: {str(reason)[:500]}")

@@ -236,6 +236,7 @@ class FlowerServer:
         self.downlink = secure_round(self, round_num, adverts, self.site_keys)
         append_jsonl(self.out / ROUNDS_FILE, {
             "round": round_num + 1, "time": time.time(), "secure_sum_of": self.relay.survivors,
+            "secure_bytes": dict(self.relay.bytes_from),
             "sites": {s: {"training": json.loads(str(replies[s].content["outcome"]["metrics"])),
                           "evaluation_of_received": evaluations[s]} for s in self.sites},
             "excluded": {s: r for s, r in sorted({**self.relay.withdrawn, **self.relay.blamed}.items())}})

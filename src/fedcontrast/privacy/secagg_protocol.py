@@ -139,6 +139,7 @@ class SecAggRelay:
             self.dropped: dict[str, str] = {}  # site → why it is out (the phase it missed, or its withdrawal)
             self.withdrawn: dict[str, str] = {}  # site → the reason it gave
             self.blamed: dict[str, str] = {}  # site → its share that disagreed (left out of the unmasking)
+            self.bytes_from: dict[str, int] = {}  # site → the payload bytes it sent this round
             self.sum: np.ndarray | None = None
             self.unmask_cpu_s = 0.0
             self.started = time.monotonic()
@@ -166,6 +167,7 @@ class SecAggRelay:
             if site in self.received[self.phase]:
                 raise SecureAggregationError(f"site {site} sent its {kind} message of round {round_num + 1} twice")
             message = getattr(self, f"_check_{kind}")(site, payload)
+            self.bytes_from[site] = self.bytes_from.get(site, 0) + len(payload)
             if kind == "advert" and "withdraw" in message:
                 self.withdrawn[site] = message["withdraw"]
                 self.dropped[site] = f"it withdrew: {message['withdraw']}"
