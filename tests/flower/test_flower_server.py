@@ -116,8 +116,9 @@ class SecureGrid(Grid):
     message with its signed keys (its upload: what it received × ``scale``, weight ``weights``), then
     the ``query.secagg`` steps; ``impostor`` signs with a key other than its registered one."""
 
-    def __init__(self, settings, scale, weights, impostor=None):
+    def __init__(self, settings, scale, weights, impostor=None, withdraws=None):
         super().__init__(scale)
+        self.withdraws = withdraws
         from cryptography.hazmat.primitives.asymmetric import ec
 
         from fedcontrast.flower.secure import _openssh
@@ -154,7 +155,10 @@ class SecureGrid(Grid):
                                                                   self.settings),
                                     Quantizer.for_sites(self.settings.clip, 3, self.settings.bits))
                 self.steps[site] = steps
-                content = {"secagg": ConfigRecord({"payload": steps.advert()}),
+                from fedcontrast.privacy.secagg_protocol import withdrawal
+
+                advert = withdrawal("its upload holds NaN") if site == self.withdraws else steps.advert()
+                content = {"secagg": ConfigRecord({"payload": advert}),
                            "outcome": ConfigRecord({"site": site, "metrics": "{}",
                                                     "evaluation": json.dumps({"accuracy": 0.5, "samples": 10.0})})}
             elif kind == "query.secagg":
@@ -201,3 +205,21 @@ def test_under_secure_aggregation_a_key_other_than_the_registered_one_stops_the_
     server.connect()
     with pytest.raises(SecureAggregationError, match="site hosp2 advertised a signing key other than the one registered"):
         server.run_round(0)
+
+
+def test_under_secure_aggregation_a_site_that_withdraws_is_named_and_the_others_summed(tmp_path, capsys):
+    from fedcontrast.config import SecureAggregationConfig
+
+    settings = SecureAggregationConfig(bits=64, threshold=2)
+    weights = {"hosp1": 100.0, "hosp2": 300.0, "hosp3": 600.0}
+    grid = SecureGrid(settings, {}, weights, withdraws="hosp3")
+    server = FlowerServer(grid, config().replace(secure_aggregation=settings), tmp_path, NODES, round_timeout=5,
+                          start_timeout=5, site_keys=grid.registered)
+    server.connect()
+    server.run_round(0)
+    record = json.loads((tmp_path / "rounds.jsonl").read_text().splitlines()[0])
+    assert record["secure_sum_of"] == ["hosp1", "hosp2"] and record["excluded"] == {"hosp3": "its upload holds NaN"}
+    assert set(record["secure_bytes"]) == set(SITES)
+    out = capsys.readouterr().out
+    assert "site hosp3 takes no part in the secure sum: its upload holds NaN" in out
+    assert "secure sum of hosp1, hosp2 (threshold 2;" in out
