@@ -36,15 +36,15 @@ NEAR_REPLAY = 1e-5  # relative L2 distance below which an upload is a near-copy 
 
 def upload_sketch(upload: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, float]:
     """(the count sketch of every number in ``upload``, float64, and the upload's L2 norm)."""
-    sketch = torch.zeros(BUCKETS, dtype=torch.float64)
+    sketch = torch.zeros(BUCKETS, dtype=torch.float64, device="cpu")
     squared = 0.0
     for name in sorted(upload):
         values = upload[name].detach().to("cpu").reshape(-1).to(torch.float64)
         if not values.numel():
             continue
-        g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-        buckets = torch.randint(0, BUCKETS, (values.numel(),), generator=g)
-        signs = torch.randint(0, 2, (values.numel(),), generator=g, dtype=torch.float64) * 2 - 1
+        g = torch.Generator(device="cpu").manual_seed(zlib.crc32(name.encode()))
+        buckets = torch.randint(0, BUCKETS, (values.numel(),), generator=g, device="cpu")
+        signs = torch.randint(0, 2, (values.numel(),), generator=g, dtype=torch.float64, device="cpu") * 2 - 1
         sketch.index_add_(0, buckets, values * signs)
         squared += float(values.dot(values))
     return sketch, squared ** 0.5
