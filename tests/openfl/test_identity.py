@@ -135,8 +135,11 @@ def test_the_aggregator_admits_a_name_only_with_the_certificate_signed_for_it(tm
                       f"SHA-256 {sha256(signed)[:16]}…)")
     assert caplog.messages == [f"{reason} (connection from ipv4:10.0.0.9:51000)"]
     assert "Invalid collaborator. CN: |hosp1| collaborator_common_name: |hosp2|" in connect(server, "hosp2", signed)
-    _, elsewhere = issue(ca, "hosp3")  # no certificate on file for hosp3 (signed elsewhere): OpenFL's CN check decides
-    assert connect(server, "hosp3", elsewhere) is None
+    _, elsewhere = issue(ca, "hosp3")  # no certificate on file for hosp3: only what this CA signed and holds (issue 34)
+    assert connect(server, "hosp3", elsewhere) == (
+        f"refused hosp3: this CA holds no certificate signed for hosp3 ({cert / 'client' / 'col_hosp3.crt'} does not "
+        "exist), and the aggregator admits only the certificates its CA signed and still holds; restore the file from "
+        "the CA's backup, or sign hosp3's new request (`fedcontrast ca sign`)")
     # The issue's impostor, signed before requests were checked: CN=hosp2, filed as hosp1's certificate.
     _, impostor = issue(ca, "hosp2")
     filed = write(cert / "client", "col_hosp1", None, impostor)[0]
@@ -185,6 +188,36 @@ def test_a_revoked_certificate_is_refused_from_the_next_call_on(tmp_path):
     assert refused.startswith("refused hosp1: line 2 of the revocation record") and "append-only" in refused
     with pytest.raises(ConfigError, match="line 2 of the revocation record"):
         EnrolledCertificates(cert).revoked()  # SafeAggregator reads it at start: no start on a damaged record
+
+
+def test_revocation_survives_the_loss_of_its_record(tmp_path, caplog):
+    """Issue 34: deleting cert/revoked.jsonl does not re-admit a revoked certificate: the certificate kept in
+    cert/revoked/ still refuses it (naming the missing record), and with that gone too, the aggregator admits
+    only certificates its CA signed and still holds."""
+    from fedcontrast.deploy.enrolment import revoke_certificate
+    from fedcontrast.openfl import aggregator as components
+
+    from .test_tls_diagnostics import issue, make_ca, write
+
+    ca = make_ca("federation ca")
+    cert = tmp_path / "cert"
+    write(cert, "cert_chain", None, ca[1])
+    _, signed = issue(ca, "hosp1")
+    write(cert / "client", "col_hosp1", None, signed)
+    record = revoke_certificate(cert, "hosp1", "key lost")
+    (cert / "revoked.jsonl").unlink()  # the record lost
+    server = enrolled_server(cert, ["hosp1", "hosp2"])
+    with caplog.at_level("ERROR", logger=components.logger.name):
+        reason = connect(server, "hosp1", signed)
+    shown = f"the certificate it presented (CN=hosp1, serial {signed.serial_number:x}, SHA-256 {sha256(signed)[:16]}…)"
+    assert reason == (f"refused hosp1: {shown} is a certificate this CA revoked (kept as {record['kept']}); the "
+                      f"revocation record {cert / 'revoked.jsonl'} has no line for it — restore the record from its "
+                      "backup; the site needs a newly signed certificate")
+    assert any(f"{record['kept']} is a certificate this CA revoked, but the revocation record {cert / 'revoked.jsonl'} "
+               "has no line for it" in m for m in caplog.messages)  # said when the record is read (at start)
+    for kept in (cert / "revoked").iterdir():
+        kept.unlink()  # both records lost: still not held by this CA
+    assert connect(server, "hosp1", signed).startswith("refused hosp1: this CA holds no certificate signed for hosp1")
 
 
 def test_grpc_hands_the_aggregator_the_certificate_it_checks(tmp_path):

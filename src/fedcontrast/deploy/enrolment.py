@@ -4,6 +4,7 @@ revocations (``cert/revoked.jsonl``), and the aggregator's record of who is enro
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from .certificates import _certificates, subject
 # name it claims (``cert/client/col_NAME.crt`` at the operator), never one revoked with `fedcontrast ca
 # revoke` (recorded in ``cert/revoked.jsonl``, the certificate kept in ``cert/revoked/``).
 REVOKED_DIR = "revoked"
-
+logger = logging.getLogger("fedcontrast.openfl.components")  # read by the aggregator: its log names the components
 
 REVOCATION_LOG = "revoked.jsonl"
 
@@ -131,10 +132,11 @@ def revoke_certificate(cert_dir: str | Path, name: str, reason: str, *, now: dt.
 class EnrolledCertificates:
     """What the aggregator checks about the certificate a collaborator presents, on every call (after
     OpenFL's check that its common name is the name the collaborator claims, a name of cols.yaml):
-    it is not revoked (``cert/revoked.jsonl``), it is not a certificate this CA signed for another
-    name, and where this CA signed one for the claimed name (``cert/client/col_NAME.crt``) it is
-    exactly that one (same SHA-256 fingerprint). Files are re-read when they change: a revocation
-    takes effect on the next call, without a restart."""
+    it is not revoked (``cert/revoked.jsonl``, and the revoked certificates kept in ``cert/revoked/``,
+    which outlive the loss of that record), it is not a certificate this CA signed for another name,
+    and it is exactly the one this CA signed for the claimed name and still holds
+    (``cert/client/col_NAME.crt``, same SHA-256 fingerprint): a name with no such file is refused.
+    Files are re-read when they change: a revocation takes effect on the next call, without a restart."""
 
     def __init__(self, cert_dir: str | Path) -> None:
         self.cert_dir = Path(cert_dir)
@@ -163,11 +165,31 @@ class EnrolledCertificates:
         return value
 
     def revoked(self) -> dict[str, dict]:
-        """The revoked certificates by fingerprint (:func:`revocations`; raises on a corrupt record)."""
+        """The revoked certificates by fingerprint (:func:`revocations`; raises on a corrupt record). When
+        the record is (re)read, each revoked certificate kept in ``cert/revoked/`` without its line is logged."""
         key = self._stat(self.cert_dir / REVOCATION_LOG)
         if self._revoked is None or self._revoked[0] != key:
             self._revoked = (key, {r["sha256"]: r for r in revocations(self.cert_dir)})
+            for problem in self.missing_records():
+                logger.error(problem)
         return self._revoked[1]
+
+    def kept_revoked(self) -> dict[str, Path]:
+        """The certificates ``fedcontrast ca revoke`` moved to ``cert/revoked/``, by fingerprint: the second
+        record of a revocation, which outlives the loss of ``revoked.jsonl``."""
+        kept = {}
+        for path in sorted((self.cert_dir / REVOKED_DIR).glob("col_*.crt")):
+            found = self._fingerprint_of(path)
+            if found is not None:
+                kept[found] = path
+        return kept
+
+    def missing_records(self) -> list[str]:
+        """One sentence for each certificate kept in ``cert/revoked/`` that ``revoked.jsonl`` has no line for."""
+        records = self._revoked[1] if self._revoked is not None else {}
+        return [f"{path} is a certificate this CA revoked, but the revocation record {self.cert_dir / REVOCATION_LOG} "
+                "has no line for it (the record is missing or was cut short): it stays refused; restore the record "
+                "from its backup" for found, path in self.kept_revoked().items() if found not in records]
 
     def refusal(self, name: str, pem: bytes | None) -> str | None:
         """One sentence why the client certificate ``pem`` (PEM, as gRPC's ``x509_pem_cert`` gives it)
@@ -202,4 +224,13 @@ class EnrolledCertificates:
         for path in sorted((self.cert_dir / "client").glob("col_*.crt")):  # signed here, but for someone else
             if self._fingerprint_of(path) == found:
                 return f"refused {name}: {shown} is the certificate this CA signed for {path.stem[4:]} ({path})"
-        return None  # signed elsewhere: OpenFL's check (its common name is the claimed name) decides
+        kept = self.kept_revoked().get(found)
+        if kept is not None:  # revoked, though its line in revoked.jsonl is gone
+            return (f"refused {name}: {shown} is a certificate this CA revoked (kept as {kept}); the revocation record "
+                    f"{self.cert_dir / REVOCATION_LOG} has no line for it — restore the record from its backup; the "
+                    "site needs a newly signed certificate")
+        # Admitted only with a certificate this CA signed and still holds: one whose file is gone (revoked, its
+        # records lost; or deleted) is never let in on its common name alone.
+        return (f"refused {name}: this CA holds no certificate signed for {name} ({own} does not exist), and the "
+                "aggregator admits only the certificates its CA signed and still holds; restore the file from the "
+                f"CA's backup, or sign {name}'s new request (`fedcontrast ca sign`)")

@@ -153,6 +153,17 @@ def make_site_key(folder: str | Path, name: str) -> tuple[Path, Path, str]:
     return private, public, key_fingerprint(public)
 
 
+def check_private_key_mode(private_key: Path) -> None:
+    """Refuse, as ssh does, a private key that its group or others may read or write: whoever else can
+    read it can connect as this site (one sentence with the mode and the fix)."""
+    mode = private_key.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise ConfigError(f"this site's private key {private_key} has permissions {mode:04o}, which let "
+                          f"{'its group and others' if mode & 0o070 and mode & 0o007 else 'its group' if mode & 0o070 else 'others'} "
+                          f"use it (ssh refuses such keys too): run `chmod 600 {private_key}`, and if others could "
+                          "read it, make a new key (`fedcontrast flower site-key`) and have the operator register it")
+
+
 def public_of_private(private_key: Path) -> Path:
     """The public key file beside a private key (``NAME.key`` → ``NAME.pub``), written if missing."""
     from cryptography.exceptions import UnsupportedAlgorithm
@@ -348,6 +359,7 @@ def supernode_command(*, superlink: str, ca: str | Path, key: str | Path, name: 
             raise ConfigError(f"{label} {path} does not exist")
     if ":" not in superlink:
         raise ConfigError(f"--superlink {superlink!r} must be HOST:PORT (the operator's SuperLink)")
+    check_private_key_mode(Path(key))
     public_of_private(Path(key))  # also checks the key's format
     _check_free(port)
     node_config = {"site-name": name, "data": str(Path(data).resolve()), "workdir": str(Path(workdir).resolve()),

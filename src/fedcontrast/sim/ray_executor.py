@@ -155,6 +155,8 @@ class RayExecutor:
         self.progress = progress
         self.started = False
         self.nodes: set[str] = set()  # the Ray nodes that have run sites
+        if not ray.is_initialized():
+            check_ray_token()  # a token Ray would refuse or choke on: one sentence, before Ray starts
         if spec.address and not ray.is_initialized():
             _check_reachable(spec.address)
         try:
@@ -172,6 +174,12 @@ class RayExecutor:
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"cannot start Ray (executor.address {spec.address!r}): "
                               f"{str(exc).splitlines()[0]}") from None
+        except Exception as exc:
+            if type(exc).__name__ != "AuthenticationError":  # ray.exceptions.AuthenticationError: its token refused
+                raise
+            raise ConfigError(f"Ray refused this machine's token (executor.address {spec.address!r}): "
+                              f"{str(getattr(exc, 'message', exc)).splitlines()[0]}; use the cluster's token "
+                              "(RAY_AUTH_TOKEN_PATH: a copy of `ray get-auth-token` on its head)") from None
         total = ray.cluster_resources()
         cpus, gpus = total.get("CPU", 0), total.get("GPU", 0)
         if cpus < self.threads:
@@ -284,6 +292,43 @@ class RayExecutor:
         if self.started:
             self.started = False
             self.ray.shutdown()
+
+
+def check_ray_token(environ: Any = None) -> None:
+    """Under ``RAY_AUTH_MODE=token``, the token Ray will present — ``RAY_AUTH_TOKEN``, else the file
+    ``RAY_AUTH_TOKEN_PATH``, else Ray's ``~/.ray/auth_token`` — exists, can be read and is one
+    non-empty line; else one sentence naming it (Ray itself ends in a traceback)."""
+    from pathlib import Path
+
+    environ = os.environ if environ is None else environ
+    if str(environ.get("RAY_AUTH_MODE", "")).strip().lower() != "token":
+        return
+    fix = "copy the cluster's token there (`ray get-auth-token` on its head), or unset RAY_AUTH_MODE for a local Ray"
+    if "RAY_AUTH_TOKEN" in environ:
+        if not str(environ["RAY_AUTH_TOKEN"]).strip():
+            raise ConfigError("RAY_AUTH_MODE=token, but RAY_AUTH_TOKEN is set and empty: set it to the cluster's token "
+                              "(`ray get-auth-token` on its head), or unset it to use a token file")
+        return
+    given = environ.get("RAY_AUTH_TOKEN_PATH")
+    path = Path(given or Path.home() / ".ray" / "auth_token").expanduser()
+    where = f"the token file {path} ({'RAY_AUTH_TOKEN_PATH' if given else 'Ray default'})"
+    if not path.is_file():
+        raise ConfigError(f"RAY_AUTH_MODE=token, but {where} "
+                          f"{'is not a file' if path.exists() else 'does not exist'}: {fix}")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"RAY_AUTH_MODE=token, but {where} cannot be read ({exc.strerror or exc}): make it "
+                          "readable by this user") from None
+    try:
+        words = data.decode("ascii").split()
+    except UnicodeDecodeError:
+        words = None
+    if not words:
+        raise ConfigError(f"RAY_AUTH_MODE=token, but {where} is "
+                          f"{'empty' if not data.strip() else 'not a token (not text)'}: {fix}")
+    if len(words) != 1:
+        raise ConfigError(f"RAY_AUTH_MODE=token, but {where} holds {len(words)} words, not one token: {fix}")
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
