@@ -34,7 +34,8 @@ OPTIONS = {
     "flesd": ["--public-data", "public", "--set", "flesd.distill_epochs=2", "--set", "flesd.probe_epochs=20",
               "--set", "flesd.quantize=int8"],
 }
-PORTS = {"moon": 50601, "fedssc": 50602, "fedpcl": 50603, "flesd": 50604, "kill": 50605, "tls": 50606}
+PORTS = {"moon": 50601, "fedssc": 50602, "fedpcl": 50603, "flesd": 50604, "kill": 50605, "tls": 50606,
+         "secure": 50607}
 RUN_TIMEOUT = 240
 
 
@@ -116,6 +117,28 @@ def test_federation_across_hosts_every_site_measures_every_round(lab, deployed, 
         assert records[-1]["sites"][site]["evaluation"]["samples"] == held_out
         check_what_the_site_takes_home(lab, exp, site, records, monkeypatch)
     assert not (lab.disk(OPERATOR) / "images").exists()
+
+
+def test_secure_aggregation_across_hosts_with_every_sites_peers_pinned(lab, deployed):
+    """MOON under secure aggregation across hosts: the operator prints the roster of the certificates
+    it signed; each hospital checks its own line against its own certificate (`site roster` there) —
+    the phone call — and pins every member in its policy, requiring secure aggregation. The aggregator
+    records only the sum of the three sites; no site's log says a peer's key went unpinned."""
+    exp = lab.deploy("fed_secure", algorithm="moon", port=PORTS["secure"], reuse=deployed("moon"),
+                     options=COMMON + ["--secure-aggregation"])
+    roster = lab.fedcontrast(OPERATOR, "site", "roster", exp.name)
+    for site in SITES:
+        ws = exp.workspace(lab, site)
+        own = lab.fedcontrast(site, "site", "roster", str(ws / "cert" / "client" / f"col_{site}.crt"))
+        assert own.splitlines()[0].split()[:2] == next(line.split()[:2] for line in roster.splitlines()
+                                                       if line.startswith(f"{site} "))
+        (ws / "site_policy.yaml").write_text("require_secure_aggregation: true\n" + roster[roster.index("peers:"):])
+    records = run_to_end(lab, exp)
+    assert [r["round"] for r in records] == [1, 2]
+    assert "aggregated the secure sum of hosp1, hosp2, hosp3" in lab.log(exp, OPERATOR)
+    for site in SITES:
+        log = lab.log(exp, site)
+        assert "took part in the secure sum" in log and "checked against the federation's CA only" not in log
 
 
 def test_fedpcl_sites_use_the_operators_backbone_files(lab, deployed):
