@@ -49,9 +49,9 @@ fi
 step install 120 $python -m pip install -q --no-index --no-deps --no-build-isolation -e .
 $python -c "import fedcontrast, opacus, ray, openfl; print('imports ok', fedcontrast.__file__)" >> "$out/env.txt" 2>&1
 
-step gpu_check 320 $python benchmarks/gpu_check.py --test-workers 12 --test-timeout 110 --seeds 10 \
+step gpu_check 340 $python benchmarks/gpu_check.py --test-workers 12 --test-timeout 110 --seeds 10 \
     --cpu-workers 7 --device-workers 8 --agreement-budget 130 --control fedavg moon --write
 cp benchmarks/RESULTS.md "$out/RESULTS.md" 2>/dev/null
-step gpu_speed 150 $python benchmarks/gpu_speed.py --sites 10 50 --algorithm moon --rounds 4 --write
+step gpu_speed 140 $python benchmarks/gpu_speed.py --sites 10 50 --algorithm moon --rounds 4 --write
 cp benchmarks/RESULTS.md "$out/RESULTS.md" 2>/dev/null
 cat "$summary"

@@ -19,8 +19,8 @@ Items, one line each (PASS/FAIL, seconds), exit status 1 if any fails:
   paired difference device − CPU, in points of accuracy, includes 0 or lies within ±``--bound`` points
   (default 1). One seed cannot tell a bug from noise: CPU and GPU float sums differ in their last bits,
   and training amplifies that into another trajectory whose accuracy differs by several points either way;
-* ``repeat:NAME``: each algorithm run twice on the device for every one of those seeds, in separate
-  processes: every pair bit-identical (deterministic kernels);
+* ``repeat:NAME``: each algorithm run twice on the device for every one of those seeds (two jobs of
+  the pool, each in whichever worker process is free): every pair bit-identical (deterministic kernels);
 * with ``--control``, for reading the above: the same paired statistic between the CPU with 1 and with
   2 torch threads — a perturbation of the last bits alone, no device involved.
 
@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             return "" if outcome.accuracy is None else f"accuracy {100 * outcome.accuracy:.2f} %"
         check(f"run:{name}", job)
 
+    if args.write:  # what is measured so far, in case a time limit stops the rest
+        _write(args, device, results, sum(r[2] for r in results), {}, {})
     algorithms = [a for a in (args.agreement_algorithms or available_algorithms())
                   if wanted(f"cpu-vs-device:{a}") or wanted(f"repeat:{a}")]
     runs, seconds = _seeded_runs(args, device, algorithms) if algorithms else ({}, 0.0)
@@ -245,7 +247,7 @@ def _repeat(args, runs, name: str) -> str:
     differing = [i for i, (a, b) in enumerate(pairs) if a[1] != b[1]]
     if differing:
         raise AssertionError(f"{len(differing)} of {len(pairs)} seeds differ between two runs on the device")
-    return f"{len(pairs)} of {len(pairs)} seeds bit-identical (two processes each)"
+    return f"{len(pairs)} of {len(pairs)} seeds bit-identical (two pool jobs each)"
 
 
 def _pytest(args) -> str:
