@@ -49,6 +49,9 @@ def _add_schema_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mean", help="per-channel normalisation mean, comma-separated (default: measured on "
                                   "--public-data, else each site's own)")
     p.add_argument("--std", help="per-channel normalisation std, comma-separated")
+    p.add_argument("--dicom-window", metavar="CENTER,WIDTH",
+                   help="for DICOM images: the window applied after each file's rescale slope/intercept, e.g. 40,400 "
+                        "for soft tissue in Hounsfield units (default: each file's own window)")
     p.add_argument("--public-data", help="a public image folder every party holds (FLESD distils on it; "
                                          "FedPCL's backbones are pre-trained on it); its fingerprint goes in the plan")
 

@@ -31,7 +31,8 @@ def deployment_config(args: argparse.Namespace) -> tuple[RunConfig, Path | None]
         if not (args.input_shape and args.classes):
             raise ConfigError("a data schema needs both --input-shape (e.g. 1x32x32) and --classes (e.g. 0,1,2 or 10)")
         schema = DataSchema(parse_input_shape(args.input_shape), parse_classes(args.classes),
-                            _numbers(args.mean, "--mean"), _numbers(args.std, "--std"))
+                            _numbers(args.mean, "--mean"), _numbers(args.std, "--std"),
+                            _numbers(getattr(args, "dicom_window", None), "--dicom-window"))
     elif config.dataset == "imagefolder":
         if config.data_root is None:
             raise ConfigError("imagefolder needs the sites' data schema: pass --input-shape C×H×W and --classes "

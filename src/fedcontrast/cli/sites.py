@@ -107,7 +107,8 @@ def cmd_site_join(args: argparse.Namespace) -> int:
     print(f"workspace {joined.workspace}: {args.name} reads {s.folder} ({s.total} images; training images per "
           "class: " + ", ".join(f"{c}={n}" for c, n in present.items())
           + (f"; absent: {', '.join(s.missing_classes())}" if s.missing_classes() else "")
-          + ("; test/ folder held out" if s.split_folders else "; a stratified test split is held out") + ")")
+          + ("; test/ folder held out" if s.split_folders else "; a stratified test split is held out")
+          + f"; formats: {s.formats_text()})")
     network = (package_plan(Path(args.package).resolve()).get("network") or {}).get("settings") or {}
     tls = ("TLS and client authentication on" if network.get("use_tls", True) and network.get("require_client_auth", True)
            else "TLS or client authentication off, as this site's policy allows")

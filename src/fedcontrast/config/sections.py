@@ -116,15 +116,19 @@ class DataSchema:
     images are resized to it), ``classes`` the class folder names in label order (a site may lack
     some classes, but may not hold others). ``mean``/``std``: per-channel normalisation applied by
     every party alike; left out, each party normalises with its own training images' statistics.
+    ``window``: for DICOM images, the (center, width) of the linear window applied to the values after
+    the file's rescale slope and intercept (e.g. Hounsfield units: (40, 400) for soft tissue); left
+    out, each file's own WindowCenter/WindowWidth, else its stored range.
     """
 
     input_shape: tuple[int, int, int]
     classes: tuple[str, ...]
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    window: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("input_shape", "classes", "mean", "std"):
+        for name in ("input_shape", "classes", "mean", "std", "window"):
             object.__setattr__(self, name, _tuple(getattr(self, name)))
         _check_types(self, "data_schema.")
         shape = self.input_shape
@@ -147,6 +151,10 @@ class DataSchema:
                 _check(isinstance(values, tuple) and len(values) == shape[0] and all(_finite(v) for v in values),
                        f"data_schema.{name} must give one number per channel ({shape[0]}), got {values!r}")
             _check(all(v > 0 for v in self.std), f"data_schema.std must be > 0, got {self.std!r}")
+        window = self.window
+        _check(window is None or (isinstance(window, tuple) and len(window) == 2 and all(_finite(v) for v in window)
+                                  and window[1] >= 1),
+               f"data_schema.window must be a DICOM window [center, width] with width >= 1, got {window!r}")
 
     @property
     def in_channels(self) -> int:

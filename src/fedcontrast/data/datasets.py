@@ -144,13 +144,14 @@ def _check_settings(
 def _read_raw(
     key: str, root: str | None, size: int, samples: int, classes: int, noise: float, seed: int,
     class_names: tuple[str, ...] | None = None, channels: int | None = None,
+    window: tuple[float, float] | None = None,
 ) -> RawData:
     if key == "digits":
         return load_digits_raw()
     if key == "synthetic":
         return make_synthetic_raw(samples=samples, classes=classes, noise=noise, image_size=size, seed=seed)
     if key == "imagefolder":
-        return load_imagefolder_raw(root, size, class_names=class_names, channels=channels)
+        return load_imagefolder_raw(root, size, class_names=class_names, channels=channels, window=window)
     if key in TORCHVISION_NAMES:
         return load_torchvision_raw(key, root)
     raise UnknownNameError(f"unknown data set {key!r}; known data sets: {', '.join(DATASET_NAMES)}.")
@@ -170,6 +171,7 @@ def load_dataset(
     class_names: tuple[str, ...] | None = None,
     channels: int | None = None,
     normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
+    window: tuple[float, float] | None = None,
 ) -> DataSplits:
     """Read data set ``name`` and return its train, test and public splits as normalised tensors.
 
@@ -211,7 +213,7 @@ def load_dataset(
     if (class_names is not None or channels is not None) and key != "imagefolder":
         raise ConfigError(f"class_names and channels describe image folders, not {key}.")
     raw = _read_raw(key, root, size, synthetic_samples, synthetic_classes, synthetic_noise, split_seed,
-                    class_names, channels)
+                    class_names, channels, window)
 
     (train_x, train_y), test, public = _split(raw, key, test_fraction, public_fraction, rng)
 

@@ -7,52 +7,21 @@ side; their positions are the labels.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DataError
+from .deep_images import MAX_IMAGE_PIXELS, _open_image  # noqa: F401 (their home was here)
 from .raw import RawData
 
-IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
+IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm",
+                            ".dcm", ".dicom"})  # DICOM through pydicom (the extra [dicom]): .deep_images
 
 _LAYOUT_HINT = "a folder holding one sub-folder of images per class"
 
-# PIL modes that hold a single grey channel; anything else is read as RGB.
-_GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "F"})
-
-# The most pixels an image may claim in its header (8192 × 8192): a larger one is refused before its
-# pixels are decoded (a "decompression bomb" of a few kB can claim 30000 × 30000 and exhaust memory).
-MAX_IMAGE_PIXELS = 8192 * 8192
-
 logger = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def _open_image(path: Path) -> Iterator:
-    """``PIL.Image.open(path)`` (header only), refusing with one :class:`DataError` naming the file an
-    image that cannot be read or whose header claims more than :data:`MAX_IMAGE_PIXELS`."""
-    from PIL import Image, UnidentifiedImageError  # lazy: only this source needs PIL
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(path)
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise DataError(f"image {path} claims more than {MAX_IMAGE_PIXELS:,} pixels (at most 8192×8192 is read); "
-                        "replace it with a smaller image or remove it.") from None
-    except (UnidentifiedImageError, OSError, ValueError) as err:
-        raise DataError(f"image {path} cannot be read ({type(err).__name__}); replace or remove it.") from err
-    with img:
-        width, height = img.size
-        if width * height > MAX_IMAGE_PIXELS:
-            raise DataError(f"image {path} claims {width}×{height} pixels, more than 8192×8192; replace it with a "
-                            "smaller image or remove it.")
-        yield img
 
 
 def _visible_dirs(folder: Path) -> list[Path]:
@@ -105,30 +74,45 @@ def _scan(folder: Path, class_names: tuple[str, ...] | None,
     return names, paths, np.asarray(labels, dtype=np.int64)
 
 
-def _read_images(paths: list[Path], mode: str, image_size: int) -> np.ndarray:
-    """Read, convert and resize every image once; returns ``(N, C, S, S)`` uint8."""
+def _read_images(paths: list[Path], mode: str, image_size: int,
+                 window: tuple[float, float] | None = None) -> np.ndarray:
+    """Read, convert and resize every image once; returns ``(N, C, S, S)`` uint8 — or, when any image is
+    deeper than 8 bits (16-bit greyscale, DICOM), float32 in [0, 1], every image at its own depth
+    (:mod:`.deep_images`; an 8-bit image gives exactly its uint8 values / 255 there too)."""
     from PIL import Image  # lazy: only this source needs PIL
 
+    from .deep_images import image_format, read_deep
+
     channels = 1 if mode == "L" else 3
-    out = np.empty((len(paths), channels, image_size, image_size), dtype=np.uint8)
-    for i, path in enumerate(paths):
+    formats = [image_format(path) for path in paths]
+    deep = any(f.deep for f in formats)
+    if paths:
+        counts: dict[str, int] = {}
+        for f in formats:
+            counts[f.label()] = counts.get(f.label(), 0) + 1
+        logger.info("reading %d images (%s)%s", len(paths), ", ".join(f"{k} ×{n}" for k, n in sorted(counts.items())),
+                    " at their depth, as values in [0, 1]" if deep else "")
+    out = np.empty((len(paths), channels, image_size, image_size), dtype=np.float32 if deep else np.uint8)
+    for i, (path, fmt) in enumerate(zip(paths, formats)):
         try:
+            if fmt.deep:
+                out[i] = read_deep(path, channels, image_size, window)
+                continue
             with _open_image(path) as img:
                 img = img.convert(mode).resize((image_size, image_size), Image.Resampling.BILINEAR)
                 pixels = np.asarray(img, dtype=np.uint8)
         except (OSError, ValueError) as err:  # a truncated file fails while decoding
             raise DataError(f"image {path} cannot be read ({type(err).__name__}); replace or remove it.") from err
-        out[i] = pixels[None] if channels == 1 else pixels.transpose(2, 0, 1)
+        pixels = pixels[None] if channels == 1 else pixels.transpose(2, 0, 1)
+        out[i] = pixels / np.float32(255) if deep else pixels
     return out
 
 
 def _all_grey(paths: list[Path]) -> bool:
     """True when every image has a single grey channel (opening reads the header only)."""
-    for path in paths:
-        with _open_image(path) as img:
-            if img.mode not in _GREY_MODES:
-                return False
-    return True
+    from .deep_images import image_format
+
+    return all(image_format(path).channels == 1 for path in paths)
 
 
 def has_split_folders(root: str | None) -> bool:
@@ -143,12 +127,13 @@ def check_channels(paths: list[Path], channels: int, folder: Path) -> None:
     """Refuse images whose colour does not fit ``channels``: a colour image where the plan says 1
     channel, or a folder of grey images only where it says 3 (a few grey images among colour ones
     are converted)."""
+    from .deep_images import image_format
+
     if channels == 1:
         for path in paths:
-            with _open_image(path) as img:
-                mode = img.mode
-            if mode not in _GREY_MODES:
-                raise DataError(f"image {path} is in colour (mode {mode}) but the plan's data schema says 1 (grey) "
+            fmt = image_format(path)
+            if fmt.channels != 1:
+                raise DataError(f"image {path} is in colour (mode {fmt.kind}) but the plan's data schema says 1 (grey) "
                                 "channel; convert the images to grey or ask the operator for a 3-channel plan.")
     elif paths and _all_grey(paths):
         raise DataError(f"every image in {folder} is grey (1 channel) but the plan's data schema says 3 (RGB) "
@@ -156,7 +141,7 @@ def check_channels(paths: list[Path], channels: int, folder: Path) -> None:
 
 
 def load_imagefolder_raw(root: str | None, image_size: int, *, class_names: tuple[str, ...] | None = None,
-                         channels: int | None = None) -> RawData:
+                         channels: int | None = None, window: tuple[float, float] | None = None) -> RawData:
     """Read ``root`` as an image folder (see the module docstring) into uint8 NCHW arrays.
 
     Images become RGB, or one grey channel when every image is grey, and are resized to
@@ -185,8 +170,10 @@ def load_imagefolder_raw(root: str | None, image_size: int, *, class_names: tupl
         mode = "L" if channels == 1 else "RGB"
     else:
         mode = "L" if _all_grey(train_paths + test_paths) else "RGB"
-    train_x = _read_images(train_paths, mode, image_size)
-    test_x = _read_images(test_paths, mode, image_size) if has_split else None
+    train_x = _read_images(train_paths, mode, image_size, window)
+    test_x = _read_images(test_paths, mode, image_size, window) if has_split else None
+    if has_split and train_x.dtype != test_x.dtype:  # one side deep, the other 8-bit: both as values in [0, 1]
+        train_x, test_x = (x.astype(np.float32) / 255 if x.dtype == np.uint8 else x for x in (train_x, test_x))
     present = sorted(set(train_y.tolist()) | (set(test_y.tolist()) if test_y is not None else set()))
     if len(present) == 1:
         logger.warning("every image in %s is of class %r: accuracy measured on a single class is meaningless "

@@ -10,7 +10,7 @@ schema (:func:`load_site_splits`), and every party reads the public folder named
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +53,7 @@ class FolderSummary:
     split_folders: bool  # train/ and test/ given
     counts: dict[str, int]  # images per schema class (train side, or all when not split)
     test_counts: dict[str, int]  # images per class in test/ (empty when not split)
+    formats: dict[str, int] = field(default_factory=dict)  # "I;16 16-bit" → images of that format and depth
 
     @property
     def total(self) -> int:
@@ -60,6 +61,10 @@ class FolderSummary:
 
     def missing_classes(self) -> list[str]:
         return [c for c, n in self.counts.items() if n == 0]
+
+    def formats_text(self) -> str:
+        """The images' formats and bit depths, e.g. "L 8-bit ×120, I;16 16-bit ×30"."""
+        return ", ".join(f"{label} ×{n}" for label, n in self.formats.items())
 
 
 def summarise_folder(folder: str | Path, schema: DataSchema) -> FolderSummary:
@@ -91,7 +96,13 @@ def summarise_folder(folder: str | Path, schema: DataSchema) -> FolderSummary:
     if not paths:
         raise DataError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) found in the class folders of {base}")
     check_channels(paths, schema.in_channels, base)
-    return FolderSummary(str(base), split, counts[0], counts[1] if split else {})
+    from .deep_images import image_format
+
+    formats: dict[str, int] = {}
+    for path in paths:
+        label = image_format(path).label()
+        formats[label] = formats.get(label, 0) + 1
+    return FolderSummary(str(base), split, counts[0], counts[1] if split else {}, dict(sorted(formats.items())))
 
 
 def load_site_splits(folder: str | Path, schema: DataSchema, *, test_fraction: float, split_seed: int,
@@ -100,7 +111,7 @@ def load_site_splits(folder: str | Path, schema: DataSchema, *, test_fraction: f
     (``test/`` when given, else a stratified ``test_fraction``), and the public set if any."""
     splits = load_dataset("imagefolder", root=str(folder), image_size=schema.image_size, test_fraction=test_fraction,
                           public_fraction=0.0, split_seed=split_seed, class_names=schema.classes,
-                          channels=schema.in_channels, normalization=schema.normalization)
+                          channels=schema.in_channels, normalization=schema.normalization, window=schema.window)
     return DataSplits(splits.train, splits.test, public, splits.name, splits.class_names)
 
 
@@ -127,7 +138,8 @@ def load_public_folder(public: PublicDataConfig, schema: DataSchema, base_dir: s
     """The public image folder named in the plan, after checking its fingerprint; labelled by the
     schema's classes, normalised with the schema's statistics (else its own: identical at every party)."""
     path = verify_public_folder(public, base_dir)
-    raw = load_imagefolder_raw(str(path), schema.image_size, class_names=schema.classes, channels=schema.in_channels)
+    raw = load_imagefolder_raw(str(path), schema.image_size, class_names=schema.classes, channels=schema.in_channels,
+                              window=schema.window)
     x = np.concatenate([raw.train_x, raw.test_x]) if raw.test_x is not None else raw.train_x
     y = np.concatenate([raw.train_y, raw.test_y]) if raw.test_y is not None else raw.train_y
     import torch
@@ -157,8 +169,9 @@ def with_statistics(schema: DataSchema, folder: str | Path) -> DataSchema:
     """``schema`` with ``mean``/``std`` measured on ``folder``'s images (e.g. the public folder)."""
     from .splits import to_float_images
 
-    raw = load_imagefolder_raw(str(folder), schema.image_size, class_names=schema.classes, channels=schema.in_channels)
+    raw = load_imagefolder_raw(str(folder), schema.image_size, class_names=schema.classes, channels=schema.in_channels,
+                               window=schema.window)
     x = np.concatenate([raw.train_x, raw.test_x]) if raw.test_x is not None else raw.train_x
     mean, std = channel_stats(to_float_images(x, schema.image_size))
     return DataSchema(schema.input_shape, schema.classes, tuple(round(float(v), 6) for v in mean.flatten()),
-                      tuple(round(float(v), 6) for v in std.flatten()))
+                      tuple(round(float(v), 6) for v in std.flatten()), schema.window)

@@ -241,7 +241,8 @@ def _check_data(ws: Path, config: RunConfig, name: str, data: str | None) -> Che
     present = ", ".join(f"{c}={n}" for c, n in s.counts.items() if n)
     absent = s.missing_classes()
     return Check("data", OK, f"{s.folder} matches the plan's data schema ({s.total} images; training images per "
-                             f"class: {present}" + (f"; absent: {', '.join(absent)}" if absent else "") + ")")
+                             f"class: {present}" + (f"; absent: {', '.join(absent)}" if absent else "")
+                             + f"; formats: {s.formats_text()})")
 
 
 def _check_policy(ws: Path, config: RunConfig, plan: dict, data: str | None) -> Check:
