@@ -286,7 +286,7 @@ def _write(args, device: str, results, total: float, stats: dict, control: dict)
              f"Command: `python {command}` — {what}; {machine()}.", "",
              f"{sum(r[1] for r in results)} of {len(results)} items passed in {total:.0f} s.", "",
              f"CPU against the device: digits, 2 sites, {setting['rounds']} rounds of {setting['local_epochs']} local "
-             f"epochs, lr {setting['lr']}, seeds 0–{args.seeds - 1}, each run in a process of its own with 1 torch "
+             f"epochs, lr {setting['lr']}, seeds 0–{args.seeds - 1}, each run a job of a process pool, 1 torch "
              f"thread. Criterion: the 95 % interval of the mean paired difference (device − CPU) includes 0 or lies "
              f"within ±{args.bound:g} points. Repeat: every seed run twice on the device, bit-identical.", "",
              "| item | result | seconds | note |", "|---|---|---|---|"]
