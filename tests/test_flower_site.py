@@ -272,8 +272,8 @@ def secure_exchange(text, sts, config, relay, answers=None):
 
 
 def secure_relay(config):
-    from fedcontrast.privacy.secagg import SumLayout
-    from fedcontrast.privacy.secagg_protocol import relay_for
+    from fedcontrast.privacy.secagg_relay import relay_for
+    from fedcontrast.privacy.secagg_terms import SumLayout
 
     algorithm = build_algorithm(config)
     specs = algorithm.upload_specs(initial_model(config, **data_shape(config)), 10)

@@ -53,7 +53,8 @@ def build_algorithm(config: RunConfig) -> Algorithm:
                           "fedprox, moon and flesd, and fedssc and fedpcl in their secure variants "
                           "(fedssc.class_reps: pooled, fedpcl.local_sets: global)")
     if config.secure_aggregation is not None:  # a ring too coarse for the plugin's terms would ruin the model
-        from .privacy.secagg import SecureAggregationError, check_precision
+        from .privacy.secagg import SecureAggregationError
+        from .privacy.secagg_terms import check_precision
 
         try:
             check_precision(algorithm, config.secure_aggregation, config.clients, config.min_samples)

@@ -135,7 +135,8 @@ class SecureGrid(Grid):
 
         from fedcontrast.algorithms.fedavg import FedAvg
         from fedcontrast.flower.secure import _openssh, registered_key
-        from fedcontrast.privacy.secagg import Quantizer, secure_vector
+        from fedcontrast.privacy.secagg import Quantizer
+        from fedcontrast.privacy.secagg_terms import secure_vector
         from fedcontrast.privacy.secagg_protocol import SecAggSteps
 
         replies = []

@@ -9,7 +9,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from scipy import stats
 
-from fedcontrast.privacy.secagg import (Quantizer, SecAggSite, SecureAggregationError, _combine, prg, unmask)
+from fedcontrast.privacy.secagg import Quantizer, SecAggSite, SecureAggregationError, _combine, prg
+from fedcontrast.privacy.secagg_relay import unmask
 
 
 def keys(names):

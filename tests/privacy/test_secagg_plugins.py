@@ -19,7 +19,7 @@ from fedcontrast.construction import build_algorithm
 from fedcontrast.errors import ConfigError
 from fedcontrast.models import build_model
 from fedcontrast.privacy.secagg import Quantizer
-from fedcontrast.privacy.secagg_protocol import secure_aggregate
+from fedcontrast.privacy.secagg_sim import secure_aggregate
 
 SITES = ["site_0", "site_1", "site_2"]
 WEIGHTS = {"site_0": 200.0, "site_1": 150.0, "site_2": 120.0}

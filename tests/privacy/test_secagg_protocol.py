@@ -20,7 +20,8 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from scipy import stats
 
 from fedcontrast.privacy.secagg import Quantizer, SecureAggregationError, fingerprint
-from fedcontrast.privacy.secagg_protocol import (PHASES, STEPS, PinnedKeys, SecAggClient, SecAggRelay, SecAggSteps,
+from fedcontrast.privacy.secagg_relay import SecAggRelay
+from fedcontrast.privacy.secagg_protocol import (PHASES, STEPS, PinnedKeys, SecAggClient, SecAggSteps,
                                                  session_digest, withdrawal)
 
 PEM = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
@@ -301,7 +302,7 @@ def test_different_survivor_sets_for_different_sites_never_reveal_both_masks_of_
     lab = Lab(n, threshold=t, words=4096)
     target, names = "site_0", lab.names
     others = [s for s in names if s != target]
-    group_a, group_b = others[:t - 1], others[t - 1:]  # group_a and the target: t signers; group_b: fewer
+    group_b = others[t - 1:]  # the other t - 1 and the target: t signers; group_b: fewer
     honest = lab.answer
 
     def lying(site, kind):

@@ -24,9 +24,11 @@ from typing import Any
 
 from ..config import site_names
 from ..errors import FedContrastError
-from ..privacy.secagg import Quantizer, SecureAggregationError, checked_vector
+from ..privacy.secagg import Quantizer, SecureAggregationError
+from ..privacy.secagg_terms import checked_vector
 from ..privacy.secagg_protocol import PinnedKeys, SecAggSteps, session_digest, withdrawal
 from ..tensors import InvalidUploadError
+from .console import say
 
 logger = logging.getLogger("fedcontrast.flower")
 
@@ -143,8 +145,6 @@ def secure_round(server: Any, round_num: int, adverts: dict[str, bytes], site_ke
         replies = server.exchange(messages, server.round_timeout, f"round {round_num + 1}'s secure aggregation ({phase})")
         for site, reply in replies.items():
             relay.receive(site, round_num, phase, bytes(reply.content["secagg"]["payload"]))
-    from .server_app import say
-
     for site, why in sorted(relay.blamed.items()):
         say(f"round {round_num + 1}: site {site} sent a bad secure-aggregation share: {why}")
     sent = [relay.bytes_from.get(s, 0) for s in relay.survivors]
@@ -154,6 +154,4 @@ def secure_round(server: Any, round_num: int, adverts: dict[str, bytes], site_ke
 
 
 def say_withdrawn(site: str, round_num: int, reason: Any) -> None:
-    from .server_app import say
-
     say(f"round {round_num + 1}: site {site} takes no part in the secure sum: {str(reason)[:500]}")

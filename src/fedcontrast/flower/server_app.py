@@ -48,8 +48,9 @@ from ..outputs import (
     write_json,
     write_metrics_csv,
 )
-from ..privacy.secagg import SumLayout
-from ..privacy.secagg_protocol import relay_for
+from ..privacy.secagg_relay import relay_for
+from ..privacy.secagg_terms import SumLayout
+from .console import say
 from .records import CONFIG_KEY, flwr_app, from_array_record, plan_pins, to_array_record
 
 logger = logging.getLogger("fedcontrast.flower.server")
@@ -60,11 +61,6 @@ ROUNDS_FILE = "rounds.jsonl"  # one record per round: each site's weight, releas
 
 class SiteProblem(FedContrastError):
     """A site did not answer, refused, or failed: the run stops naming it."""
-
-
-def say(text: str) -> None:
-    """A progress line on the operator's terminal (``flwr run --stream`` shows the ServerApp's output)."""
-    print(f"fedcontrast: {text}", flush=True)
 
 
 class FlowerServer:

@@ -29,7 +29,7 @@ from ..construction import attach_public, build_algorithm, initial_model, load_p
 from ..devices import resolve_device
 from ..errors import FedContrastError
 from ..outputs import write_json
-from ..privacy.secagg import SumLayout
+from ..privacy.secagg_terms import SumLayout
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, unpack
 from .runner import PERSONAL_TAG, WEIGHT_METRIC
 

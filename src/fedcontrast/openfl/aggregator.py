@@ -23,8 +23,8 @@ from ..construction import build_algorithm, initial_model, server_seed
 from ..deploy.certificates import check_enrolled_certificates
 from ..deploy.enrolment import EnrolledCertificates
 from ..errors import FedContrastError
-from ..privacy.secagg import SumLayout
-from ..privacy.secagg_protocol import relay_for
+from ..privacy.secagg_relay import relay_for
+from ..privacy.secagg_terms import SumLayout
 from . import aggregation, grpc_bounds
 from .grpc_bounds import certificate_name
 from .packing import PERSONAL_PACKED, pack

@@ -199,7 +199,7 @@ class PluginTaskRunner(TaskRunner):
     def _secure_upload(self, col_name: str, round_num: int, uploads: dict[str, torch.Tensor], weight: float):
         """Takes part in the round's secure sum with this site's terms; the task's own upload is a
         placeholder (and its sample count is not sent: it is inside the sum)."""
-        from ..privacy.secagg import checked_vector
+        from ..privacy.secagg_terms import checked_vector
         from ..site.checks import CollaboratorStopped
         from ..tensors import InvalidUploadError
         from .secure import DroppedFromRound

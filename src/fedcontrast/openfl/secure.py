@@ -27,7 +27,8 @@ from openfl.utilities import TensorKey
 from ..config import RunConfig, site_names
 from ..errors import ConfigError
 from ..privacy.secagg import Quantizer, SecureAggregationError
-from ..privacy.secagg_protocol import PHASES, PinnedKeys, SecAggClient, SecAggRelay, session_digest, withdrawal
+from ..privacy.secagg_protocol import PHASES, PinnedKeys, SecAggClient, session_digest
+from ..privacy.secagg_relay import SecAggRelay
 from .protocol import SECAGG_REFUSED, FederationStopped
 
 logger = logging.getLogger("fedcontrast.openfl.components")

@@ -171,7 +171,7 @@ def upload_limit(config: RunConfig, model_shape: dict[str, int], assigner: Any =
     size = packed_size(specs) * 4
     secure = config.secure_aggregation
     if secure is not None:  # the masked vector, in the ring's words (64 bits: twice a float32 upload)
-        from ..privacy.secagg import SumLayout
+        from ..privacy.secagg_terms import SumLayout
 
         size = max(size, SumLayout.of(algorithm, specs, secure).words * secure.bits // 8 + 8)
     return size + UPLOAD_MARGIN

@@ -369,7 +369,8 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
 def _secure_ring(config: RunConfig, algorithm: Any) -> list[str]:
     """What secure aggregation's ring does to the terms, and whom the protocol withstands, for the privacy officer."""
     from ..config.sections import colluders_tolerated
-    from .secagg import MAX_MEAN_ERROR, SecureAggregationError, precision
+    from .secagg import MAX_MEAN_ERROR, SecureAggregationError
+    from .secagg_terms import precision
 
     secure = config.secure_aggregation
     if secure is None:

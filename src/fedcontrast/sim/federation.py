@@ -196,7 +196,8 @@ class Federation:
     def _secure_aggregate(self, round_num: int, uploads: dict, weights: dict) -> dict[str, Any]:
         """The round's downlink from the secure sum of the plugin's terms (each site masks, say,
         ``n_k·u_k`` and ``n_k``: :meth:`~fedcontrast.algorithms.Algorithm.secure_terms`); its cost as a metrics row."""
-        from ..privacy.secagg_protocol import secure_aggregate, session_digest
+        from ..privacy.secagg_protocol import session_digest
+        from ..privacy.secagg_sim import secure_aggregate
 
         session = session_digest(self.config.to_dict(), site_names(self.config), "simulator")
         self.downlink, cost = secure_aggregate(self.algorithm, uploads, weights, self.config.secure_aggregation,
