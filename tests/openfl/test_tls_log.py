@@ -58,6 +58,35 @@ def test_each_refusal_is_one_sentence_naming_the_peer_and_the_cause(code, words)
     assert words in text and "nothing from it was accepted" in text and "fedcontrast doctor" in text
 
 
+# Captured from grpc 1.65's aggregator for client certificates naming the federation's signing CA as issuer
+# but signed by another CA of that name: which error comes first depends on the two keys, not on the mistake.
+@pytest.mark.parametrize("error", [
+    "error:0400006b:RSA routines:OPENSSL_internal:BLOCK_TYPE_IS_NOT_01",
+    "error:04000073:RSA routines:OPENSSL_internal:DATA_TOO_LARGE_FOR_MODULUS",  # signature ≥ the CA key's modulus
+    "error:04000070:RSA routines:OPENSSL_internal:DATA_LEN_NOT_EQUAL_TO_MOD_LEN",  # a 4096-bit CA key, ours 3072
+    "error:0c0000bd:ASN.1 encoding routines:OPENSSL_internal:WRONG_PUBLIC_KEY_TYPE",  # an EC CA key, ours RSA
+    "error:040000ff:RSA routines:OPENSSL_internal:A_REASON_NOT_SEEN_YET",  # any RSA failure: a signature check
+])
+def test_every_way_another_ca_of_the_same_name_fails_is_named_alike(error):
+    log = HandshakeLog(chain="cert/cert_chain.crt")
+    line = ("E0000 00:00:1795710236.495675    5474 ssl_transport_security.cc:1650] Handshake failed with fatal "
+            f"error SSL_ERROR_SSL: {error}.")
+    assert log.feed(PEER_LINE.format(thread="5474", manager="0xa", peer="ipv6:%5B::1%5D:46108")) is False
+    assert log.feed(line) is False
+    [(level, text, host)] = log.messages
+    assert level == logging.WARNING and host == "::1"
+    assert ("the certificate it presented names the federation's CA (cert/cert_chain.crt) as its issuer, but that "
+            "CA's signature does not verify: another CA of the same name signed it") in text
+    assert "the TLS library reports" not in text
+
+
+def test_different_reports_of_one_forged_certificate_count_as_one_cause():
+    log = HandshakeLog()
+    refusal(log, code="BLOCK_TYPE_IS_NOT_01")
+    refusal(log, code="DATA_TOO_LARGE_FOR_MODULUS")
+    assert log.refused == 2 and len(log.messages) == 1
+
+
 def test_the_peer_is_the_one_of_the_thread_that_failed():
     log = HandshakeLog()
     log.feed(PEER_LINE.format(thread="1", manager="0xa", peer="ipv4:10.0.0.1:1111"))

@@ -35,14 +35,19 @@ logger = logging.getLogger("fedcontrast.aggregator")
 GRPC_LINE = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+(\d+) ([\w./-]+):\d+\] (.*)$")
 PEER = re.compile(r"endpoint_peer_address=([^,}\s]+)")
 MANAGER = re.compile(r"handshake_manager (0x[0-9a-f]+)")
-FATAL = re.compile(r"Handshake failed with fatal error [A-Z_]+: error:[0-9a-fA-F]+:[^:]*:[^:]*:([A-Z0-9_]+)")
+FATAL = re.compile(r"Handshake failed with fatal error [A-Z_]+: error:[0-9a-fA-F]+:([^:]*):[^:]*:([A-Z0-9_]+)")
 SERVER_NAME = re.compile(r"No match found for server name: (\S+?)\.?$")
 CLOSED = "Handshake read failed"
 ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 
 # A signature that does not verify: the certificate names the federation's CA as its issuer, but another CA
 # of that name signed it (OpenFL gives every workspace's CA the same name), or the site's key is not the
-# certificate's (RSA reports the first as BLOCK_TYPE_IS_NOT_01, ECDSA as BAD_SIGNATURE).
+# certificate's. Which error the TLS library reports first depends on the two keys, not on the mistake: checked
+# with the federation CA's RSA key, another CA's signature fails as BLOCK_TYPE_IS_NOT_01 (its padding), but as
+# DATA_TOO_LARGE_FOR_MODULUS whenever the signature, read as a number, is not below that key's modulus (about 7 % of
+# pairs of CA keys of one size, drawn anew with every CA), and as DATA_LEN_NOT_EQUAL_TO_MOD_LEN for a key of another
+# size; ECDSA reports BAD_SIGNATURE, another key type WRONG_PUBLIC_KEY_TYPE. So every error of the RSA or ECDSA
+# code, and each of these reasons, is this one cause.
 FORGED = ("the certificate it presented names the federation's CA ({chain}) as its issuer, but that CA's signature "
           "does not verify: another CA of the same name signed it (e.g. another workspace's CA: OpenFL names them all "
           "alike), or it does not match the site's key")
@@ -60,14 +65,25 @@ CAUSES = {
     "SSLV3_ALERT_BAD_CERTIFICATE": "it rejected this aggregator's certificate",
     "SSLV3_ALERT_CERTIFICATE_EXPIRED": "it found this aggregator's certificate expired (check both machines' clocks)",
     "TLSV1_ALERT_DECRYPT_ERROR": "its certificate does not match the key it signed with",
-    "BLOCK_TYPE_IS_NOT_01": FORGED,
-    "BAD_SIGNATURE": FORGED,
-    "PADDING_CHECK_FAILED": FORGED,
+    "FORGED": FORGED,
 }
+SIGNATURE_LIBRARIES = ("RSA routines", "ECDSA routines")
+FORGED_REASONS = frozenset({
+    "BLOCK_TYPE_IS_NOT_01", "BAD_FIXED_HEADER_DECRYPT", "NULL_BEFORE_BLOCK_MISSING", "BAD_PAD_BYTE_COUNT",
+    "PADDING_CHECK_FAILED", "DATA_TOO_LARGE_FOR_MODULUS", "DATA_LEN_NOT_EQUAL_TO_MOD_LEN",  # RSA PKCS #1 v1.5
+    "FIRST_OCTET_INVALID", "LAST_OCTET_INVALID", "SLEN_CHECK_FAILED", "SLEN_RECOVERY_FAILED",  # RSA-PSS
+    "BAD_SIGNATURE", "WRONG_PUBLIC_KEY_TYPE",
+})
 CLOSED_CAUSE = ("it closed the connection during the TLS handshake: usually a site that does not trust this "
                 "aggregator's certificate (another federation's cert_chain.crt, or a certificate for another name), "
                 "or a port check")
 WHERE_NAMED = "the site's own log names the certificate and the cause (`fedcontrast doctor --name SITE` at the site)"
+
+
+def refusal_code(library: str, reason: str) -> str:
+    """The cause a fatal handshake error stands for: ``FORGED`` for every way the TLS library reports a
+    signature that does not verify (see :data:`FORGED_REASONS`), else the library's reason as is."""
+    return "FORGED" if library in SIGNATURE_LIBRARIES or reason in FORGED_REASONS else reason
 
 
 @dataclass
@@ -103,7 +119,7 @@ class HandshakeLog:
                 self._peer_of_manager[manager.group(1)] = peer.group(1)
         fatal = FATAL.search(text)
         if severity == "E" and fatal is not None:
-            self._refuse(self._peer_of_thread.get(thread), fatal.group(1))
+            self._refuse(self._peer_of_thread.get(thread), refusal_code(*fatal.groups()))
             return False
         name = SERVER_NAME.search(text)
         if severity == "E" and name is not None:
