@@ -233,6 +233,8 @@ def _versus(args, runs, name: str, stats: dict) -> str:
             raise AssertionError(f"{len(differing)} of {len(pairs)} seeds differ between the CPU and the stand-in")
         return f"{len(pairs)} of {len(pairs)} seeds bit-identical to the CPU run"
     p = stats[name] = device_check.paired([a[0] for a, _ in pairs], [b[0] for _, b in pairs])
+    print(f"seeds    {name}: CPU {' '.join(f'{100 * a[0]:.2f}' for a, _ in pairs)}; device "
+          f"{' '.join(f'{100 * b[0]:.2f}' for _, b in pairs)}", flush=True)
     cpu = sum(a[0] for a, _ in pairs) / len(pairs)
     line = f"device − CPU {p} (CPU mean {100 * cpu:.1f} %)"
     if not device_check.agree(p, args.bound):

@@ -178,14 +178,18 @@ def test_cuda_is_refused_by_name_where_there_is_none():
 def test_cuda_runs_use_deterministic_kernels(monkeypatch):
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     try:
         torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
         make_cuda_deterministic()
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
         assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
         assert torch.backends.cudnn.benchmark is False
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32  # float32 is float32
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # an operator's own setting is kept
     make_cuda_deterministic()
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
