@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check in one command, in under 10 minutes, on a machine with CUDA and its own torch:
+# Every GPU check in one command, in under 10 minutes (its steps' limits add up to 550 s; 5 minutes on an H100), on a machine with CUDA and its own torch:
 # the device-sensitive tests, every device-sensitive path, CPU against the GPU over 10 seeds, repeat-
 # determinism (benchmarks/gpu_check.py), and sites in parallel on the GPU (benchmarks/gpu_speed.py).
 #
@@ -39,19 +39,26 @@ step() {  # step NAME LIMIT_SECONDS COMMAND...: runs it with its log in $out/NAM
 } > "$out/env.txt" 2>&1
 
 if ls "$root"/.whl/*.whl > /dev/null 2>&1; then
-    step install 120 $python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    step install 40 $python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site "$root"/.whl/*.whl
     export PYTHONPATH=/tmp/site
 fi
 if [ -f "$root/.whl/tree.tar" ]; then
     rm -rf /tmp/tree && mkdir -p /tmp/tree && tar -xf "$root/.whl/tree.tar" -C /tmp/tree && cd /tmp/tree
 fi
-step install 120 $python -m pip install -q --no-index --no-deps --no-build-isolation -e .
+step install 40 $python -m pip install -q --no-index --no-deps --no-build-isolation -e .
 $python -c "import fedcontrast, opacus, ray, openfl; print('imports ok', fedcontrast.__file__)" >> "$out/env.txt" 2>&1
 
-step gpu_check 340 $python benchmarks/gpu_check.py --test-workers 12 --test-timeout 110 --seeds 10 \
-    --cpu-workers 7 --device-workers 8 --agreement-budget 130 --control fedavg moon --write
+# NVIDIA MPS, where it exists: the kernels of the pooled runs and of Ray's sites run side by side on the GPU
+if command -v nvidia-cuda-mps-control > /dev/null; then  # the sites' kernels side by side on the GPU
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps CUDA_MPS_LOG_DIRECTORY=/tmp/nvidia-mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d >> "$summary" 2>&1 || echo "MPS did not start" >> "$summary"
+fi
+step gpu_check 330 $python benchmarks/gpu_check.py --test-workers 12 --test-timeout 110 --seeds 10 \
+    --cpu-workers 4 --device-workers 11 --agreement-budget 170 --control fedavg moon --write
 cp benchmarks/RESULTS.md "$out/RESULTS.md" 2>/dev/null
 step gpu_speed 140 $python benchmarks/gpu_speed.py --sites 10 50 --algorithm moon --rounds 4 --write
+[ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && echo quit | nvidia-cuda-mps-control
 cp benchmarks/RESULTS.md "$out/RESULTS.md" 2>/dev/null
 cat "$summary"

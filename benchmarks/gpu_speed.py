@@ -10,7 +10,10 @@ round after the first (the first builds each Ray worker's data and CUDA context)
 * ``gpu, sequential``: the sequential engine on the GPU (1 torch thread): one site after another;
 * ``gpu, ray``: the Ray executor on the same GPU, ``--slots`` sites at once (default: the CPU cores less
   one for the driver, at most 16), each site task 1 CPU and ``1/slots`` of the GPU (``executor.site_gpus``:
-  Ray's fractional GPUs; every worker process has its own CUDA context on the one GPU).
+  Ray's fractional GPUs; every worker process has its own CUDA context on the one GPU). Without NVIDIA's
+  MPS the GPU runs one process's kernels at a time; with it (``nvidia-cuda-mps-control -d``, which
+  ``benchmarks/gpu_all.sh`` starts where it exists) the sites' kernels run side by side. The report
+  says which.
 
 The goal: GPU parallel ÷ GPU sequential ≥ 5× at 50 sites. The ray run's metrics must equal the
 sequential GPU run's (deterministic kernels; the same work per site): the exit status is 1 otherwise.
@@ -109,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
+def mps_running() -> bool:
+    """Whether an MPS control daemon answers at this process's pipe folder (NVIDIA's default or
+    ``CUDA_MPS_PIPE_DIRECTORY``)."""
+    return Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"), "control").exists()
+
+
 def report(args, rows: list[dict], slots: int, share: float, startup: float) -> str:
     import torch
 
@@ -119,12 +128,13 @@ def report(args, rows: list[dict], slots: int, share: float, startup: float) -> 
              f"{torch.__version__}).", "",
              f"{args.algorithm}, digits, Dirichlet 0.5, {args.local_epochs} local epochs, batch 32. A round's time is the "
              f"median of rounds 2–{args.rounds}. GPU ray: {slots} sites at once, each 1 CPU and {share:g} of the GPU "
-             f"(`--executor ray --site-gpus {share:g}`); Ray's start-up {startup:.1f} s. CPU: the sequential engine "
+             f"(`--executor ray --site-gpus {share:g}`), NVIDIA MPS {'on' if mps_running() else 'off'}; Ray's start-up {startup:.1f} s. CPU: the sequential engine "
              "with 2 torch threads, on this machine's CPU. Goal: GPU parallel ÷ GPU sequential ≥ 5× at 50 sites.", "",
-             "| sites | CPU, 2 threads | GPU, sequential | GPU, ray | GPU parallel ÷ sequential | GPU sequential ÷ CPU "
-             "| GPU ray ÷ CPU | ray metrics equal to sequential |",
+             "| sites | CPU, 2 threads | GPU, sequential | GPU, ray | GPU parallel ÷ sequential (training part) "
+             "| GPU sequential ÷ CPU | GPU ray ÷ CPU | ray metrics equal to sequential |",
              "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['sites']} | {r['cpu']:.3f} s | {r['gpu']:.3f} s | {r['ray']:.3f} s | {r['gpu'] / r['ray']:.2f}× | "
+    lines += [f"| {r['sites']} | {r['cpu']:.3f} s | {r['gpu']:.3f} s | {r['ray']:.3f} s | {r['gpu'] / r['ray']:.2f}× "
+              f"({r['gpu_train'] / max(r['ray_train'], 1e-9):.2f}×) | "
               f"{r['cpu'] / r['gpu']:.2f}× faster | {r['cpu'] / r['ray']:.2f}× faster | {'yes' if r['equal'] else 'NO'} |"
               for r in rows]
     return "\n".join(lines)
