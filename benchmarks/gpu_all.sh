@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check in one command, in under 10 minutes (its steps' limits add up to 550 s; 5 minutes on an H100), on a machine with CUDA and its own torch:
+# Every GPU check in one command, in under 10 minutes (its steps' limits add up to 550 s), on a machine with CUDA and its own torch:
 # the device-sensitive tests, every device-sensitive path, CPU against the GPU over 10 seeds, repeat-
 # determinism (benchmarks/gpu_check.py), and sites in parallel on the GPU (benchmarks/gpu_speed.py).
 #
