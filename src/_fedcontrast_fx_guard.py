@@ -72,7 +72,7 @@ def _check(party, argv, plan):
     if party == "aggregator":  # the operator's own code: only a plan fx would stop on with a traceback is named
         try:
             from fedcontrast.errors import FedContrastError
-            from fedcontrast.site.guard import guard_aggregator_start, guard_aggregator_plan
+            from fedcontrast.site.guard import guard_aggregator_plan, guard_aggregator_start
         except Exception:  # left to fx and fedcontrast's aggregator, which say it themselves
             return
         try:

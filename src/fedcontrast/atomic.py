@@ -17,8 +17,9 @@ def write_failure(path: str | Path, exc: OSError) -> OutputError:
     """One sentence for a file that could not be written; a full disk and a file size limit alike."""
     if exc.errno in DISK_FULL:
         return OutputError(f"could not write {path}: no space left on device (disk full or file size limit); "
-                           "the files written before it are intact: free some space and start the run again (`fedcontrast "
-                           "simulate` / `federation`: with --resume; `fx`: it resumes from its saved state)")
+                           "the files written before it are intact: free some space and start the run again "
+                           "(`fedcontrast simulate` / `federation`: with --resume; `fx`: it resumes from its "
+                           "saved state)")
     return OutputError(f"could not write {path}: {exc.strerror or exc}")
 
 

@@ -16,8 +16,8 @@ from .algorithms import Algorithm, get_algorithm
 from .config import RunConfig, site_names
 from .data import ArrayDataset, DataSplits, load_dataset, partition_indices
 from .errors import ConfigError
-from .seeds import derive_seed  # noqa: F401  (engines and tests import it from here)
 from .models import ContrastiveNet, build_model
+from .seeds import derive_seed  # noqa: F401  (engines and tests import it from here)
 
 
 def site_index(config: RunConfig, name: str) -> int | None:

@@ -208,12 +208,14 @@ def items(device: str, *, rounds: int = 1) -> dict[str, Callable[[], Outcome]]:
     for name in available_algorithms():
         cfg = config(name, device, rounds=rounds)
         out[name] = lambda cfg=cfg: simulate(cfg)
-    for name, privacy in (("fedavg+dp_sgd", DP_SGD), ("fedssc+dp_sgd", DP_SGD), ("fedssc+representations", REPRESENTATIONS),
-                          ("fedpcl+representations", REPRESENTATIONS), ("flesd+representations", REPRESENTATIONS)):
+    for name, privacy in (("fedavg+dp_sgd", DP_SGD), ("fedssc+dp_sgd", DP_SGD),
+                          ("fedssc+representations", REPRESENTATIONS), ("fedpcl+representations", REPRESENTATIONS),
+                          ("flesd+representations", REPRESENTATIONS)):
         cfg = config(name.split("+")[0], device, rounds=rounds, privacy=privacy)
         out[name] = lambda cfg=cfg: simulate(cfg)
-    flesd = config("flesd", device, rounds=rounds, hyperparameters={"flesd": {**QUICK_HYPERPARAMETERS["flesd"],
-                                                                               "upload": "similarity", "quantize": "int8"}})
+    flesd = config("flesd", device, rounds=rounds,
+                   hyperparameters={"flesd": {**QUICK_HYPERPARAMETERS["flesd"], "upload": "similarity",
+                                              "quantize": "int8"}})
     out["flesd+similarity"] = lambda: simulate(flesd)
     out["fedpcl_pretrain"] = lambda: pretrain(config("fedpcl", device))
     out["resume"] = lambda: resume(config("moon", device, rounds=2))
@@ -286,8 +288,8 @@ class Paired:
     below: int
 
     def __str__(self) -> str:
-        return (f"n={self.n}: mean {self.mean:+.2f} ± {self.sd:.2f} points, 95 % CI [{self.low:+.2f}, {self.high:+.2f}], "
-                f"higher in {self.above}, lower in {self.below}")
+        return (f"n={self.n}: mean {self.mean:+.2f} ± {self.sd:.2f} points, "
+                f"95 % CI [{self.low:+.2f}, {self.high:+.2f}], higher in {self.above}, lower in {self.below}")
 
 
 def paired(a: list[float], b: list[float], confidence: float = 0.95) -> Paired:

@@ -1,7 +1,18 @@
 """Algorithm plugins and their registry. Importing this package registers the built-ins."""
 
-from .base import (Algorithm, Downlink, InvalidUploadError, ServerContext, SiteContext, TaskResult, TensorSpec,
-                    load_weights, nbytes, validate_uploads, weight_tensors)
+from .base import (
+    Algorithm,
+    Downlink,
+    InvalidUploadError,
+    ServerContext,
+    SiteContext,
+    TaskResult,
+    TensorSpec,
+    load_weights,
+    nbytes,
+    validate_uploads,
+    weight_tensors,
+)
 from .registry import ENTRY_POINT_GROUP, available_algorithms, get_algorithm, register_algorithm
 
 # Built-ins: one registration line each (the decorator in each module).

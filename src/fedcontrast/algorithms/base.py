@@ -42,8 +42,17 @@ from ..robust import robust_average
 
 # What travels, declared and checked (a low-level module, so that evaluation and the aggregator's
 # screen can use it without importing this package); re-exported: plugins import these from here.
-from ..tensors import (TENSOR_KINDS, WEIGHT_PREFIX, InvalidUploadError, TensorSpec, load_weights, nbytes,
-                       validate_uploads, weight_specs, weight_tensors)
+from ..tensors import (
+    TENSOR_KINDS,
+    WEIGHT_PREFIX,
+    InvalidUploadError,
+    TensorSpec,
+    load_weights,
+    nbytes,
+    validate_uploads,
+    weight_specs,
+    weight_tensors,
+)
 
 DP_KINDS = ("dp_sgd", "representations")
 

@@ -14,8 +14,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..aggregation import (CLASS_COUNT, CLASS_HOLDERS, CLASS_SUM, class_mean_terms, fill_missing_prototypes,
-                           global_prototypes, pooled_class_means)
+from ..aggregation import (
+    CLASS_COUNT,
+    CLASS_HOLDERS,
+    CLASS_SUM,
+    class_mean_terms,
+    fill_missing_prototypes,
+    global_prototypes,
+    pooled_class_means,
+)
 from ..errors import ConfigError, DataError
 from ..evaluation import PROTOTYPE_METRICS, distribution_weighted_accuracy, nearest_prototype
 from ..losses import check_temperature, fedpcl_loss
@@ -42,7 +49,8 @@ def _as_tuple(value: Any) -> tuple:
 class FedPCLHyperparameters:
     backbones: tuple[str, ...] = ("simple_cnn",)  # frozen encoders; features are concatenated
     backbone_files: tuple[str, ...] = ()  # one state_dict per backbone; empty: pre-train on the public split
-    backbone_sha256: tuple[str, ...] = ()  # the files' SHA-256 (a deployment's plan holds them): a different file is refused
+    # the files' SHA-256 (a deployment's plan holds them): a different file is refused
+    backbone_sha256: tuple[str, ...] = ()
     pretrain_epochs: int = 30  # supervised pre-training on the public split (Adam), when no files
     projection_hidden: tuple[int, ...] = (256,)  # site i's hidden width: projection_hidden[i % len]
     temperature: float = 0.07
@@ -356,7 +364,8 @@ class FedPCL(Algorithm):
         sets = ("the global prototypes once per site (no site's own prototypes)" if self.hp.local_sets == "global"
                 else "every site's local prototypes, filled with the global ones")
         return [TensorSpec(GLOBAL_PROTOTYPES, (num_classes, d), "float32", "download", description="global prototypes"),
-                TensorSpec(PRESENT, (num_classes,), "float32", "download", description="1 where a class has a prototype"),
+                TensorSpec(PRESENT, (num_classes,), "float32", "download",
+                           description="1 where a class has a prototype"),
                 TensorSpec(LOCAL_SETS, (k, num_classes, d), "float32", "download", description=sets)]
 
 

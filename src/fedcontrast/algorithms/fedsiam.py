@@ -28,8 +28,18 @@ from ..config import TrainingConfig
 from ..errors import ConfigError
 from ..losses import history_loss, stop_gradient_loss
 from ..models import PredictionHead
-from .base import (WEIGHT_PREFIX, Algorithm, Downlink, ServerContext, SiteContext, TaskResult, TensorSpec, load_weights,
-                   weight_specs, weight_tensors)
+from .base import (
+    WEIGHT_PREFIX,
+    Algorithm,
+    Downlink,
+    ServerContext,
+    SiteContext,
+    TaskResult,
+    TensorSpec,
+    load_weights,
+    weight_specs,
+    weight_tensors,
+)
 from .moon import frozen_copy, represent_all
 from .registry import register_algorithm
 from .training import augment, batch_indices, make_optimizer, site_generator
@@ -215,4 +225,5 @@ class FedSiamDA(Algorithm):
                 + self._predictor_specs(model, "download", "dual-aggregated prediction head"))
 
 
-__all__ = ["FedSiamDA", "siamese_objective", "FedSiamHyperparameters", "LOCAL_MODEL", "PREDICTOR_PREFIX", "WEIGHT_PREFIX"]
+__all__ = ["FedSiamDA", "siamese_objective", "FedSiamHyperparameters", "LOCAL_MODEL", "PREDICTOR_PREFIX",
+           "WEIGHT_PREFIX"]

@@ -14,8 +14,16 @@ from torch import nn
 from ..aggregation import CLASS_COUNT, CLASS_SUM, class_mean_terms, global_prototypes, pooled_class_means
 from ..errors import ConfigError
 from ..losses import check_temperature, global_class_contrastive_loss
-from .base import (WEIGHT_PREFIX, Downlink, InvalidUploadError, ServerContext, SiteContext, TensorSpec, weight_specs,
-                   weight_tensors)
+from .base import (
+    WEIGHT_PREFIX,
+    Downlink,
+    InvalidUploadError,
+    ServerContext,
+    SiteContext,
+    TensorSpec,
+    weight_specs,
+    weight_tensors,
+)
 from .moon import Moon, represent_all
 from .registry import register_algorithm
 from .training import ExtraLoss
@@ -72,7 +80,8 @@ class FedSSCHyperparameters:
             raise ValueError(f"class_reps must be one of {', '.join(CLASS_REP_RULES)}, got {self.class_reps!r}")
 
 
-def mu_glob_schedule(round_num: int, *, start: float, end: float, warmup_rounds: int, schedule: str = "linear") -> float:
+def mu_glob_schedule(round_num: int, *, start: float, end: float, warmup_rounds: int,
+                     schedule: str = "linear") -> float:
     """μ_glob(t): from ``start`` at round 0 to ``end`` at ``warmup_rounds`` and after."""
     progress = min(max(round_num, 0), warmup_rounds) / warmup_rounds
     if schedule == "constant":
@@ -95,7 +104,8 @@ def sample_class_representations(means: Mapping[str, torch.Tensor], counts: Mapp
         senders = [s for s in sites if counts[s][c] > 0]
         if not senders:
             continue
-        chosen = senders if len(senders) <= k else [senders[i] for i in sorted(rng.choice(len(senders), k, replace=False))]
+        chosen = (senders if len(senders) <= k
+                  else [senders[i] for i in sorted(rng.choice(len(senders), k, replace=False))])
         reps[c] = torch.stack([means[s][c] for s in chosen]).mean(0)
         present[c] = 1.0
     return reps, present
@@ -222,7 +232,8 @@ class FedSSC(Moon):
 
     def initial_downlink(self, server: ServerContext) -> Downlink:
         dim = server.model.projection_dim
-        return Downlink({**weight_tensors(server.model), CLASS_REPS: torch.zeros(server.num_classes, dim, device=server.device),
+        return Downlink({**weight_tensors(server.model),
+                         CLASS_REPS: torch.zeros(server.num_classes, dim, device=server.device),
                          CLASS_PRESENT: torch.zeros(server.num_classes, device=server.device)})
 
     # --- declarations ---------------------------------------------------------------------------
@@ -237,7 +248,8 @@ class FedSSC(Moon):
 
     def secure_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
         d = model.projection_dim
-        weights = [s for s in super().secure_specs(model, num_classes) if s.name.startswith((f"sum.{WEIGHT_PREFIX}", "count"))]
+        weights = [s for s in super().secure_specs(model, num_classes)
+                   if s.name.startswith((f"sum.{WEIGHT_PREFIX}", "count"))]
         return weights + [
             TensorSpec(CLASS_SUM, (num_classes, d), "float64", "upload",
                        description="count · class mean, per class (mean clipped to [-clip, clip])"),

@@ -40,8 +40,19 @@ from torch import nn
 from ..errors import ConfigError, FedContrastError
 from ..losses import check_temperature, ensemble_similarity, esd_loss
 from ..models import MODEL_NAMES, build_model
-from .base import (WEIGHT_PREFIX, Algorithm, Downlink, InvalidUploadError, ServerContext, SiteContext, TaskResult,
-                   TensorSpec, load_weights, weight_specs, weight_tensors)
+from .base import (
+    WEIGHT_PREFIX,
+    Algorithm,
+    Downlink,
+    InvalidUploadError,
+    ServerContext,
+    SiteContext,
+    TaskResult,
+    TensorSpec,
+    load_weights,
+    weight_specs,
+    weight_tensors,
+)
 from .moon import represent_all
 from .registry import register_algorithm
 
@@ -110,7 +121,8 @@ class FlesdHyperparameters(SimCLRHyperparameters):
         for name in ("distill_epochs", "distill_batch_size", "queue_size"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= (2 if name == "distill_batch_size" else 1)):
-                raise ValueError(f"{name} must be an integer >= {2 if name == 'distill_batch_size' else 1}, got {value!r}")
+                raise ValueError(f"{name} must be an integer >= {2 if name == 'distill_batch_size' else 1}, "
+                                 f"got {value!r}")
         if not (isinstance(self.distill_lr, (int, float)) and math.isfinite(self.distill_lr) and self.distill_lr > 0):
             raise ValueError(f"distill_lr must be a number > 0, got {self.distill_lr!r}")
         if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
@@ -218,7 +230,8 @@ class Flesd(Algorithm):
             raise PublicDataMismatch(
                 f"site {site.name!r} refuses similarity inference: its public data set ({len(site.public)} samples, "
                 f"fingerprint {bytes(mine.tolist()).hex()[:16]}…) is not the aggregator's "
-                f"(fingerprint {bytes(theirs.tolist()).hex()[:16]}…); every site needs the same samples in the same order")
+                f"(fingerprint {bytes(theirs.tolist()).hex()[:16]}…); every site needs the same samples "
+                "in the same order")
         model = self.local_model(site, received)
         state = site.state.get(LOCAL_MODEL)
         if state is not None:
@@ -275,7 +288,8 @@ class Flesd(Algorithm):
     def distilled(self, target: torch.Tensor, server: ServerContext, answered: int) -> Downlink:
         """The downlink after distilling ``target`` (``M``, N×N) into the round's global model."""
         if server.public is None or server.previous is None:
-            raise ConfigError("flesd's distillation needs the public data set and the round's global model on the aggregator")
+            raise ConfigError("flesd's distillation needs the public data set and the round's global model "
+                              "on the aggregator")
         load_weights(server.model, server.previous)
         loss = distill(server.model, server.public.x.to(server.device), target, self.hp, seed=server.seed)
         return Downlink({**weight_tensors(server.model), FINGERPRINT: public_fingerprint(server.public)},

@@ -47,7 +47,7 @@ class SimCLRHyperparameters:
             raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
         if not (isinstance(self.probe_epochs, int) and self.probe_epochs >= 1):
             raise ValueError(f"probe_epochs must be an integer >= 1, got {self.probe_epochs!r}")
-        self.views  # validates the augmentation settings
+        _ = self.views  # validates the augmentation settings
 
     @property
     def views(self) -> ViewConfig:

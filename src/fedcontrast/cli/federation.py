@@ -10,7 +10,16 @@ from typing import Any
 
 from ..config import RunConfig
 from ..errors import ConfigError
-from .common import _add_run_flags, _add_schema_flags, _free_port, _numbers, check_port, config_from_args, parse_classes, parse_input_shape
+from .common import (
+    _add_run_flags,
+    _add_schema_flags,
+    _free_port,
+    _numbers,
+    check_port,
+    config_from_args,
+    parse_classes,
+    parse_input_shape,
+)
 
 
 def deployment_config(args: argparse.Namespace) -> tuple[RunConfig, Path | None]:
@@ -151,7 +160,8 @@ def cmd_pki(args: argparse.Namespace) -> int:
         print("\n".join(" ".join(c) for c in dev_pki_commands(names, fqdn=args.fqdn)))
         return 0
     make_dev_pki(args.workspace, names, fqdn=args.fqdn)
-    print(f"certificate authority, aggregator and {len(names)} collaborator certificates in {Path(args.workspace) / 'cert'}")
+    print(f"certificate authority, aggregator and {len(names)} collaborator certificates in "
+          f"{Path(args.workspace) / 'cert'}")
     return 0
 
 
@@ -168,7 +178,8 @@ def cmd_federation(args: argparse.Namespace) -> int:
 
     check_port(args.port)
     config = config_from_args(args).replace(clients=args.collaborators)
-    run_dir = Path(args.runs_dir) / (args.name or f"federation-{config.algorithm}-{config.dataset}-k{config.clients}-s{config.seed}")
+    run_dir = Path(args.runs_dir) / (args.name or
+                                     f"federation-{config.algorithm}-{config.dataset}-k{config.clients}-s{config.seed}")
     ws = run_dir / "workspace"
     if (run_dir / "summary.json").exists() and args.resume:
         print(f"{run_dir} already finished; its results:")

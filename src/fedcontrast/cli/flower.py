@@ -40,7 +40,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     init_operator(folder, config, host=args.address, port=args.port, round_timeout=args.round_timeout,
                   start_timeout=args.start_timeout, threads=args.threads)
     print(f"Flower deployment of {config.algorithm} for {', '.join(config.sites or ())} in {folder}")
-    print(f"  send {folder / 'certs' / 'ca.crt'} to every site, with the SuperLink's address {args.address}:{args.port}")
+    print(f"  send {folder / 'certs' / 'ca.crt'} to every site, with the SuperLink's address "
+          f"{args.address}:{args.port}")
     print(f"  next: fedcontrast flower superlink {folder}   (leave it running)")
     return 0
 

@@ -94,7 +94,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
                               seed=config.seed)
     counts = partition_counts(labels, parts, splits.num_classes)
     print(format_partition_table(counts))
-    out = Path(args.out or Path(args.runs_dir) / f"partition-{config.dataset}-k{config.clients}-{config.partition}{config.beta:g}-s{config.seed}")
+    out = Path(args.out or Path(args.runs_dir) / (f"partition-{config.dataset}-k{config.clients}-"
+                                                  f"{config.partition}{config.beta:g}-s{config.seed}"))
     paths = write_partition_report(counts, out, title=f"{config.dataset}: {config.partition} "
                                    f"β={config.beta:g}, seed {config.seed}")
     print(f"wrote {paths['csv']} and {paths['png']}")
@@ -194,7 +195,8 @@ def _add_partition(sub: argparse._SubParsersAction) -> None:
 def _add_pretrain(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pretrain", help="pre-train FedPCL backbones on the public split and save their weights")
     _add_run_flags(p)
-    p.add_argument("--backbones", nargs="+", default=["simple_cnn"], help="architectures (simple_cnn, resnet18, resnet50)")
+    p.add_argument("--backbones", nargs="+", default=["simple_cnn"],
+                   help="architectures (simple_cnn, resnet18, resnet50)")
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--out", default="runs/backbones")
     p.set_defaults(func=cmd_pretrain)

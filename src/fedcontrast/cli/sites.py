@@ -110,7 +110,8 @@ def cmd_site_join(args: argparse.Namespace) -> int:
           + ("; test/ folder held out" if s.split_folders else "; a stratified test split is held out")
           + f"; formats: {s.formats_text()})")
     network = (package_plan(Path(args.package).resolve()).get("network") or {}).get("settings") or {}
-    tls = ("TLS and client authentication on" if network.get("use_tls", True) and network.get("require_client_auth", True)
+    tls = ("TLS and client authentication on"
+           if network.get("use_tls", True) and network.get("require_client_auth", True)
            else "TLS or client authentication off, as this site's policy allows")
     print(f"checked: the package carries no code and no key, names only the installed fedcontrast's components; {tls}")
     print(f"your private key {joined.workspace / 'cert' / 'client' / f'col_{args.name}.key'} stays on this machine")

@@ -8,15 +8,36 @@ The configuration lives in three modules: :mod:`.checks` (how a setting is check
 (:class:`RunConfig`); every name is importable from here.
 """
 
-from .checks import (MAX_CLIP, MAX_DELTA, MAX_IMAGE_SIZE, MAX_NOISE_MULTIPLIER, MAX_PROJECTION_DIM,
-                      MIN_NOISE_MULTIPLIER, _finite)
+from .checks import (
+    MAX_CLIP,
+    MAX_DELTA,
+    MAX_IMAGE_SIZE,
+    MAX_NOISE_MULTIPLIER,
+    MAX_PROJECTION_DIM,
+    MIN_NOISE_MULTIPLIER,
+    _finite,
+)
 from .run import SITE_NAME, RunConfig, load_yaml, site_names
-from .sections import (ACCOUNTANTS, AUGMENTATIONS, MIN_ROBUST_SITES, ON_REJECTED, ROBUST_RULES, SHA256_HEX, DataSchema,
-                       DPSGDConfig, ExecutorConfig, PrivacyConfig, PublicDataConfig, RepresentationDPConfig, RobustnessConfig,
-                       SecureAggregationConfig, TrainingConfig)
+from .sections import (
+    ACCOUNTANTS,
+    AUGMENTATIONS,
+    MIN_ROBUST_SITES,
+    ON_REJECTED,
+    ROBUST_RULES,
+    SHA256_HEX,
+    DataSchema,
+    DPSGDConfig,
+    ExecutorConfig,
+    PrivacyConfig,
+    PublicDataConfig,
+    RepresentationDPConfig,
+    RobustnessConfig,
+    SecureAggregationConfig,
+    TrainingConfig,
+)
 
 __all__ = ["ACCOUNTANTS", "AUGMENTATIONS", "MAX_CLIP", "MAX_DELTA", "MAX_IMAGE_SIZE", "MAX_NOISE_MULTIPLIER",
            "MAX_PROJECTION_DIM", "MIN_NOISE_MULTIPLIER", "MIN_ROBUST_SITES", "ON_REJECTED", "ROBUST_RULES",
-           "SHA256_HEX", "SITE_NAME", "DPSGDConfig", "DataSchema", "ExecutorConfig", "PrivacyConfig", "PublicDataConfig",
-           "RepresentationDPConfig", "RobustnessConfig", "RunConfig", "SecureAggregationConfig", "TrainingConfig", "_finite", "load_yaml",
-           "site_names"]
+           "SHA256_HEX", "SITE_NAME", "DPSGDConfig", "DataSchema", "ExecutorConfig", "PrivacyConfig",
+           "PublicDataConfig", "RepresentationDPConfig", "RobustnessConfig", "RunConfig", "SecureAggregationConfig",
+           "TrainingConfig", "_finite", "load_yaml", "site_names"]

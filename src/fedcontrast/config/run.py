@@ -12,8 +12,18 @@ from typing import Any
 from ..errors import ConfigError
 from ..yamlio import load_yaml_file
 from .checks import MAX_IMAGE_SIZE, MAX_PROJECTION_DIM, _check, _check_types, _finite, _tuple, _typed_section
-from .sections import (MIN_ROBUST_SITES, DataSchema, ExecutorConfig, PrivacyConfig, PublicDataConfig, RobustnessConfig,
-                       SecureAggregationConfig, TrainingConfig, default_threshold, minimum_threshold)
+from .sections import (
+    MIN_ROBUST_SITES,
+    DataSchema,
+    ExecutorConfig,
+    PrivacyConfig,
+    PublicDataConfig,
+    RobustnessConfig,
+    SecureAggregationConfig,
+    TrainingConfig,
+    default_threshold,
+    minimum_threshold,
+)
 
 # A site's name is its certificate's common name: OpenFL lower-cases it and uses it in file names.
 SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
@@ -116,11 +126,12 @@ class RunConfig:
                    f"robustness rule {self.robustness.rule!r} or checks across sites (max_update_spread, "
                    "min_update_cosine, clip_update_norm): use rule mean without them, or turn secure aggregation off")
             needed = self.secure_aggregation.sites_needed(per_round)
-            _check(needed <= per_round, f"secure_aggregation.threshold {needed} exceeds the {per_round} sites of a round")
+            _check(needed <= per_round,
+                   f"secure_aggregation.threshold {needed} exceeds the {per_round} sites of a round")
             floor = minimum_threshold(per_round)
-            _check(needed >= floor, f"secure_aggregation.threshold {needed} of {per_round} sites is too low: an operator "
-                                    f"that lies to the sites could unmask one site's upload with no site colluding; "
-                                    f"use at least {floor} (a majority), or leave it out for "
+            _check(needed >= floor, f"secure_aggregation.threshold {needed} of {per_round} sites is too low: "
+                                    "an operator that lies to the sites could unmask one site's upload with no site "
+                                    f"colluding; use at least {floor} (a majority), or leave it out for "
                                     f"{default_threshold(per_round)}")
         if isinstance(self.robustness.max_samples, dict):
             strangers = sorted(set(self.robustness.max_samples) - set(site_names(self)))

@@ -7,8 +7,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .checks import (MAX_DELTA, MAX_IMAGE_SIZE, _check, _check_clip, _check_noise_multiplier, _check_types, _finite,
-                      _tuple, _typed_section)
+from .checks import (
+    MAX_DELTA,
+    MAX_IMAGE_SIZE,
+    _check,
+    _check_clip,
+    _check_noise_multiplier,
+    _check_types,
+    _finite,
+    _tuple,
+    _typed_section,
+)
 
 AUGMENTATIONS = ("none", "crop", "crop_flip")
 ACCOUNTANTS = ("rdp", "prv")
@@ -202,17 +211,18 @@ class RobustnessConfig:
     """What the aggregator accepts from a site and how it combines model weights (every engine
     applies it before the plugin aggregates: :mod:`fedcontrast.robust`).
 
-    ``max_samples``: the most samples (aggregation weight) a site may claim — one number for every
-    site, or a mapping site → the count it declared at enrolment; None: no bound. ``max_update_ratio``:
-    an upload whose model update ``‖w_k − w‖`` exceeds this multiple of the global model's norm ``‖w‖``
-    is rejected (the default 10 stops absurd uploads; honest training moved digits models by ≤ 0.04 of
-    ``‖w‖`` per round: set it a few times above the honest ratio where sites may be hostile). ``clip_update_norm``: each accepted update is
-    scaled to at most this L2 norm. ``rule``: how model weights are combined — ``mean`` (each plugin's
-    own weighted average), ``median`` or ``trimmed_mean`` (coordinate-wise, unweighted, dropping
-    ``⌊trim_fraction·K⌋`` (at least one) of the K sites' values at each end). ``reject_replays``:
-    an upload identical to one the same site sent in an earlier round is rejected. ``on_rejected``:
-    ``stop`` — the round is aggregated without the rejected upload(s), then the federation stops
-    naming the senders (the operator looks before going on); ``exclude`` — it goes on without them.
+    ``max_samples``: the most samples (aggregation weight) a site may claim — one number for every site,
+    or a mapping site → the count it declared at enrolment; None: no bound. ``max_update_ratio``: an
+    upload whose model update ``‖w_k − w‖`` exceeds this multiple of the global model's norm ``‖w‖`` is
+    rejected (the default 10 stops absurd uploads; honest training moved digits models by ≤ 0.04 of
+    ``‖w‖`` per round: set it a few times above the honest ratio where sites may be hostile).
+    ``clip_update_norm``: each accepted update is scaled to at most this L2 norm. ``rule``: how model
+    weights are combined — ``mean`` (each plugin's own weighted average), ``median`` or ``trimmed_mean``
+    (coordinate-wise, unweighted, dropping ``⌊trim_fraction·K⌋`` (at least one) of the K sites' values at
+    each end). ``reject_replays``: an upload identical to one the same site sent in an earlier round is
+    rejected. ``on_rejected``: ``stop`` — the round is aggregated without the rejected upload(s), then the
+    federation stops naming the senders (the operator looks before going on); ``exclude`` — it goes on
+    without them.
 
     Across the sites of a round (at least 3 with model weights; unweighted): ``max_update_spread``
     rejects an update whose norm exceeds this multiple of the median norm of the other sites'
@@ -325,7 +335,8 @@ class SecureAggregationConfig:
         _check_types(self, "secure_aggregation.")
         _check(self.threshold is None or (isinstance(self.threshold, int) and self.threshold >= 2),
                f"secure_aggregation.threshold must be an integer >= 2 (or left out), got {self.threshold!r}")
-        _check(_finite(self.clip) and self.clip >= 1, f"secure_aggregation.clip must be a number >= 1, got {self.clip!r}")
+        _check(_finite(self.clip) and self.clip >= 1,
+               f"secure_aggregation.clip must be a number >= 1, got {self.clip!r}")
         _check(_finite(self.max_samples) and self.max_samples >= 1,
                f"secure_aggregation.max_samples must be a number >= 1, got {self.max_samples!r}")
         _check(self.bits in (32, 64), f"secure_aggregation.bits must be 32 or 64, got {self.bits!r}")

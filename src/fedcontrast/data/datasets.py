@@ -57,7 +57,7 @@ class ArrayDataset:
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
-    def subset(self, indices: np.ndarray | torch.Tensor | list[int]) -> "ArrayDataset":
+    def subset(self, indices: np.ndarray | torch.Tensor | list[int]) -> ArrayDataset:
         """The samples at ``indices`` (a copy), in the given order, with the same ``num_classes``."""
         index = torch.as_tensor(np.asarray(indices), dtype=torch.int64, device=self.x.device)
         return ArrayDataset(self.x[index], self.y[index], self.num_classes)

@@ -170,7 +170,9 @@ def dicom_values(path: Path, window: tuple[float, float] | None) -> np.ndarray:
     intercept = float(ds.get("RescaleIntercept", 0) or 0)
     values = stored * slope + intercept
     if window is None and ds.get("WindowCenter") is not None and ds.get("WindowWidth") is not None:
-        first = (lambda v: float(v[0]) if isinstance(v, pydicom.multival.MultiValue) else float(v))
+        def first(v) -> float:  # a DICOM value, or the first of several
+            return float(v[0]) if isinstance(v, pydicom.multival.MultiValue) else float(v)
+
         window = (first(ds.WindowCenter), first(ds.WindowWidth))
     if window is not None:
         center, width = float(window[0]), max(float(window[1]), 1.0)

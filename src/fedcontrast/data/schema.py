@@ -18,8 +18,14 @@ import numpy as np
 from ..config import DataSchema, PublicDataConfig
 from ..errors import DataError
 from .datasets import ArrayDataset, DataSplits, load_dataset
-from .imagefolder import (IMAGE_SUFFIXES, _images_in, _visible_dirs, check_channels, has_split_folders,
-                          load_imagefolder_raw)
+from .imagefolder import (
+    IMAGE_SUFFIXES,
+    _images_in,
+    _visible_dirs,
+    check_channels,
+    has_split_folders,
+    load_imagefolder_raw,
+)
 from .splits import channel_stats
 
 __all__ = ["FolderSummary", "folder_fingerprint", "infer_schema", "load_public_folder", "load_site_splits",

@@ -100,7 +100,8 @@ def simclr_views(x: torch.Tensor, generator: torch.Generator, *, crop_scale: tup
 
 def _two_views(x: torch.Tensor, generator: torch.Generator, config: ViewConfig) -> tuple[torch.Tensor, torch.Tensor]:
     if x.dim() != 4 or not x.dtype.is_floating_point:
-        raise ValueError(f"simclr_views needs a floating (B, C, H, W) batch, got shape {tuple(x.shape)} and dtype {x.dtype}")
+        raise ValueError(f"simclr_views needs a floating (B, C, H, W) batch, got shape {tuple(x.shape)} and dtype "
+                         f"{x.dtype}")
     return _augment(x, generator, config), _augment(x, generator, config)
 
 

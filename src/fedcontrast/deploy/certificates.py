@@ -57,7 +57,8 @@ def certificate_names(cert) -> list[str]:
         names = [*san.get_values_for_type(x509.DNSName), *map(str, san.get_values_for_type(x509.IPAddress))]
     except x509.ExtensionNotFound:
         names = []
-    return [n.lower() for n in names] or [str(a.value).lower() for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    return [n.lower() for n in names] or [str(a.value).lower()
+                                          for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
 
 
 def _names_host(names: list[str], host: str) -> bool:
@@ -111,8 +112,9 @@ def check_own_certificate(certificate: str | Path, private_key: str | Path | Non
         return
     authorities = _certificates(chain)
     if not signed_by(cert, authorities):
-        raise ConfigError(f"the certificate {certificate} ({subject(cert)}) is issued by {cert.issuer.rfc4514_string()}, "
-                          f"not by the federation's CA in {chain} ({_chain_names(authorities)}); have it signed by the "
+        raise ConfigError(f"the certificate {certificate} ({subject(cert)}) is issued by "
+                          f"{cert.issuer.rfc4514_string()}, not by the federation's CA in {chain} "
+                          f"({_chain_names(authorities)}); have it signed by the "
                           "federation's CA (or install the federation's cert_chain.crt)")
 
 
@@ -170,7 +172,8 @@ def check_enrolled_certificates(cert_dir: str | Path, sites: list[str], *, now: 
         elif cert.not_valid_after_utc < now + soon:
             problems.append(f"{said} expires on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
         if authorities and not signed_by(cert, authorities):
-            problems.append(f"{said} is issued by {cert.issuer.rfc4514_string()}, not by the federation's CA in {chain}")
+            problems.append(f"{said} is issued by {cert.issuer.rfc4514_string()}, not by the federation's CA in "
+                            f"{chain}")
         names = certificate_names(cert)
         if site.lower() not in names:
             problems.append(f"{said} is issued for {', '.join(names) or 'no name'}, not for {site}")

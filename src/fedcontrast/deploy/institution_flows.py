@@ -45,13 +45,12 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
     confirmed its fingerprint: ``ca_fingerprint``, the one the operator read out, must be it; else
     ``confirm_ca(subject, fingerprint)`` is asked (the command line asks the person joining). A package
     without the chain pins ``ca_fingerprint`` when given, else the first ``import-cert`` pins it."""
+    from ..archives import ArchiveLimits, check_archive
     from ..config import site_names
     from ..construction import build_algorithm
     from ..data.schema import folder_fingerprint, public_folder_path, summarise_folder
     from ..privacy.policy import POLICY_ENV, SitePolicy
     from ..site.trust import check_package
-
-    from ..archives import ArchiveLimits, check_archive
 
     archive = Path(package).resolve()
     policy_path = Path(policy).expanduser().resolve() if policy is not None else (
@@ -161,8 +160,8 @@ def package_ca(archive: Path, given: str | None, confirm: Callable[[str, str], b
                               f"not the federation's CA whose fingerprint you were given ({shown(expected)}); "
                               "check the fingerprint with the operator by phone or another channel")
     if expected is None and confirm is not None and not confirm(subject, found):
-        raise DeploymentError(f"{archive.name} is refused, nothing was unpacked: its CA ({subject}, {shown(found)}) was "
-                              "not confirmed; ask the operator to read you its CA's fingerprint")
+        raise DeploymentError(f"{archive.name} is refused, nothing was unpacked: its CA ({subject}, {shown(found)}) "
+                              "was not confirmed; ask the operator to read you its CA's fingerprint")
     how = "--ca-fingerprint at join" if expected is not None else "confirmed at join" if confirm else "taken at join"
     return found, subject, how
 
@@ -237,8 +236,8 @@ def _data_yaml(ws: Path, name: str, folder: Path) -> str:
     """The site's ``plan/data.yaml``: the operator's comment lines and this site's one data line."""
     from ..yamlio import read_text
 
-    comments = [l for l in read_text(ws / "plan" / "data.yaml", "the package's data file").splitlines()
-                if l.lstrip().startswith("#")]
+    comments = [line for line in read_text(ws / "plan" / "data.yaml", "the package's data file").splitlines()
+                if line.lstrip().startswith("#")]
     return "\n".join([*comments, f"{name},{folder}"]) + "\n"
 
 
@@ -346,8 +345,8 @@ def _signed_package_ca(ws: Path, archive: Path, given: str | None, confirm: Call
     try:
         found, subject = check_against_pin(cert_dir, pem, f"the CA chain in {archive.name}")
     except ConfigError as exc:
-        raise DeploymentError(f"{exc}: not installed; a site trusts only the CA it confirmed at join — ask the operator "
-                              "for the package signed by the federation's CA") from None
+        raise DeploymentError(f"{exc}: not installed; a site trusts only the CA it confirmed at join — ask the "
+                              "operator for the package signed by the federation's CA") from None
     expected = normalise_fingerprint(given) if given is not None else None
     if expected is not None and found != expected:
         raise DeploymentError(f"the CA chain in {archive.name} is from {subject} ({shown(found)}), not the CA whose "

@@ -117,10 +117,9 @@ def read_request(request_zip: str | Path, *, claimed: str | None = None) -> Cert
 
     from cryptography import x509
 
+    from ..archives import check_archive, read_entry
     from .certificates import subject
     from .enrolment import identity
-
-    from ..archives import check_archive, read_entry
 
     request_zip = Path(request_zip)
     if request_zip.is_file():  # its sizes, from its directory, before any entry is read

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from ..errors import FedContrastError
 
-
 OPENFL_MISSING = ("this command runs OpenFL, which is not installed in this environment: "
                   "pip install -e \".[openfl]\" (or pip install 'fedcontrast[openfl]')")
 

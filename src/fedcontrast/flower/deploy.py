@@ -81,13 +81,14 @@ def make_certificates(cert_dir: Path, host: str, *, days: int = 365) -> None:
 
     now = dt.datetime.now(dt.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP384R1())
-    ca = (x509.CertificateBuilder().subject_name(_name("fedcontrast flower CA")).issuer_name(_name("fedcontrast flower CA"))
+    ca = (x509.CertificateBuilder().subject_name(_name("fedcontrast flower CA"))
+          .issuer_name(_name("fedcontrast flower CA"))
           .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
           .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
           .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                                       key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                       encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
           .sign(ca_key, hashes.SHA384()))
     key = ec.generate_private_key(ec.SECP384R1())
     # The SuperLink's own ServerApp process reaches it at 127.0.0.1 over the same TLS: named too.
@@ -126,7 +127,8 @@ def key_fingerprint(public_key_file: str | Path) -> str:
     try:
         key = serialization.load_ssh_public_key(path.read_bytes())
     except (ValueError, TypeError, UnsupportedAlgorithm):
-        raise ConfigError(f"{path} is not an OpenSSH public key (make one with `fedcontrast flower site-key`)") from None
+        raise ConfigError(f"{path} is not an OpenSSH public key "
+                          "(make one with `fedcontrast flower site-key`)") from None
     if not isinstance(key, ec.EllipticCurvePublicKey):
         raise ConfigError(f"{path} is not an EC public key; Flower's SuperNode keys are EC (P-384)")
     raw = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
@@ -158,8 +160,9 @@ def check_private_key_mode(private_key: Path) -> None:
     read it can connect as this site (one sentence with the mode and the fix)."""
     mode = private_key.stat().st_mode & 0o777
     if mode & 0o077:
-        raise ConfigError(f"this site's private key {private_key} has permissions {mode:04o}, which let "
-                          f"{'its group and others' if mode & 0o070 and mode & 0o007 else 'its group' if mode & 0o070 else 'others'} "
+        who = ("its group and others" if mode & 0o070 and mode & 0o007 else "its group" if mode & 0o070
+               else "others")
+        raise ConfigError(f"this site's private key {private_key} has permissions {mode:04o}, which let {who} "
                           f"use it (ssh refuses such keys too): run `chmod 600 {private_key}`, and if others could "
                           "read it, make a new key (`fedcontrast flower site-key`) and have the operator register it")
 
@@ -273,7 +276,8 @@ def register_site(folder: str | Path, public_key: str | Path, site: str) -> tupl
     answer = _last_json(done.stdout)
     if done.returncode != 0 or not answer.get("success"):
         reason = answer.get("error-message") or (done.stdout + done.stderr).strip().splitlines()[-1:] or ["?"]
-        raise ConfigError(f"the SuperLink did not register {site}'s key: {reason if isinstance(reason, str) else reason[0]}"
+        raise ConfigError(f"the SuperLink did not register {site}'s key: "
+                          f"{reason if isinstance(reason, str) else reason[0]}"
                           " (is `fedcontrast flower superlink` running?)")
     node_id = int(answer["node-id"])
     nodes[site] = {"node_id": node_id, "fingerprint": fingerprint,  # the key: peers check its secure-aggregation
@@ -350,7 +354,8 @@ def start_worker(address: tuple[str, str], threads: int) -> subprocess.Popen:
 # --- a site ------------------------------------------------------------------------------------------
 def supernode_command(*, superlink: str, ca: str | Path, key: str | Path, name: str, data: str | Path,
                       workdir: str | Path, public: str | Path | None = None, policy: str | Path | None = None,
-                      port: int = 9094, wait: float = 600.0, threads: int = 1, worker: tuple[str, str] | None = None) -> list[str]:
+                      port: int = 9094, wait: float = 600.0, threads: int = 1,
+                      worker: tuple[str, str] | None = None) -> list[str]:
     """The site's SuperNode, after checking that each file it names exists (one sentence each)."""
     for label, path in (("the federation's CA certificate (--ca)", ca), ("this site's private key (--key)", key),
                         ("this site's data folder (--data)", data), ("the public folder (--public)", public),

@@ -25,8 +25,8 @@ from typing import Any
 from ..config import site_names
 from ..errors import FedContrastError
 from ..privacy.secagg import Quantizer, SecureAggregationError
-from ..privacy.secagg_terms import checked_vector
 from ..privacy.secagg_protocol import PinnedKeys, SecAggSteps, session_digest, withdrawal
+from ..privacy.secagg_terms import checked_vector
 from ..tensors import InvalidUploadError
 from .console import say
 
@@ -142,7 +142,8 @@ def secure_round(server: Any, round_num: int, adverts: dict[str, bytes], site_ke
         messages = {s: server.message(s, SECAGG_MESSAGE, {
             "task": ConfigRecord({"round": round_num, "phase": phase}),
             "secagg": ConfigRecord({"payload": relay.answer(s, round_num, answer)})}, round_num + 1) for s in members}
-        replies = server.exchange(messages, server.round_timeout, f"round {round_num + 1}'s secure aggregation ({phase})")
+        replies = server.exchange(messages, server.round_timeout,
+                                  f"round {round_num + 1}'s secure aggregation ({phase})")
         for site, reply in replies.items():
             relay.receive(site, round_num, phase, bytes(reply.content["secagg"]["payload"]))
     for site, why in sorted(relay.blamed.items()):

@@ -268,7 +268,8 @@ class FlowerServer:
         app = flwr_app()
         rounds = self.config.rounds
         task = app.ConfigRecord({"round": rounds})
-        messages = {s: self.message(s, "evaluate", {"task": task, "received": to_array_record(self.downlink.for_site(s))},
+        messages = {s: self.message(s, "evaluate",
+                                    {"task": task, "received": to_array_record(self.downlink.for_site(s))},
                                     rounds + 1) for s in self.sites}
         replies = self.exchange(messages, self.round_timeout, "final evaluation")
         self.evaluation_rows(rounds, {s: json.loads(str(r.content["outcome"]["evaluation"]))

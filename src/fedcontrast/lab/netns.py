@@ -252,7 +252,8 @@ class NetnsLab:
             pass  # absent, or another lab raced us: it is that lab's to remove
         atexit.unregister(self.close)
         if problems:
-            warnings.warn(f"NetnsLab {self.prefix} could not remove: {', '.join(problems)}", RuntimeWarning)
+            warnings.warn(f"NetnsLab {self.prefix} could not remove: {', '.join(problems)}", RuntimeWarning,
+                          stacklevel=2)
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -118,7 +118,8 @@ def global_class_contrastive_loss(z: torch.Tensor, labels: torch.Tensor, class_r
     """
     check_temperature(temperature)
     if z.dim() != 2 or class_reps.dim() != 2 or z.shape[1] != class_reps.shape[1]:
-        raise ValueError(f"z (B, d) and class_reps (C, d) must share d, got {tuple(z.shape)} and {tuple(class_reps.shape)}")
+        raise ValueError(f"z (B, d) and class_reps (C, d) must share d, got {tuple(z.shape)} and "
+                         f"{tuple(class_reps.shape)}")
     mask = present.to(device=z.device, dtype=torch.bool)
     labels = labels.to(z.device)
     usable = mask[labels]  # (B,) samples whose class has a representation

@@ -42,7 +42,8 @@ def ensemble_similarity(matrices: Sequence[torch.Tensor], *, target_temperature:
         raise ValueError(f"similarity matrices must be square (N, N), got {shape}")
     for k, m in enumerate(matrices):
         if tuple(m.shape) != shape:
-            raise ValueError(f"all similarity matrices must have the same shape {shape}, matrix {k} has {tuple(m.shape)}")
+            raise ValueError(f"all similarity matrices must have the same shape {shape}, matrix {k} has "
+                             f"{tuple(m.shape)}")
     device = matrices[0].device
     total = torch.zeros(shape, dtype=torch.float64, device=device)
     for m in matrices:
@@ -80,7 +81,8 @@ def esd_loss(query: torch.Tensor, query_index: torch.Tensor, anchors: torch.Tens
                          f"{tuple(query_index.shape)} for {query.shape[0]} queries and "
                          f"{tuple(anchor_index.shape)} for {anchors.shape[0]} anchors")
     if query_index.dtype.is_floating_point or anchor_index.dtype.is_floating_point:
-        raise ValueError(f"query_index and anchor_index must be integer tensors, got {query_index.dtype} and {anchor_index.dtype}")
+        raise ValueError(f"query_index and anchor_index must be integer tensors, got {query_index.dtype} and "
+                         f"{anchor_index.dtype}")
     if target.dim() != 2 or target.shape[0] != target.shape[1]:
         raise ValueError(f"target must be a square (N, N) matrix, got {tuple(target.shape)}")
 

@@ -33,5 +33,6 @@ def history_loss(z_previous: torch.Tensor, z_local: torch.Tensor) -> torch.Tenso
     representation away from the one it had at the previous local update (epoch).
     Shapes: ``(B, d), (B, d) → ()``."""
     if z_previous.shape != z_local.shape:
-        raise ValueError(f"history_loss needs matching shapes, got {tuple(z_previous.shape)} and {tuple(z_local.shape)}")
+        raise ValueError(f"history_loss needs matching shapes, got {tuple(z_previous.shape)} and "
+                         f"{tuple(z_local.shape)}")
     return F.cosine_similarity(z_previous.detach(), z_local, dim=1).mean()

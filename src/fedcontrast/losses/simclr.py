@@ -22,7 +22,8 @@ def nt_xent(z1: torch.Tensor, z2: torch.Tensor, *, temperature: float = 0.5) -> 
     """
     check_temperature(temperature)
     if z1.dim() != 2 or z1.shape != z2.shape:
-        raise ValueError(f"nt_xent needs two views of the same shape (B, d), got {tuple(z1.shape)} and {tuple(z2.shape)}")
+        raise ValueError(f"nt_xent needs two views of the same shape (B, d), got {tuple(z1.shape)} and "
+                         f"{tuple(z2.shape)}")
     batch = z1.shape[0]
     if batch == 0:
         raise ValueError("nt_xent needs a batch of at least one sample, got an empty batch")

@@ -29,16 +29,31 @@ from . import aggregation, grpc_bounds
 from .grpc_bounds import certificate_name
 from .packing import PERSONAL_PACKED, pack
 from .plan import DEFAULT_ROUND_TIMEOUT, EVALUATE_TASK
-from .protocol import (FAILURE_EXIT_CODE, FAILURE_METRIC, FAILURE_SLEEP_CODE, MESSAGE_ALLOWANCE, STOP_GRACE_S, STOPPED,
-                       WAITING_NOTICE_S, FederationStopped)
+from .protocol import (
+    FAILURE_EXIT_CODE,
+    FAILURE_METRIC,
+    FAILURE_SLEEP_CODE,
+    MESSAGE_ALLOWANCE,
+    STOP_GRACE_S,
+    STOPPED,
+    WAITING_NOTICE_S,
+    FederationStopped,
+)
 from .records import RoundReport
-from .secure import SECAGG_TASK, SecureRounds, kind_of
 from .runner import PERSONAL_TAG
-from .startup_checks import (_check_collaborators, check_aggregator_plan, check_initial_model, check_tensor_db,
-                             declared_uploads, upload_limit)
+from .secure import SECAGG_TASK, SecureRounds, kind_of
+from .startup_checks import (
+    _check_collaborators,
+    check_aggregator_plan,
+    check_initial_model,
+    check_tensor_db,
+    declared_uploads,
+    upload_limit,
+)
 from .tls_log import HandshakeLog, StderrTap, enable_handshake_trace
 
-logger = logging.getLogger("fedcontrast.openfl.components")  # one logger for the plan's components, as log lines name it
+# one logger for the plan's components, as log lines name it
+logger = logging.getLogger("fedcontrast.openfl.components")
 
 
 # OpenFL calls Aggregator._get_sleep_time() through the class name, so a subclass override would be
@@ -81,7 +96,8 @@ class SafeAggregator(SecureRounds, Aggregator):
                 check_tensor_db(kwargs.get("persistent_db_path") or "tensor.db")
             # Every upload is bounded by the plugin's declaration before it is taken in (see _bounded_stream).
             self.max_upload_bytes = upload_limit(config, model_shape or {}, kwargs.get("assigner"))
-            # Secure aggregation: the relay between the sites (openfl/secure.py); the aggregation function sums through it.
+            # Secure aggregation: the relay between the sites (openfl/secure.py); the aggregation function
+            # sums through it.
             secure = config.secure_aggregation
             self.relay = None if secure is None else relay_for(site_names(config), secure, SumLayout.of(
                 *declared_uploads(config, model_shape or {}, kwargs.get("assigner")), secure))
@@ -89,7 +105,8 @@ class SafeAggregator(SecureRounds, Aggregator):
         except FedContrastError as exc:
             print(f"fedcontrast aggregator: error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
-        grpc_bounds.MAX_MESSAGE_BYTES = min(self.max_upload_bytes + MESSAGE_ALLOWANCE, grpc_common.MAX_MESSAGE_LENGTH_BYTES)
+        grpc_bounds.MAX_MESSAGE_BYTES = min(self.max_upload_bytes + MESSAGE_ALLOWANCE,
+                                            grpc_common.MAX_MESSAGE_LENGTH_BYTES)
         self.round_timeout = float(round_timeout) if round_timeout else None
         self.min_sites = min_sites
         if self.relay is not None:  # a site that withdraws counts against min_sites as a silent one does
@@ -101,7 +118,8 @@ class SafeAggregator(SecureRounds, Aggregator):
         aggregation.PERSONAL_DIR = report_dir
         self.round_started, self.round_open, self.quit_since = time.monotonic(), False, None
         try:
-            super().__init__(callbacks=callbacks, rounds_to_train=rounds_to_train + 1, **kwargs)  # + the evaluation round
+            # rounds_to_train + the evaluation round
+            super().__init__(callbacks=callbacks, rounds_to_train=rounds_to_train + 1, **kwargs)
         except sqlite3.Error as exc:
             path = kwargs.get("persistent_db_path") or "tensor.db"
             print(f"fedcontrast aggregator: error: the checkpoint database {path} cannot be used ({exc}); move it "
@@ -300,8 +318,9 @@ class SafeAggregator(SecureRounds, Aggregator):
 
     def refuse_certificate(self, name: str, context: Any) -> str | None:
         """Why the client certificate of this call may not be used as ``name`` (revoked, signed here for
-        another name, or not the one signed here for ``name``: :class:`fedcontrast.deploy.enrolment.EnrolledCertificates`), in
-        one sentence, also logged (once a minute per name and reason); None when it may."""
+        another name, or not the one signed here for ``name``:
+        :class:`fedcontrast.deploy.enrolment.EnrolledCertificates`), in one sentence, also logged (once a
+        minute per name and reason); None when it may."""
         enrolment = getattr(self, "enrolment", None)
         if enrolment is None or getattr(self, "single_col_cert_common_name", ""):
             return None  # no TLS under fx, or OpenFL's one shared collaborator certificate

@@ -7,8 +7,9 @@ import logging
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 import numpy as np
@@ -23,7 +24,8 @@ from .plan import DEFAULT_RECONNECT_INTERVAL_MAX, DEFAULT_WAIT_FOR_AGGREGATOR, c
 from .protocol import FAILURE_METRIC, FAILURE_SLEEP_CODE, SECAGG_REFUSED, STOPPED, WAITING_NOTICE_S
 from .startup_checks import check_settings_in_effect
 
-logger = logging.getLogger("fedcontrast.openfl.components")  # one logger for the plan's components, as log lines name it
+# one logger for the plan's components, as log lines name it
+logger = logging.getLogger("fedcontrast.openfl.components")
 
 def explain_rpc_error(error: grpc.RpcError, uri: str) -> tuple[str, bool]:
     """One sentence for a failed call to the aggregator, and whether retrying can help."""
@@ -126,8 +128,9 @@ class BoundedRetry:
             raise CollaboratorStopped(f"fedcontrast collaborator: error: {message} (gave up after "
                                       f"{self.max_attempts} retries)")
         if elapsed >= self.wait:
-            raise CollaboratorStopped(f"fedcontrast collaborator: error: {message} (gave up after {_duration(elapsed)}: "
-                                      f"the plan's wait_for_aggregator is {_duration(self.wait)})")
+            raise CollaboratorStopped(f"fedcontrast collaborator: error: {message} (gave up after "
+                                      f"{_duration(elapsed)}: the plan's wait_for_aggregator is "
+                                      f"{_duration(self.wait)})")
         if self.failures == 1:
             logger.warning("%s; trying again for up to %s (the plan's wait_for_aggregator)", message,
                            _duration(self.wait))
@@ -224,7 +227,8 @@ class SafeCollaborator(Collaborator):
             try:
                 self.task_runner.secure_channel = OpenFLChannel(self)
             except (FedContrastError, OSError, ValueError) as exc:
-                raise CollaboratorStopped(f"fedcontrast collaborator: error: secure aggregation cannot start: {exc}") from None
+                raise CollaboratorStopped("fedcontrast collaborator: error: "
+                                          f"secure aggregation cannot start: {exc}") from None
 
     # A copy of OpenFL 1.9's Collaborator.run (it has no hook for these): the same loop, except three
     # places marked "added"/"changed" — a quit with FAILURE_SLEEP_CODE ends this site with the reason,
@@ -270,7 +274,8 @@ class SafeCollaborator(Collaborator):
             where = ""
         try:
             key = TensorKey(FAILURE_METRIC, self.collaborator_name, round_number, True, ("metric",))
-            self.client.send_local_task_results(round_number, name, -1, [self.nparray_to_named_tensor(key, np.array(1.0))])
+            self.client.send_local_task_results(round_number, name, -1,
+                                                [self.nparray_to_named_tensor(key, np.array(1.0))])
         except (Exception, CollaboratorStopped):  # the aggregator may be gone, or stopped already: this site's own
             # failure is what it reports (a gone aggregator's round timeout covers the rest)
             logger.debug("could not tell the aggregator about the failure", exc_info=True)

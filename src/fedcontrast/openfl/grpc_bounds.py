@@ -12,7 +12,8 @@ from openfl.transport.grpc import common as grpc_common
 
 from .protocol import FederationStopped
 
-logger = logging.getLogger("fedcontrast.openfl.components")  # one logger for the plan's components, as log lines name it
+# one logger for the plan's components, as log lines name it
+logger = logging.getLogger("fedcontrast.openfl.components")
 
 
 # --- uploads bounded while they stream in -------------------------------------------------------

@@ -66,11 +66,12 @@ def failure_reason(log_path: Path) -> str:
     """The last line a fedcontrast component wrote as an error, else the log's last line."""
     if not log_path.exists():
         return "no log was written"
-    lines = [l.strip() for l in log_path.read_text(errors="replace").splitlines() if l.strip()]
+    lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
     for line in reversed(lines):
         if "fedcontrast" in line and "error:" in line:
             return line.split("error:", 1)[1].strip()
-    if lines and lines[-1].startswith("KeyError:") and any("cols_data_paths[collaborator_name]" in l for l in lines):
+    if (lines and lines[-1].startswith("KeyError:")
+            and any("cols_data_paths[collaborator_name]" in line for line in lines)):
         name = lines[-1].split(":", 1)[1].strip().strip("'\"")  # OpenFL found no data line for this name
         return (f"plan/data.yaml has no line for collaborator {name}: add one ({name},PATH to its data), e.g. "
                 "with `fedcontrast site join`")
@@ -179,8 +180,9 @@ def check_records(ws: Path, records: list[dict[str, Any]], rounds: int) -> None:
     if [r["round"] for r in records] != list(range(1, rounds + 1)) or lost:
         which = f"round(s) {', '.join(map(str, lost))}" if lost else "some rounds"
         raise FederationFailed(f"the federation ran to its end, but the aggregator never wrote the results of {which} "
-                               f"(the model export and record failed, e.g. on a full disk; see {ws / 'logs' / 'aggregator.log'}), "
-                               f"so {ws / 'save'} does not hold the final model: run the federation afresh with --overwrite")
+                               "(the model export and record failed, e.g. on a full disk; see "
+                               f"{ws / 'logs' / 'aggregator.log'}), so {ws / 'save'} does not hold the final model: "
+                               "run the federation afresh with --overwrite")
 
 
 def site_curves(records: list[dict[str, Any]], key: str = "accuracy") -> dict[str, list[float | None]]:
@@ -211,7 +213,8 @@ def format_round(record: dict[str, Any]) -> str:
         parts.append(f"without {', '.join(record['absent'])}")
     if record.get("not_evaluated"):  # RoundReport.write_record: a site whose evaluation of the model is not in it
         missing = ", ".join(record["not_evaluated"])
-        parts.append(f"incomplete: the federation stopped before {missing} evaluated this model" if record.get("incomplete")
+        parts.append(f"incomplete: the federation stopped before {missing} evaluated this model"
+                     if record.get("incomplete")
                      else f"not evaluated by {missing} (no answer in time)")
     return "  ".join(parts)
 

@@ -57,7 +57,8 @@ def pack(tensors: Mapping[str, torch.Tensor], specs: Sequence[TensorSpec]) -> np
     return payload.numpy().view(np.float32).copy()
 
 
-def unpack(vector: np.ndarray, specs: Sequence[TensorSpec], *, sender: str = "the aggregator") -> dict[str, torch.Tensor]:
+def unpack(vector: np.ndarray, specs: Sequence[TensorSpec], *,
+           sender: str = "the aggregator") -> dict[str, torch.Tensor]:
     """Split a packed vector back into the declared tensors (shapes and dtypes restored).
 
     A vector of the wrong length, or with NaN/inf values in a floating-point tensor, raises

@@ -26,7 +26,8 @@ from .packing import GLOBAL_PACKED, unpack
 from .plan import EVALUATE_TASK
 from .runner import EVAL_SAMPLES, WEIGHT_METRIC
 
-logger = logging.getLogger("fedcontrast.openfl.components")  # one logger for the plan's components, as log lines name it
+# one logger for the plan's components, as log lines name it
+logger = logging.getLogger("fedcontrast.openfl.components")
 
 ROUNDS_FILE = "rounds.jsonl"
 PENDING_FILE = "round_pending.json"  # the next record's training half, kept across an aggregator restart
@@ -191,7 +192,8 @@ class RoundReport(Callback):
         if self.pending.get("round") != last["round"]:  # no pending file of that round: its training half
             self.pending = training_half(last)
         logger.info("round %d's record is incomplete (the federation stopped before %s evaluated its model): the "
-                    "resumed round writes it whole", last["round"], ", ".join(last.get("not_evaluated", [])) or "every site")
+                    "resumed round writes it whole", last["round"], ", ".join(last.get("not_evaluated", [])) or "every "
+                                                                                                                "site")
 
     def note_sent(self, round_num: int, site: str, task: str, names: list[str]) -> None:
         """``site`` sent its results of ``task`` in OpenFL round ``round_num``, with these metrics."""
@@ -250,7 +252,8 @@ class RoundReport(Callback):
         aggregation.LOCAL_MODELS.clear()
         training = site_metrics(self.tensor_db.tensor_db, round_num, self.sites, self.tasks)
         record["sites"] = {site: {"samples": m.get("", {}).get("samples"),
-                                  "training": {f"{t}_{k}": v for t in self.algorithm.tasks for k, v in m.get(t, {}).items()}}
+                                  "training": {f"{t}_{k}": v for t in self.algorithm.tasks
+                                               for k, v in m.get(t, {}).items()}}
                            for site, m in sorted(training.items())}
         withheld = self.withheld(round_num, self.algorithm.tasks)
         if withheld:  # sites may release different metrics (their policies): who kept which
@@ -334,7 +337,8 @@ def training_half(record: dict[str, Any]) -> dict[str, Any]:
             if k not in ("site_accuracy", "time", "incomplete", "not_evaluated", "withheld")}
     sites = {s: {k: v for k, v in values.items() if k != "evaluation"} for s, values in record.get("sites", {}).items()}
     half["sites"] = {s: values for s, values in sites.items() if values}
-    withheld = {s: [n for n in names if metric_kind(n) != "evaluation"] for s, names in record.get("withheld", {}).items()}
+    withheld = {s: [n for n in names if metric_kind(n) != "evaluation"]
+                for s, names in record.get("withheld", {}).items()}
     if any(withheld.values()):
         half["withheld"] = {s: names for s, names in withheld.items() if names}
     return half

@@ -18,8 +18,15 @@ from openfl.utilities import TensorKey
 from ..algorithms import ServerContext, SiteContext
 from ..atomic import atomic_torch_save
 from ..config import RunConfig
-from ..construction import (attach_public, build_algorithm, initial_model, server_seed, site_index, site_privacy,
-                            task_seed)
+from ..construction import (
+    attach_public,
+    build_algorithm,
+    initial_model,
+    server_seed,
+    site_index,
+    site_privacy,
+    task_seed,
+)
 from ..devices import resolve_device
 from ..errors import CheckpointError, ConfigError, FedContrastError
 from ..site.report import REPORT_DIR, SiteReport, snapshot, write_final_model
@@ -254,7 +261,8 @@ class PluginTaskRunner(TaskRunner):
             from ..site.checks import CollaboratorStopped
 
             raise CollaboratorStopped(f"fedcontrast collaborator: error: another collaborator process named {col_name} "
-                                      f"is running in this workspace (pid {pid}); stop it before starting this one") from None
+                                      f"is running in this workspace (pid {pid}); "
+                                      "stop it before starting this one") from None
         lock.seek(0)
         lock.truncate()
         lock.write(f"{os.getpid()}\n")

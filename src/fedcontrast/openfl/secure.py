@@ -77,7 +77,8 @@ def message_payload(aggregator: Any, collaborator: str, named_tensors: Any) -> b
         _, array = aggregator.tensor_codec.decompress(key, data=named.data_bytes, transformer_metadata=metadata,
                                                       require_lossless=True)
     except Exception as exc:  # whatever the codec raises on bytes that are not its own
-        raise SecureAggregationError(f"site {collaborator}'s secure-aggregation message cannot be decoded ({exc})") from None
+        raise SecureAggregationError(f"site {collaborator}'s secure-aggregation message "
+                                     f"cannot be decoded ({exc})") from None
     return from_words(array, f"site {collaborator}")
 
 
@@ -111,7 +112,8 @@ class CertificateKeys:
             cert = x509.load_pem_x509_certificate(pem.encode())
             name = identity(cert, f"site {site}'s certificate")
         except (ValueError, ConfigError) as exc:
-            raise SecureAggregationError(f"site {site}'s certificate cannot be read ({exc}); its keys are refused") from None
+            raise SecureAggregationError(f"site {site}'s certificate cannot be read ({exc}); "
+                                         "its keys are refused") from None
         if not signed_by(cert, self.authorities):
             raise SecureAggregationError(f"site {site}'s certificate is not signed by the federation's CA: its "
                                          "key-agreement keys are refused (keys swapped on the way?)")
@@ -239,7 +241,8 @@ class SecureRounds:
             self._fail(f"{exc} (the plan's round_timeout is {self.round_timeout:.0f} s)")
             return True
         logger.warning("round %d: no %s message from %s within %.0f s; the secure sum goes on without them "
-                       "(min_sites %s)", self.round_number, phase, ", ".join(dropped), self.round_timeout, self.min_sites)
+                       "(min_sites %s)", self.round_number, phase, ", ".join(dropped), self.round_timeout,
+                       self.min_sites)
         self.absent |= set(dropped)
         self.round_started = time.monotonic()
         self.end_secure_round()

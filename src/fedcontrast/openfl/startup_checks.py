@@ -20,7 +20,8 @@ from . import aggregation
 from .packing import GLOBAL_PACKED, packed_size
 from .protocol import UPLOAD_MARGIN
 
-logger = logging.getLogger("fedcontrast.openfl.components")  # one logger for the plan's components, as log lines name it
+# one logger for the plan's components, as log lines name it
+logger = logging.getLogger("fedcontrast.openfl.components")
 
 def _check_collaborators(config: RunConfig, authorized: list[str], min_sites: int | None) -> None:
     """The aggregator admits exactly the plan's sites, each once (a site's index, e.g. FedPCL's

@@ -355,11 +355,13 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
     code = code_lines(config.algorithm, read_requirements(workspace / "requirements.txt") if workspace else None)
     from ..site.templates import template_problems
 
-    return AuditReport(code=code, foreign_code=template_problems(plan, "the plan"), source=source, algorithm=config.algorithm, tasks=tuple(algorithm.tasks), rounds=rounds,
+    return AuditReport(code=code, foreign_code=template_problems(plan, "the plan"), source=source,
+                       algorithm=config.algorithm, tasks=tuple(algorithm.tasks), rounds=rounds,
                        delta=config.privacy.delta if config.privacy else None,
                        accountant=config.privacy.accountant if config.privacy else None,
                        mechanisms=mechanism_lines or ["none"], guarantee=guarantee, tensors=tensors, sites=lines,
-                       tls=bool(network.get("use_tls", True)), client_auth=bool(network.get("require_client_auth", True)),
+                       tls=bool(network.get("use_tls", True)),
+                       client_auth=bool(network.get("require_client_auth", True)),
                        certificates=certs, class_minimum=minimum, guarantee_kind=kind,
                        releases=releases, secure_noise=_secure_noise(config), here=here,
                        secure_sum_sites=secure_sites, secure_terms=terms, plan_sites=site_names(config),

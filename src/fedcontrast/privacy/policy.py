@@ -105,7 +105,8 @@ class SitePolicy:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"policy {path} has unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise ConfigError(f"policy {path} has unknown setting(s) {', '.join(unknown)}; known: "
+                              f"{', '.join(sorted(known))}")
         return cls(**data)
 
 

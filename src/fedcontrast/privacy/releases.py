@@ -94,7 +94,8 @@ def describe_releases(config: Any, algorithm: Any, tensors: list, choices: Relea
                             "covered", f"n + N(0, σ²), σ = {config.privacy.count_noise_multiplier:g}, released in "
                                        "the first round and reused (accounted once)")
     if secure_sites is not None:  # not sent on its own: inside the sum, or not at all
-        count = dataclasses.replace(count, seen=summed if weight_in_sum else "not sent (the secure sum does not use it)")
+        count = dataclasses.replace(count, seen=summed if weight_in_sum else "not sent (the secure sum does not use "
+                                                                             "it)")
     lines.append(count)
     for task in algorithm.tasks:
         names = algorithm.task_metrics.get(task, ())

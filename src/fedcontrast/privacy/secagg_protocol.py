@@ -132,8 +132,10 @@ class PinnedKeys:
                                          "way, or a site that changed its key without telling the others)")
         if pinned is None:
             if self.required:
-                raise SecureAggregationError(f"site {site}'s key ({seen}) is not pinned in this site's policy (peers:), "
-                                             "which requires secure aggregation: nothing is shared with it (confirm its "
+                raise SecureAggregationError(f"site {site}'s key ({seen}) is not pinned in this site's policy "
+                                             "(peers:), "
+                                             "which requires secure aggregation: nothing is shared with it (confirm "
+                                             "its "
                                              "fingerprint with that site, e.g. by phone, and add it under peers:)")
             self.unpinned.add(site)
         return key
@@ -166,7 +168,8 @@ class SecAggSteps:
         if name not in sites:
             raise SecureAggregationError(f"site {name} is not a site of this plan ({', '.join(sites)})")
         if not minimum_threshold(len(sites)) <= threshold <= len(sites):
-            raise SecureAggregationError(f"the plan's secure-aggregation threshold {threshold} of {len(sites)} sites is "
+            raise SecureAggregationError(f"the plan's secure-aggregation threshold {threshold} of {len(sites)} sites "
+                                         "is "
                                          f"outside {minimum_threshold(len(sites))}..{len(sites)}: below a majority an "
                                          "operator that lies could unmask this site; this site takes no part")
         self.plan_sites, self.threshold = list(sites), threshold
@@ -194,7 +197,8 @@ class SecAggSteps:
         if self.name not in names:
             raise SecureAggregationError(f"the aggregator left this site ({self.name}) out of {self._round()}'s {what}")
         if len(names) < self.threshold:
-            raise SecureAggregationError(f"the aggregator's {what} of {self._round()} has {len(names)} sites, fewer than "
+            raise SecureAggregationError(f"the aggregator's {what} of {self._round()} has {len(names)} sites, fewer "
+                                         "than "
                                          f"the threshold {self.threshold}: refused, nothing more is sent (fewer would "
                                          "let it unmask a single site)")
         return [s for s in within if s in names]  # in the plan's order
@@ -227,7 +231,8 @@ class SecAggSteps:
         self.u2 = self._members(_names(mine["peers"], "the aggregator's list of sites that shared"), self.u1,
                                 "list of sites that shared keys")
         if set(mine["boxes"]) != set(self.u2) - {self.name}:
-            raise SecureAggregationError(f"the aggregator's shares for {self.name} do not match {self._round()}'s sites")
+            raise SecureAggregationError(f"the aggregator's shares for {self.name} do not match {self._round()}'s "
+                                         "sites")
         self.site.receive({p: _unb64(b, BOX_BYTES, f"the shares from {p}") for p, b in mine["boxes"].items()})
         return self.site.mask(self.vector, self.quantizer, self.u2).tobytes()
 

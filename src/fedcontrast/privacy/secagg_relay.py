@@ -15,8 +15,18 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric import x25519
 
 from .secagg import Quantizer, SecAggSite, SecureAggregationError, _combine, commitment, prg, s_public
-from .secagg_protocol import (ANSWERS, BOX_BYTES, KEY_BYTES, MAX_REASON, MAX_SIGNATURE, PHASES, SHARE_BYTES,
-                              _json, _unb64, check_advert)
+from .secagg_protocol import (
+    ANSWERS,
+    BOX_BYTES,
+    KEY_BYTES,
+    MAX_REASON,
+    MAX_SIGNATURE,
+    PHASES,
+    SHARE_BYTES,
+    _json,
+    _unb64,
+    check_advert,
+)
 from .secagg_terms import SumLayout
 
 
@@ -58,12 +68,14 @@ def rebuild(target: str, what: str, shares: list[tuple[str, int, bytes]], thresh
             break
     if good is None or secret is None:
         raise SecureAggregationError(
-            f"the {m} shares of site {target}'s {what} from {', '.join(sorted(s for s, _, _ in shares))} do not rebuild "
+            f"the {m} shares of site {target}'s {what} from {', '.join(sorted(s for s, _, _ in shares))} do not "
+            "rebuild "
             f"what {target} committed to, and no {threshold} of them do (a garbage share; with more than {threshold} "
             "shares its sender is named): the round ends without a sum")
     base = good[:-1]
     bad = {sender: f"its share of site {target}'s {what} does not match what {target} committed to; left out"
-           for sender, i, share in shares if (sender, i, share) not in good and checked(base + [(sender, i, share)]) is None}
+           for sender, i, share in shares
+           if (sender, i, share) not in good and checked(base + [(sender, i, share)]) is None}
     return secret, bad
 
 
@@ -90,8 +102,8 @@ def unmask(masked: dict[str, np.ndarray], reveals: dict[str, dict[str, tuple[str
                       if target == site and k == kind]
             advert = adverts[site]
             if survived:
-                check = (lambda secret, a=advert: "commit" not in a or commitment(secret) == a["commit"])
-                secret, bad = rebuild(site, "self-mask seed", shares, threshold, check)
+                secret, bad = rebuild(site, "self-mask seed", shares, threshold,
+                                      lambda secret, a=advert: "commit" not in a or commitment(secret) == a["commit"])
             else:
                 secret, bad = rebuild(site, "pairwise-mask key", shares, threshold,
                                       lambda secret, a=advert: s_public(secret) == a["s_pk"])
@@ -159,7 +171,8 @@ class SecAggRelay:
                 raise SecureAggregationError(f"site {site} sent a secure-aggregation {kind} message in round "
                                              f"{round_num + 1} where {expected} was expected; refused")
             if site not in self.members[self.phase]:
-                raise SecureAggregationError(f"site {site} is not a member of round {round_num + 1}'s secure aggregation")
+                raise SecureAggregationError(f"site {site} is not a member of round {round_num + 1}'s secure "
+                                             "aggregation")
             if site in self.received[self.phase]:
                 raise SecureAggregationError(f"site {site} sent its {kind} message of round {round_num + 1} twice")
             message = getattr(self, f"_check_{kind}")(site, payload)
@@ -241,7 +254,8 @@ class SecAggRelay:
         self.members.append(present)
         self.phase += 1
         if self.phase == len(PHASES):
-            adverts = {s: {"s_pk": _unb64(a["s_pk"], KEY_BYTES, "a key"), "commit": _unb64(a["commit"], KEY_BYTES, "a key")}
+            adverts = {s: {"s_pk": _unb64(a["s_pk"], KEY_BYTES, "a key"), "commit": _unb64(a["commit"], KEY_BYTES, "a "
+                                                                                                                   "key")}
                        for s, a in self.received[0].items()}
             masked = {s: self.received[2][s] for s in self.members[3]}
             cpu = time.process_time()
@@ -263,7 +277,8 @@ class SecAggRelay:
         boxes = _json(payload, f"site {site}", "boxes")
         peers = {s for s in self.members[1] if s != site}
         if not isinstance(boxes, dict) or set(boxes) != peers:
-            raise SecureAggregationError(f"site {site} sent shares for {sorted(boxes) if isinstance(boxes, dict) else '?'}"
+            raise SecureAggregationError(f"site {site} sent shares for "
+                                         f"{sorted(boxes) if isinstance(boxes, dict) else '?'}"
                                          f", not for exactly its peers {sorted(peers)}")
         for peer, box in boxes.items():
             try:

@@ -76,7 +76,8 @@ def secure_sum(vectors: dict[str, np.ndarray], settings: Any, round_num: int, *,
         if relay.open and PHASES.index(kind) == relay.phase:
             relay.close()
         if step is not None:
-            payloads = {n: at(n, lambda n=n: getattr(steps[n], step)(relay.answer(n, round_num, answer)))
+            payloads = {n: at(n, lambda n=n, step=step, answer=answer:
+                              getattr(steps[n], step)(relay.answer(n, round_num, answer)))
                         for n in payloads if n not in relay.dropped}
     total = relay.total(round_num)
     plain = next(iter(vectors.values())).size * 4

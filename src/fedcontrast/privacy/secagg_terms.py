@@ -35,7 +35,8 @@ def check_precision(algorithm: Any, settings: Any, sites: int, min_samples: int)
     if error > MAX_MEAN_ERROR:
         fix = ("set secure_aggregation.bits: 64" if settings.bits == 32 else "lower secure_aggregation.clip")
         raise SecureAggregationError(
-            f"secure_aggregation with clip {settings.clip:g}, max_samples {settings.max_samples:g} and a {settings.bits}-bit "
+            f"secure_aggregation with clip {settings.clip:g}, max_samples {settings.max_samples:g} and a "
+            f"{settings.bits}-bit "
             f"ring over {sites} sites leaves {quantizer.frac_bits} fractional bits (step {quantizer.step:.3g}): the "
             f"averaged model could be off by {error:.3g} per value for sites of {min_samples} samples (at most "
             f"{MAX_MEAN_ERROR:g} is allowed); {fix}, lower the clip, or lower max_samples towards the largest "
@@ -56,7 +57,8 @@ def unflatten_terms(total: np.ndarray, layout: dict[str, tuple[int, ...]], scale
         out[k] = torch.from_numpy(total[offset:offset + size].reshape(layout[k]) * scale)
         offset += size
     if offset != total.size:
-        raise SecureAggregationError(f"the secure sum has {total.size} values where the plugin's terms declare {offset}")
+        raise SecureAggregationError(f"the secure sum has {total.size} values where the plugin's terms declare "
+                                     f"{offset}")
     return out
 
 

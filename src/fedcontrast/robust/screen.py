@@ -20,8 +20,15 @@ from ..errors import FedContrastError
 from ..tensors import InvalidUploadError
 from .blame import BLAME_WINDOW, Move, _cosine_to, _non_finite, _round_spans, abnormal_move, all_rejected_hint
 from .replay import NEAR_REPLAY, nearest, upload_sketch
-from .updates import (_reference_norm, _shared_weight_names, _update_norm, _weight_names, clip_update, update_cosines,
-                      update_spreads)
+from .updates import (
+    _reference_norm,
+    _shared_weight_names,
+    _update_norm,
+    _weight_names,
+    clip_update,
+    update_cosines,
+    update_spreads,
+)
 
 logger = logging.getLogger("fedcontrast.robust")  # the package's name: one logger for the screen, as before
 
@@ -91,7 +98,8 @@ class UploadScreen:
         if isinstance(bound, Mapping):
             if site not in bound:  # a plan's mapping names every site (RunConfig); anything else is not bounded here
                 raise RejectedUpload(f"site {site!r} has no bound in the plan's max_samples mapping (it names "
-                                     f"{', '.join(map(str, bound))}), so its claimed samples cannot be checked; rejected")
+                                     f"{', '.join(map(str, bound))}), so its claimed samples cannot be checked; "
+                                     "rejected")
             bound = bound[site]
         return None if bound is None else float(bound)
 
@@ -352,7 +360,8 @@ class UploadScreen:
                 state.update(copy.deepcopy(saved))
             candidate = aggregate(rest, {s: weights[s] for s in rest})
             if _finite(candidate.global_tensors) and all(_finite(t) for t in candidate.personal.values()):
-                reason = (f"round {round_num}: site {site!r}'s upload made the aggregated global model non-finite (NaN or infinite "
+                reason = (f"round {round_num}: site {site!r}'s upload made the aggregated global model non-finite (NaN "
+                          "or infinite "
                           f"values; its largest value {_magnitude(uploads[site]):.3g}); rejected")
                 self.note_move(round_num, rest, weights, candidate.global_tensors)
                 return candidate, {site: reason}

@@ -112,8 +112,10 @@ def _write_table(out: Path, table: list[dict[str, Any]], reference: str, ref_fin
     for row in table:
         reach = row[key]
         reach_s = f"{reach:.1f}" if reach is not None else (
-            f">{rounds} (per seed: {', '.join('-' if r is None else str(r) for r in row['rounds_to_reference_per_seed'])})")
-        lines.append(f"| {row['algorithm']} | {100 * row['final_accuracy_mean']:.2f} ± {100 * row['final_accuracy_std']:.2f} % "
+            f">{rounds} (per seed: "
+            f"{', '.join('-' if r is None else str(r) for r in row['rounds_to_reference_per_seed'])})")
+        lines.append(f"| {row['algorithm']} | {100 * row['final_accuracy_mean']:.2f} ± "
+                     f"{100 * row['final_accuracy_std']:.2f} % "
                      f"| {100 * row['best_accuracy_mean']:.2f} ± {100 * row['best_accuracy_std']:.2f} % "
                      f"| {reach_s} | {row['wall_time_s_mean']:.1f} s |")
     (out / "compare.md").write_text("\n".join(lines) + "\n")

@@ -15,12 +15,29 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..algorithms import (Downlink, InvalidUploadError, ServerContext, SiteContext, load_weights, nbytes,
-                           validate_uploads)
+from ..algorithms import (
+    Downlink,
+    InvalidUploadError,
+    ServerContext,
+    SiteContext,
+    load_weights,
+    nbytes,
+    validate_uploads,
+)
 from ..algorithms.base import WEIGHT_PREFIX
 from ..config import RunConfig, site_names
-from ..construction import (attach_public, build_algorithm, derive_seed, initial_model, load_splits, partition,
-                            server_seed, site_privacy, task_seed, upload_screen)
+from ..construction import (
+    attach_public,
+    build_algorithm,
+    derive_seed,
+    initial_model,
+    load_splits,
+    partition,
+    server_seed,
+    site_privacy,
+    task_seed,
+    upload_screen,
+)
 from ..devices import resolve_device
 from ..errors import ConfigError
 from ..evaluation import linear_probe, local_model_accuracy

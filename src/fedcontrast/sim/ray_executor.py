@@ -225,8 +225,10 @@ class RayExecutor:
         if self.config_of is not federation.config:  # `compare` runs several configurations on one executor
             self.config_ref, self.config_of = ray.put(federation.config.to_dict()), federation.config
         received = ray.put(pack(federation.downlink.global_tensors))
-        send = lambda group, isolated=False: self._submit(federation, group, round_num, received,
-                                                         isolated=isolated)
+
+        def send(group, isolated=False):
+            return self._submit(federation, group, round_num, received, isolated=isolated)
+
         pending = {send(group): group for group in plan_tasks(sites, TASKS_PER_SLOT * self.slots)}
         return {"pending": pending, "send": send, "sites": len(sites), "round": round_num,
                 "device": federation.device, "start": time.perf_counter()}

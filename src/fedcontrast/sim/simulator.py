@@ -15,8 +15,15 @@ import yaml
 from ..atomic import atomic_write_text
 from ..config import RunConfig
 from ..errors import CheckpointError, ConfigError
-from ..outputs import (GLOBAL_SITE, TensorBoardLog, build_summary, plot_curves, test_accuracy_curve, write_json,
-                       write_metrics_csv)
+from ..outputs import (
+    GLOBAL_SITE,
+    TensorBoardLog,
+    build_summary,
+    plot_curves,
+    test_accuracy_curve,
+    write_json,
+    write_metrics_csv,
+)
 from .checkpoint import load_checkpoint, save_checkpoint
 from .federation import Federation
 
@@ -88,7 +95,8 @@ def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = Fal
         own = executor is None
         federation.executor = make_executor(config, progress=site_progress_for(progress)) if own else executor
         try:
-            return _run_rounds(config, run_dir, federation, checkpoint, progress, stop_after)  # a full disk: OutputError
+            # a full disk: OutputError
+            return _run_rounds(config, run_dir, federation, checkpoint, progress, stop_after)
         finally:
             if own:
                 federation.executor.close()

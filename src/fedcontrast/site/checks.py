@@ -34,7 +34,8 @@ def enforce_site_policy(config: RunConfig, network: dict[str, Any] | None, model
     try:
         policy = SitePolicy.from_yaml(path) if path is not None else None
     except FedContrastError as exc:
-        raise CollaboratorStopped(f"fedcontrast collaborator: error: cannot check this site's policy {path}: {exc}") from None
+        raise CollaboratorStopped("fedcontrast collaborator: error: "
+                                  f"cannot check this site's policy {path}: {exc}") from None
     if policy is None:  # TLS and client authentication are required without a policy too (a policy checks them below)
         refused = transport_problems({"network": {"settings": network or {}}}, None, "the plan")
         if refused:
@@ -51,7 +52,8 @@ def enforce_site_policy(config: RunConfig, network: dict[str, Any] | None, model
                             policy=policy)
         violations = check_policy(report, policy)
     except FedContrastError as exc:
-        raise CollaboratorStopped(f"fedcontrast collaborator: error: cannot check this site's policy {path}: {exc}") from None
+        raise CollaboratorStopped("fedcontrast collaborator: error: "
+                                  f"cannot check this site's policy {path}: {exc}") from None
     if violations:
         raise CollaboratorStopped(f"fedcontrast collaborator: error: this site's policy {path} refuses the plan "
                                   f"before any data is read: {'; '.join(violations)}")

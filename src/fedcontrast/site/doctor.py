@@ -42,7 +42,8 @@ def site_name(workspace: Path, name: str | None) -> str:
         return name
     names = list(data_lines(workspace))
     if len(names) != 1:
-        raise ConfigError(f"{workspace / 'plan' / 'data.yaml'} names {len(names)} sites ({', '.join(names) or 'none'}); "
+        raise ConfigError(f"{workspace / 'plan' / 'data.yaml'} names {len(names)} sites "
+                          f"({', '.join(names) or 'none'}); "
                           "say which one this is with --name")
     return names[0]
 
@@ -120,7 +121,8 @@ def check_code(ws: Path, plan: dict, config: RunConfig) -> Check:
     found = code_files(ws, limit=3)
     if found:
         return Check("code", FAIL, f"the workspace holds Python code ({', '.join(map(str, found))}), which fx would "
-                                   "import before the installed packages; remove it and ask the operator why it was sent")
+                                   "import before the installed packages; remove it and ask the operator why it was "
+                                   "sent")
     problems = template_problems(plan, "plan/plan.yaml")
     if problems:
         return Check("code", FAIL, "; ".join(problems) + "; refuse this plan and tell the operator")

@@ -182,7 +182,8 @@ def _load(path: Path) -> Any:
     except FileNotFoundError:
         raise CheckpointError(f"{path} does not exist (a site writes it in the federation's final round)") from None
     except Exception as exc:
-        raise CheckpointError(f"{path} cannot be read ({type(exc).__name__}); it is not a final model a site wrote") from None
+        raise CheckpointError(f"{path} cannot be read ({type(exc).__name__}); "
+                              "it is not a final model a site wrote") from None
 
 
 def load_final_model(folder: str | Path) -> tuple[torch.nn.Module, RunConfig, dict[str, Any]]:
