@@ -177,3 +177,24 @@ def test_the_audit_says_who_sees_what_and_a_site_policy_can_require_secure_aggre
     stricter = SitePolicy(require_secure_aggregation=True, min_secure_sites=4, peers=pins)
     assert any("sums of 3 sites, fewer than the policy's min_secure_sites 4" in v
                for v in check_policy(secure, stricter))
+
+
+@pytest.mark.parametrize("n,t", [(3, 2), (10, 7), (50, 34)])
+def test_combining_shares_equals_pycryptodomes_shamir_combine_for_any_subset(n, t):
+    """The unmasking rebuilds secrets with Lagrange weights cached per index set: the same secret as
+    pycryptodome's own Shamir.combine, half by half, for several subsets of the shares."""
+    import os
+
+    from Crypto.Protocol.SecretSharing import Shamir
+
+    from fedcontrast.privacy.secagg import _split
+
+    rng = np.random.default_rng(n)
+    secret = os.urandom(32)
+    shares = _split(secret, t, n)
+    for _ in range(3):
+        subset = [shares[i] for i in sorted(rng.choice(n, size=t, replace=False))]
+        reference = b"".join(Shamir.combine([(i, s[h:h + 16]) for i, s in subset]) for h in (0, 16))
+        assert _combine(subset) == reference == secret
+    wrong = [(i, bytes(32)) if k == 0 else (i, s) for k, (i, s) in enumerate(shares[:t])]
+    assert _combine(wrong) != secret  # one bad share changes the result
