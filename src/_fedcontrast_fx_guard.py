@@ -24,7 +24,7 @@ import sys
 
 PLAN_MODULE = "openfl.federated.plan.plan"
 _state = {"argv_checked": False}
-_checked = set()  # (party, cwd, plan, data config, name) already checked in this process
+_checked: set[tuple] = set()  # (party, cwd, plan, data config, name) already checked in this process
 
 
 def _starting(argv):
@@ -76,7 +76,7 @@ def _check(party, argv, plan):
         except Exception:  # left to fx and fedcontrast's aggregator, which say it themselves
             return
         try:
-            guard_aggregator_start(argv, os.getcwd()) if plan is None else guard_aggregator_plan(*plan, os.getcwd())
+            guard_aggregator_start(argv, os.getcwd()) if plan is None else guard_aggregator_plan(plan[0], os.getcwd())
         except FedContrastError as exc:
             _refuse_or_raise(party, exc, plan)
         except Exception:  # anything else is left to fx and fedcontrast's aggregator, which say it themselves
@@ -91,7 +91,8 @@ def _check(party, argv, plan):
         if plan is None:
             guard_collaborator_start(argv, os.getcwd())
         else:
-            guard_collaborator_plan(*plan, os.getcwd())
+            plan_path, data_path, name, built = plan
+            guard_collaborator_plan(plan_path, data_path, name, built, os.getcwd())
     except FedContrastError as exc:
         _refuse_or_raise(party, exc, plan)
     except Exception as exc:
@@ -189,7 +190,7 @@ class _OpenFLGuard:
 
             spec = PathFinder.find_spec(name, path)
             if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader)
+                spec.loader = _PatchingLoader(spec.loader)  # type: ignore[assignment]  # a Loader by delegation
             return spec
         return None
 

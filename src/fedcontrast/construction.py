@@ -136,6 +136,7 @@ def load_public(config: RunConfig, base_dir: str | Path = ".") -> ArrayDataset |
     if config.public_data is not None:
         from .data.schema import load_public_folder
 
+        assert config.data_schema is not None  # RunConfig: public_data needs a data_schema
         return load_public_folder(config.public_data, config.data_schema, base_dir)
     if config.data_schema is not None:
         return None  # a deployment without a public folder

@@ -14,6 +14,7 @@ amplifies that into a different trajectory), so the two devices are compared as 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import tempfile
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .config import PrivacyConfig, RunConfig, TrainingConfig
+from .config import DPSGDConfig, PrivacyConfig, RepresentationDPConfig, RunConfig, TrainingConfig
 
 # Small settings of the slow parts (pre-training, distillation, probes): the paths run, fast.
 QUICK_HYPERPARAMETERS = {"fedpcl": {"pretrain_epochs": 1}, "flesd": {"distill_epochs": 1, "probe_epochs": 5},
@@ -137,17 +138,21 @@ def _fresh_aggregation():
     from .openfl import aggregation as module
 
     kept = (module.PERSONAL_DIR, list(module.REJECTED), dict(module.EXCLUDED), dict(module.LOCAL_MODELS))
-    instances = type(module.PluginAggregation)._instances
+    instances = type(module.PluginAggregation)._instances  # type: ignore[attr-defined]  # OpenFL's singleton metaclass
     earlier = instances.pop(module.PluginAggregation, None)
     module.PERSONAL_DIR = None
-    module.REJECTED.clear(), module.EXCLUDED.clear(), module.LOCAL_MODELS.clear()
+    module.REJECTED.clear()
+    module.EXCLUDED.clear()
+    module.LOCAL_MODELS.clear()
     try:
         yield module.PluginAggregation
     finally:
         module.PERSONAL_DIR = kept[0]
         module.REJECTED[:] = kept[1]
-        module.EXCLUDED.clear(), module.EXCLUDED.update(kept[2])
-        module.LOCAL_MODELS.clear(), module.LOCAL_MODELS.update(kept[3])
+        module.EXCLUDED.clear()
+        module.EXCLUDED.update(kept[2])
+        module.LOCAL_MODELS.clear()
+        module.LOCAL_MODELS.update(kept[3])
         instances.pop(module.PluginAggregation, None)
         if earlier is not None:
             instances[module.PluginAggregation] = earlier
@@ -164,7 +169,7 @@ def openfl_round(cfg: RunConfig) -> Outcome:
     from .openfl.packing import GLOBAL_PACKED
     from .openfl.runner import WEIGHT_METRIC, PluginTaskRunner
 
-    settings = {"run_config": cfg.to_dict()}
+    settings: dict[str, Any] = {"run_config": cfg.to_dict()}
     values: dict[str, Any] = {}
     uploads, rows = {}, []
     with tempfile.TemporaryDirectory() as tmp, _fresh_aggregation() as PluginAggregation:
@@ -196,8 +201,8 @@ def openfl_round(cfg: RunConfig) -> Outcome:
     return Outcome(values)
 
 
-DP_SGD = PrivacyConfig(dp_sgd={"noise_multiplier": 1.0, "max_grad_norm": 1.0})
-REPRESENTATIONS = PrivacyConfig(representations={"noise_multiplier": 2.0})
+DP_SGD = PrivacyConfig(dp_sgd=DPSGDConfig(noise_multiplier=1.0, max_grad_norm=1.0))
+REPRESENTATIONS = PrivacyConfig(representations=RepresentationDPConfig(noise_multiplier=2.0))
 
 
 def items(device: str, *, rounds: int = 1) -> dict[str, Callable[[], Outcome]]:
@@ -207,12 +212,12 @@ def items(device: str, *, rounds: int = 1) -> dict[str, Callable[[], Outcome]]:
     out: dict[str, Callable[[], Outcome]] = {}
     for name in available_algorithms():
         cfg = config(name, device, rounds=rounds)
-        out[name] = lambda cfg=cfg: simulate(cfg)
+        out[name] = functools.partial(simulate, cfg)
     for name, privacy in (("fedavg+dp_sgd", DP_SGD), ("fedssc+dp_sgd", DP_SGD),
                           ("fedssc+representations", REPRESENTATIONS), ("fedpcl+representations", REPRESENTATIONS),
                           ("flesd+representations", REPRESENTATIONS)):
         cfg = config(name.split("+")[0], device, rounds=rounds, privacy=privacy)
-        out[name] = lambda cfg=cfg: simulate(cfg)
+        out[name] = functools.partial(simulate, cfg)
     flesd = config("flesd", device, rounds=rounds,
                    hyperparameters={"flesd": {**QUICK_HYPERPARAMETERS["flesd"], "upload": "similarity",
                                               "quantize": "int8"}})

@@ -29,6 +29,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -103,7 +104,7 @@ class DeviceMistake(RuntimeError):
 _REAL_GENERATOR = torch.Generator
 
 
-class _GeneratorCheck(type(_REAL_GENERATOR)):
+class _GeneratorCheck(type(_REAL_GENERATOR)):  # type: ignore[misc]  # torch.Generator's own metaclass
     def __instancecheck__(cls, obj) -> bool:  # torch's own generators are generators too
         return isinstance(obj, _REAL_GENERATOR)
 
@@ -118,7 +119,8 @@ class _PlacedGenerator(_REAL_GENERATOR, metaclass=_GeneratorCheck):
             frame = sys._getframe(1)
             raise DeviceMistake(f"torch.Generator() without a device at {frame.f_code.co_filename}:{frame.f_lineno}; "
                                 "say where it samples: torch.Generator(device=...)")
-        return _REAL_GENERATOR.__new__(cls, "cpu" if device is None else device)
+        # torch.Generator's constructor takes the device in __new__ (a C type), which its stub does not say
+        return _REAL_GENERATOR.__new__(cls, "cpu" if device is None else device)  # type: ignore[call-arg]
 
 
 def _called_from_package() -> bool:
@@ -156,7 +158,7 @@ def _constructors() -> set:
 
 
 def _inside_optimiser(depth: int = 12) -> bool:
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(depth):
         if frame is None:
             return False
@@ -195,11 +197,11 @@ def cpu_stand_in() -> Iterator[torch.device]:
     torch.set_default_device("meta")
     library_state = _LibraryStateOnCpu()
     library_state.__enter__()  # above the default-device mode: asked first
-    torch.Generator = _PlacedGenerator
+    torch.Generator = _PlacedGenerator  # type: ignore[misc]  # the stand-in's generators, for this block
     try:
         yield torch.device("cpu")
     finally:
-        torch.Generator = _REAL_GENERATOR
+        torch.Generator = _REAL_GENERATOR  # type: ignore[misc]
         library_state.__exit__(None, None, None)
         torch.set_default_device(previous)
 

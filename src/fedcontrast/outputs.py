@@ -6,7 +6,7 @@ import csv
 import io
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ def build_summary(rows: Sequence[dict[str, Any]], *, config: dict[str, Any], wal
                   rounds_total: int) -> dict[str, Any]:
     curve = test_accuracy_curve(rows)
     site_rows = [r for r in rows if r["site"] != GLOBAL_SITE]
-    per_site_round = {}
+    per_site_round: dict[tuple[int, str], int] = {}
     for r in site_rows:
         key = (r["round"], r["site"])
         per_site_round[key] = per_site_round.get(key, 0) + r["bytes_uploaded"]
@@ -63,8 +63,8 @@ def build_summary(rows: Sequence[dict[str, Any]], *, config: dict[str, Any], wal
         "algorithm": config["algorithm"], "dataset": config["dataset"],
         "rounds_completed": len(curve), "rounds_planned": rounds_total,
         "final_accuracy": curve[-1] if curve else None,
-        "best_accuracy": curve[best] if curve else None,
-        "best_round": best + 1 if curve else None,
+        "best_accuracy": curve[best] if best is not None else None,
+        "best_round": best + 1 if best is not None else None,
         "target_accuracy": config.get("target_accuracy"),
         "rounds_to_target": rounds_to_reach(curve, config.get("target_accuracy")),
         "bytes_uploaded_per_site_per_round": (sum(per_site_round.values()) / len(per_site_round)
@@ -79,8 +79,8 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(data, indent=2) + "\n")
 
 
-def plot_curves(path: Path, curves: dict[str, Sequence[float]], *, title: str,
-                bands: dict[str, Sequence[float]] | None = None, ylabel: str = "global test accuracy",
+def plot_curves(path: Path, curves: Mapping[str, Sequence[float | None]], *, title: str,
+                bands: Mapping[str, Sequence[float]] | None = None, ylabel: str = "global test accuracy",
                 styles: dict[str, dict[str, Any]] | None = None) -> None:
     """Test accuracy per round, one line per entry of ``curves`` (optional ± bands; None values are
     gaps; ``styles``: matplotlib line settings per label)."""
@@ -92,11 +92,11 @@ def plot_curves(path: Path, curves: dict[str, Sequence[float]], *, title: str,
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for label, curve in curves.items():
         xs = range(1, len(curve) + 1)
-        curve = [float("nan") if c is None else c for c in curve]
-        ax.plot(xs, curve, label=label, **{"linewidth": 1.6, **(styles or {}).get(label, {})})
+        values = [float("nan") if c is None else c for c in curve]
+        ax.plot(xs, values, label=label, **{"linewidth": 1.6, **(styles or {}).get(label, {})})
         if bands and label in bands:
-            lo = [c - b for c, b in zip(curve, bands[label])]
-            hi = [c + b for c, b in zip(curve, bands[label])]
+            lo = [c - b for c, b in zip(values, bands[label])]
+            hi = [c + b for c, b in zip(values, bands[label])]
             ax.fill_between(xs, lo, hi, alpha=0.2)
     ax.set_xlabel("round")
     ax.set_ylabel(ylabel)

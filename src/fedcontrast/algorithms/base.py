@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from torch import nn
 
 from ..aggregation import weighted_average
 from ..config import TrainingConfig
 from ..errors import ConfigError
 from ..evaluation import evaluate_classifier
+from ..models import ContrastiveNet
 from ..robust import robust_average
 
 # What travels, declared and checked (a low-level module, so that evaluation and the aggregator's
@@ -98,7 +98,7 @@ class SiteContext:
 
     name: str
     data: Any  # fedcontrast.data.ArrayDataset: this site's private training shard
-    model: nn.Module
+    model: ContrastiveNet
     training: TrainingConfig
     round_num: int
     seed: int
@@ -128,7 +128,7 @@ class SiteContext:
 class ServerContext:
     """What the aggregator task sees: a scratch model, persistent server state, optional public data."""
 
-    model: nn.Module
+    model: ContrastiveNet
     round_num: int
     seed: int
     device: torch.device
@@ -331,7 +331,7 @@ class Algorithm(ABC):
             mean[name] = (value if dtype.is_floating_point else value.round()).to(dtype)
         return mean
 
-    def secure_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+    def secure_specs(self, model: ContrastiveNet, num_classes: int) -> list[TensorSpec]:
         """What :meth:`secure_terms` adds to the secure sum, declared (names, shapes, kinds; float64
         before the ring), for the audit. Default: ``sum.NAME`` per upload and ``count``."""
         specs = [TensorSpec(f"sum.{s.name}", s.shape, "float64", "upload", kind=s.kind,
@@ -370,10 +370,10 @@ class Algorithm(ABC):
         from the plan's pins. Default: nothing to check."""
 
     # declarations
-    def upload_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+    def upload_specs(self, model: ContrastiveNet, num_classes: int) -> list[TensorSpec]:
         return weight_specs(model, "upload", "local model weights after training")
 
-    def download_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+    def download_specs(self, model: ContrastiveNet, num_classes: int) -> list[TensorSpec]:
         return weight_specs(model, "download", "global model weights")
 
     def shared_class_minimum(self) -> int | None:

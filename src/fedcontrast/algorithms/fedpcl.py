@@ -26,7 +26,7 @@ from ..aggregation import (
 from ..errors import ConfigError, DataError
 from ..evaluation import PROTOTYPE_METRICS, distribution_weighted_accuracy, nearest_prototype
 from ..losses import check_temperature, fedpcl_loss
-from ..models import MODEL_NAMES
+from ..models import MODEL_NAMES, ContrastiveNet
 from ..models.backbones import backbone_set
 from .base import Algorithm, Downlink, InvalidUploadError, ServerContext, SiteContext, TaskResult, TensorSpec
 from .registry import register_algorithm
@@ -134,7 +134,8 @@ class FedPCL(Algorithm):
         self._features: dict[int, torch.Tensor] = {}
 
     @property
-    def secure_sum(self) -> bool:  # individual: each site's own prototypes travel, not only their sum
+    def secure_sum(self) -> bool:  # type: ignore[override]  # decided by the settings, not by the class
+        # individual: each site's own prototypes travel, not only their sum
         return self.hp.local_sets == "global"
 
     def features(self, data, public, device: torch.device) -> torch.Tensor:
@@ -340,14 +341,14 @@ class FedPCL(Algorithm):
                 "local_accuracy": (local_pred == y).double().mean().item()}
 
     # --- declarations ---------------------------------------------------------------------------
-    def upload_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+    def upload_specs(self, model: ContrastiveNet, num_classes: int) -> list[TensorSpec]:
         d = model.projection_dim
         return [TensorSpec(LOCAL_PROTOTYPES, (num_classes, d), "float32", "upload",
                            description="per-class mean of the normalised representation (zero rows: absent classes)"),
                 TensorSpec(COUNTS, (num_classes,), "int64", "upload", kind="count",
                            description="local samples per class")]
 
-    def secure_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+    def secure_specs(self, model: ContrastiveNet, num_classes: int) -> list[TensorSpec]:
         d = model.projection_dim
         return [TensorSpec(CLASS_SUM, (num_classes, d), "float64", "upload",
                            description="count · prototype, per class (prototype clipped to [-clip, clip])"),
@@ -359,7 +360,7 @@ class FedPCL(Algorithm):
     def shared_class_minimum(self) -> int:
         return self.hp.min_class_samples
 
-    def download_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+    def download_specs(self, model: ContrastiveNet, num_classes: int) -> list[TensorSpec]:
         d, k = model.projection_dim, max(self.num_sites, 1)
         sets = ("the global prototypes once per site (no site's own prototypes)" if self.hp.local_sets == "global"
                 else "every site's local prototypes, filled with the global ones")

@@ -27,7 +27,7 @@ from ..aggregation import dual_aggregation
 from ..config import TrainingConfig
 from ..errors import ConfigError
 from ..losses import history_loss, stop_gradient_loss
-from ..models import PredictionHead
+from ..models import ContrastiveNet, PredictionHead
 from .base import (
     WEIGHT_PREFIX,
     Algorithm,
@@ -85,7 +85,7 @@ def load_predictor(head: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None
                 state[name[len(PREDICTOR_PREFIX):]].copy_(value)
 
 
-def siamese_objective(local: nn.Module, local_head: nn.Module, global_copy: nn.Module, global_head: nn.Module,
+def siamese_objective(local: ContrastiveNet, local_head: nn.Module, global_copy: ContrastiveNet, global_head: nn.Module,
                       x: torch.Tensor, y: torch.Tensor, z_prev: torch.Tensor, mu: float):
     """One batch of FedSiam-DA's local loss ``CE(w_k) + μ (L_hist + L_stop)`` (paper eq. 11).
 
@@ -210,17 +210,17 @@ class FedSiamDA(Algorithm):
         return Downlink(averaged, metrics=metrics)
 
     # --- declarations ---------------------------------------------------------------------------
-    def _predictor_specs(self, model: nn.Module, direction: str, description: str) -> list[TensorSpec]:
+    def _predictor_specs(self, model: ContrastiveNet, direction: str, description: str) -> list[TensorSpec]:
         head = self.predictor(model.projection_dim)
         return [TensorSpec(PREDICTOR_PREFIX + k, tuple(v.shape), str(v.dtype).removeprefix("torch."),
                            direction, description=description, kind="weights")
                 for k, v in head.state_dict().items() if v.is_floating_point()]
 
-    def upload_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+    def upload_specs(self, model: ContrastiveNet, num_classes: int) -> list[TensorSpec]:
         return (weight_specs(model, "upload", "local model weights after training")
                 + self._predictor_specs(model, "upload", "local prediction head weights"))
 
-    def download_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+    def download_specs(self, model: ContrastiveNet, num_classes: int) -> list[TensorSpec]:
         return (weight_specs(model, "download", "dual-aggregated global model weights")
                 + self._predictor_specs(model, "download", "dual-aggregated prediction head"))
 

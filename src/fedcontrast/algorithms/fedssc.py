@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..aggregation import CLASS_COUNT, CLASS_SUM, class_mean_terms, global_prototypes, pooled_class_means
 from ..errors import ConfigError
 from ..losses import check_temperature, global_class_contrastive_loss
+from ..models import ContrastiveNet
 from .base import (
     WEIGHT_PREFIX,
     Downlink,
@@ -129,7 +129,8 @@ class FedSSC(Moon):
         return self.hp.mu_moon
 
     @property
-    def secure_sum(self) -> bool:  # sampled: s^c comes from individual sites' class means, not from a sum
+    def secure_sum(self) -> bool:  # type: ignore[override]  # decided by the settings, not by the class
+        # sampled: s^c comes from individual sites' class means, not from a sum
         return self.hp.class_reps == "pooled"
 
     def mu_glob(self, round_num: int) -> float:
@@ -237,7 +238,7 @@ class FedSSC(Moon):
                          CLASS_PRESENT: torch.zeros(server.num_classes, device=server.device)})
 
     # --- declarations ---------------------------------------------------------------------------
-    def upload_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+    def upload_specs(self, model: ContrastiveNet, num_classes: int) -> list[TensorSpec]:
         d = model.projection_dim
         return weight_specs(model, "upload", "local model weights after training") + [
             TensorSpec(CLASS_MEANS, (num_classes, d), "float32", "upload",
@@ -246,7 +247,7 @@ class FedSSC(Moon):
             TensorSpec(CLASS_COUNTS, (num_classes,), "int64", "upload", kind="count",
                        description="local samples behind each class mean (0 = class not shared)")]
 
-    def secure_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+    def secure_specs(self, model: ContrastiveNet, num_classes: int) -> list[TensorSpec]:
         d = model.projection_dim
         weights = [s for s in super().secure_specs(model, num_classes)
                    if s.name.startswith((f"sum.{WEIGHT_PREFIX}", "count"))]
@@ -259,7 +260,7 @@ class FedSSC(Moon):
     def shared_class_minimum(self) -> int:
         return self.hp.min_class_samples
 
-    def download_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+    def download_specs(self, model: ContrastiveNet, num_classes: int) -> list[TensorSpec]:
         d = model.projection_dim
         rule = ("count-weighted mean of every site's class means" if self.hp.class_reps == "pooled"
                 else f"mean of up to {self.hp.k} sites' class means")

@@ -35,11 +35,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..errors import ConfigError, FedContrastError
 from ..losses import check_temperature, ensemble_similarity, esd_loss
-from ..models import MODEL_NAMES, build_model
+from ..models import MODEL_NAMES, ContrastiveNet, build_model
 from .base import (
     WEIGHT_PREFIX,
     Algorithm,
@@ -161,7 +160,7 @@ class Flesd(Algorithm):
             return self.hp.upload
         return "representations" if dim < self.public_size else "similarity"
 
-    def upload_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+    def upload_specs(self, model: ContrastiveNet, num_classes: int) -> list[TensorSpec]:
         n, d = self._public_size(), model.projection_dim
         dtype = QUANTISED_DTYPES[self.hp.quantize]
         if self.upload_form(d) == "representations":
@@ -170,7 +169,7 @@ class Flesd(Algorithm):
         return [TensorSpec(SIMILARITY, (n, n), dtype, "upload",
                            description="cosine similarities between public samples (derived, no weights)")]
 
-    def download_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+    def download_specs(self, model: ContrastiveNet, num_classes: int) -> list[TensorSpec]:
         return (weight_specs(model, "download", "distilled global encoder weights")
                 + [TensorSpec(FINGERPRINT, (32,), "uint8", "download", description="SHA-256 of the public set",
                              kind="metadata")])
@@ -185,7 +184,7 @@ class Flesd(Algorithm):
     def site_architecture(self, index: int) -> str | None:
         return self.hp.site_models[index % len(self.hp.site_models)] if self.hp.site_models else None
 
-    def local_model(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> nn.Module:
+    def local_model(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> ContrastiveNet:
         """The site's encoder at the start of local training: the global one, or — for a site of
         another architecture — its own, kept from its last round (freshly seeded on its first)."""
         arch = self.site_architecture(site.index)
@@ -203,7 +202,7 @@ class Flesd(Algorithm):
             load_weights(model, own)
         return model
 
-    def same_architecture(self, model: nn.Module, arch: str, site: SiteContext) -> bool:
+    def same_architecture(self, model: ContrastiveNet, arch: str, site: SiteContext) -> bool:
         """Whether ``arch`` is the run's own model (then the site trains the global encoder);
         decided once per architecture (two tasks per round ask)."""
         cache = self._same_architecture
@@ -311,7 +310,7 @@ class Flesd(Algorithm):
         target = sums[SIMILARITY_SUM].to(torch.float64) / (answered * self.hp.target_temperature)
         return self.distilled(target.to(torch.float32), server, answered)
 
-    def secure_specs(self, model: nn.Module, num_classes: int) -> list[TensorSpec]:
+    def secure_specs(self, model: ContrastiveNet, num_classes: int) -> list[TensorSpec]:
         n = self._public_size()
         return [TensorSpec(SIMILARITY_SUM, (n, n), "float64", "upload",
                            description="M_k = Z_k Z_kᵀ on the public set, computed at the site from its upload"),
@@ -327,7 +326,7 @@ class Flesd(Algorithm):
         return probe_at_site(site.model, site, test, self.hp.probe_epochs)
 
 
-def distill(student: nn.Module, public_x: torch.Tensor, target: torch.Tensor, hp: FlesdHyperparameters, *,
+def distill(student: ContrastiveNet, public_x: torch.Tensor, target: torch.Tensor, hp: FlesdHyperparameters, *,
             seed: int) -> float:
     """Ensemble similarity distillation of ``target`` (N×N, already ``/ τ_T``) into ``student`` on the
     public images, in place; returns the mean loss. The momentum encoder ``θ̄ ← m θ̄ + (1−m) θ``

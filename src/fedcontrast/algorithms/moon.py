@@ -6,13 +6,14 @@ import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
-from torch import nn
 
 from ..config import TrainingConfig
 from ..errors import ConfigError
 from ..losses import check_temperature, moon_loss_from_difference, moon_reference_difference
+from ..models import ContrastiveNet
 from .base import WEIGHT_PREFIX, SiteContext, load_weights
 from .fedavg import FedAvg
 from .registry import register_algorithm
@@ -38,7 +39,7 @@ class MoonHyperparameters:
                              f"got {self.cache_reference_representations!r}")
 
 
-def frozen_copy(model: nn.Module) -> nn.Module:
+def frozen_copy(model: ContrastiveNet) -> ContrastiveNet:
     """A copy in eval mode with gradients off: the paper's frozen R_global / R_prev."""
     frozen = copy.deepcopy(model).eval()
     frozen.requires_grad_(False)
@@ -46,7 +47,7 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def represent_all(model: nn.Module, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
+def represent_all(model: ContrastiveNet, x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
     """``model.represent`` over every sample. Shape: ``(N, C, H, W) → (N, d)``."""
     return torch.cat([model.represent(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
 
@@ -62,7 +63,7 @@ class Moon(FedAvg):
 
     name = "moon"
     task_metrics = {"train": ("loss", "ce", "accuracy", "contrastive")}
-    Hyperparameters = MoonHyperparameters
+    Hyperparameters: ClassVar[type] = MoonHyperparameters  # FedSSC, a subclass, has its own
 
     @property
     def moon_weight(self) -> float:

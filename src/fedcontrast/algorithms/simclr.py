@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from ..config import TrainingConfig
 from ..data.views import ViewConfig
 from ..errors import ConfigError
 from ..evaluation import linear_probe
 from ..losses import check_temperature, nt_xent
+from ..models import ContrastiveNet
 from .base import Algorithm, Downlink, ServerContext, SiteContext, TaskResult, load_weights, weight_tensors
 from .registry import register_algorithm
 from .training import batch_indices, site_generator
@@ -55,7 +55,7 @@ class SimCLRHyperparameters:
                           jitter=self.jitter, noise_std=self.noise_std)
 
 
-def train_simclr(model: nn.Module, data: Any, training: TrainingConfig, hp: SimCLRHyperparameters, *,
+def train_simclr(model: ContrastiveNet, data: Any, training: TrainingConfig, hp: SimCLRHyperparameters, *,
                  generator: torch.Generator, device: torch.device) -> dict[str, float]:
     """``training.local_epochs`` epochs of SimCLR on ``data.x`` (labels unused): NT-Xent between two
     augmented views of every batch, Adam on the encoder and projection head."""
@@ -77,14 +77,14 @@ def train_simclr(model: nn.Module, data: Any, training: TrainingConfig, hp: SimC
     return {"loss": (total / max(steps, 1)).item(), "steps": float(steps)}
 
 
-def probe_at_site(model: nn.Module, site: SiteContext, test: Any, epochs: int) -> dict[str, float]:
+def probe_at_site(model: ContrastiveNet, site: SiteContext, test: Any, epochs: int) -> dict[str, float]:
     """A site's linear probe of ``model``'s encoder: trained on the site's own labelled training
     split, tested on its held-out split (``accuracy`` is the probe's test accuracy)."""
     result = linear_probe(model.encoder, site.data, test, site.device, epochs=epochs, module=model)
     return {"accuracy": result["probe_accuracy"], **result}
 
 
-def probe(model: nn.Module, server: ServerContext, test: Any, epochs: int) -> dict[str, float]:
+def probe(model: ContrastiveNet, server: ServerContext, test: Any, epochs: int) -> dict[str, float]:
     """Linear-probe accuracy of ``model``'s encoder (features before the projection head): trained
     on ``server.labelled`` (the simulator's training split) or, on an aggregator, the public split."""
     train = server.labelled if server.labelled is not None else server.public

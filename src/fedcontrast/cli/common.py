@@ -133,6 +133,7 @@ def config_from_args(args: argparse.Namespace, *, default_algorithm_for_set: boo
         key, value = text.split("=", 1) if "=" in text else (text, None)
         if value is None or not key:
             raise ConfigError(f"--secagg expects KEY=VALUE, got {text!r}")
+        assert secagg is not None  # settings given: a mapping above
         secagg[key.strip()] = loads_yaml(value, f"--secagg {text!r}")
     if secagg is not None:
         data["secure_aggregation"] = secagg

@@ -41,7 +41,8 @@ def deployment_config(args: argparse.Namespace) -> tuple[RunConfig, Path | None]
             raise ConfigError("a data schema needs both --input-shape (e.g. 1x32x32) and --classes (e.g. 0,1,2 or 10)")
         schema = DataSchema(parse_input_shape(args.input_shape), parse_classes(args.classes),
                             _numbers(args.mean, "--mean"), _numbers(args.std, "--std"),
-                            _numbers(getattr(args, "dicom_window", None), "--dicom-window"))
+                            # DataSchema checks that the window is two numbers
+                            _numbers(getattr(args, "dicom_window", None), "--dicom-window"))  # type: ignore[arg-type]
     elif config.dataset == "imagefolder":
         if config.data_root is None:
             raise ConfigError("imagefolder needs the sites' data schema: pass --input-shape C×H×W and --classes "
@@ -95,7 +96,7 @@ def cmd_workspace_create(args: argparse.Namespace) -> int:
         s = config.data_schema
         print(f"data schema: {s.in_channels}×{s.image_size}×{s.image_size} images, {s.num_classes} classes "
               f"({', '.join(s.classes[:10])}{', …' if s.num_classes > 10 else ''}); normalisation "
-              + (f"mean {list(s.mean)} std {list(s.std)}" if s.mean else "each site's own statistics"))
+              + (f"mean {list(s.mean)} std {list(s.std)}" if s.mean and s.std else "each site's own statistics"))
         if config.public_data is not None:
             print(f"public data: {public_source} → {ws / config.public_data.folder} "
                   f"(fingerprint {config.public_data.sha256})")

@@ -32,7 +32,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
     config, public_source = deployment_config(args)
     folder = Path(args.directory).resolve()
-    if public_source is not None:
+    if public_source is not None and config.public_data is not None:  # a public folder of the plan's
         import shutil
 
         shutil.copytree(public_source, folder / config.public_data.folder, dirs_exist_ok=True)
@@ -71,8 +71,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     folder = load_operator(args.directory)[0]
     command = run_command(folder)
-    overrides = {"round-timeout": args.round_timeout, "start-timeout": args.start_timeout}
-    overrides = " ".join(f"{k}={float(v)}" for k, v in overrides.items() if v is not None)
+    given = {"round-timeout": args.round_timeout, "start-timeout": args.start_timeout}
+    overrides = " ".join(f"{k}={float(v)}" for k, v in given.items() if v is not None)
     if overrides:
         command += ["--run-config", overrides]
     outcome = folder / RUN_DIR / OUTCOME_FILE

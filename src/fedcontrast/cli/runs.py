@@ -130,6 +130,9 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     public = load_splits(config).public
+    if public is None:
+        raise ConfigError("pretrain trains on the data set's public split, and this configuration's public_fraction "
+                          "is 0")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     files = []

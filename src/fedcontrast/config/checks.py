@@ -62,7 +62,7 @@ def _fits(value: Any, hint: Any) -> bool:
         return isinstance(value, (tuple, list))
     if origin is dict or hint is dict:
         return isinstance(value, dict)
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return isinstance(value, (hint, dict))  # a mapping is converted by the field's own code
     return True
 
@@ -85,7 +85,8 @@ def _hints(cls: type) -> dict[str, Any]:
 def _check_types(obj: Any, prefix: str = "") -> None:
     """Every field of the dataclass ``obj`` checked against its annotation, so that a list where a
     number belongs (``training: [1, 2]``, ``device: 5``) is one sentence, not a traceback later."""
-    hints = _hints(type(obj))
+    cls: type = type(obj)  # (mypy takes type(obj) for unhashable)
+    hints = _hints(cls)
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         _check(_fits(value, hints[f.name]), f"{prefix}{f.name} must be {_describe(hints[f.name])}, got {value!r}")

@@ -185,7 +185,7 @@ class RunConfig:
             if key == "training":
                 data["training"] = {**data["training"], **value}
             elif key in ("privacy", "data_schema", "public_data", "robustness", "executor") and \
-                    dataclasses.is_dataclass(value):
+                    dataclasses.is_dataclass(value) and not isinstance(value, type):
                 data[key] = _plain(dataclasses.asdict(value))
             else:
                 data[key] = value

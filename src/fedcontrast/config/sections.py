@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from .checks import (
     MAX_DELTA,
@@ -159,7 +160,7 @@ class DataSchema:
                 values = getattr(self, name)
                 _check(isinstance(values, tuple) and len(values) == shape[0] and all(_finite(v) for v in values),
                        f"data_schema.{name} must give one number per channel ({shape[0]}), got {values!r}")
-            _check(all(v > 0 for v in self.std), f"data_schema.std must be > 0, got {self.std!r}")
+            _check(all(v > 0 for v in self.std or ()), f"data_schema.std must be > 0, got {self.std!r}")
         window = self.window
         _check(window is None or (isinstance(window, tuple) and len(window) == 2 and all(_finite(v) for v in window)
                                   and window[1] >= 1),
@@ -179,7 +180,7 @@ class DataSchema:
 
     @property
     def normalization(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
-        return (self.mean, self.std) if self.mean is not None else None
+        return (self.mean, self.std) if self.mean is not None and self.std is not None else None  # both or neither
 
 
 @dataclass(frozen=True)
@@ -254,7 +255,7 @@ class RobustnessConfig:
             _check(value is None or (_finite(value) and value > 0),
                    f"robustness.{name} must be a number > 0 or left out, got {value!r}")
         bound = self.max_samples
-        values = list(bound.values()) if isinstance(bound, dict) else [bound]
+        values: list[Any] = list(bound.values()) if isinstance(bound, dict) else [bound]
         _check(bound is None or all(_finite(v) and v > 0 for v in values),
                "robustness.max_samples must be a number > 0, or a mapping site → number > 0, or left out; "
                f"got {bound!r}")

@@ -159,7 +159,7 @@ def load_imagefolder_raw(root: str | None, image_size: int, *, class_names: tupl
     has_split = has_split_folders(root)
     schema = class_names is not None
     names, train_paths, train_y = _scan(train_dir if has_split else base, class_names, schema)
-    class_names = class_names if schema else names
+    class_names = names if class_names is None else class_names  # schema: the given names
     test_paths: list[Path] = []
     test_y = None
     if has_split:
@@ -172,7 +172,7 @@ def load_imagefolder_raw(root: str | None, image_size: int, *, class_names: tupl
         mode = "L" if _all_grey(train_paths + test_paths) else "RGB"
     train_x = _read_images(train_paths, mode, image_size, window)
     test_x = _read_images(test_paths, mode, image_size, window) if has_split else None
-    if has_split and train_x.dtype != test_x.dtype:  # one side deep, the other 8-bit: both as values in [0, 1]
+    if test_x is not None and train_x.dtype != test_x.dtype:  # one side deep, the other 8-bit: both as values in [0, 1]
         train_x, test_x = (x.astype(np.float32) / 255 if x.dtype == np.uint8 else x for x in (train_x, test_x))
     present = sorted(set(train_y.tolist()) | (set(test_y.tolist()) if test_y is not None else set()))
     if len(present) == 1:

@@ -222,6 +222,8 @@ def check_aggregator_certificate(host: str, port: int, chain: str | Path, *, cer
                     accepted = False
     except (OSError, ssl.SSLError) as exc:
         return f"{where} cannot be reached ({exc})"
+    if der is None:  # no certificate from a TLS server (never with the TLS gRPC speaks): nothing to check
+        return f"{where} presents no certificate"
     cert = x509.load_der_x509_certificate(der)
     shown = f"{where} presents a certificate ({subject(cert)})"
     authorities = _certificates(Path(chain))
@@ -239,7 +241,7 @@ def check_aggregator_certificate(host: str, port: int, chain: str | Path, *, cer
         raise ConfigError(f"{shown} issued for {', '.join(names) or 'no name'}, not for {host}, the plan's agg_addr; "
                           f"the operator must make the aggregator's certificate for {host}, or the plan name the "
                           "aggregator as its certificate does")
-    if accepted is False:
+    if accepted is False and certificate is not None:  # only a client certificate is ever refused
         own = _certificates(Path(certificate))[0]
         raise ConfigError(f"{where} closed the connection after the TLS handshake: it does not accept this site's "
                           f"certificate {certificate} ({subject(own)}, issued by {own.issuer.rfc4514_string()}); ask "

@@ -140,8 +140,8 @@ class EnrolledCertificates:
 
     def __init__(self, cert_dir: str | Path) -> None:
         self.cert_dir = Path(cert_dir)
-        self._files: dict[Path, tuple[tuple, str | None]] = {}  # path -> (stat key, fingerprint or None)
-        self._revoked: tuple[tuple, dict[str, dict]] | None = None
+        self._files: dict[Path, tuple[tuple | None, str | None]] = {}  # path -> (stat key, fingerprint or None)
+        self._revoked: tuple[tuple | None, dict[str, dict]] | None = None
 
     @staticmethod
     def _stat(path: Path) -> tuple | None:

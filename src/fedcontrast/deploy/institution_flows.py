@@ -9,10 +9,14 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from .common import DeploymentError, _refuse_secrets, run_fx, secrets_in
 from .operator_flows import request_site
+
+if TYPE_CHECKING:
+    from ..data.schema import FolderSummary
 
 
 # --- an institution -----------------------------------------------------------------------------
@@ -21,7 +25,7 @@ class Joined:
     workspace: Path
     request: Path | None  # the package to send to the operator (None: an earlier certificate reused)
     csr_hash: str
-    summary: object  # fedcontrast.data.schema.FolderSummary of the site's folder
+    summary: FolderSummary  # of the site's folder
 
 
 def join(package: str | Path, *, name: str, data: str | Path, public: str | Path | None = None,
@@ -108,8 +112,8 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
             from .anchor import pin_ca
 
             pin_ca(ws / "cert", *pin)
-        if policy is not None:  # the site's own conditions travel with its workspace (checked at every start)
-            shutil.copyfile(policy_path, ws / "site_policy.yaml")
+        if policy is not None and policy_path is not None:  # the site's own conditions travel with its workspace
+            shutil.copyfile(policy_path, ws / "site_policy.yaml")  # (checked at every start)
         if cert_from is not None:
             old = Path(cert_from).resolve() / "cert"
             (ws / "cert" / "client").mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 from ..errors import FedContrastError
 
@@ -74,9 +75,11 @@ def issue_for_key(key_path: str | Path, name: str, *, ca_dir: str | Path | None 
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
     from cryptography.x509.oid import NameOID
 
     now = dt.datetime.now(dt.timezone.utc)
+    ca_key: CertificateIssuerPrivateKeyTypes  # a CA's key signs (RSA or EC; fx makes RSA ones)
     if ca_dir is None:
         ca_key = ec.generate_private_key(ec.SECP256R1())
         ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "other federation ca")])
@@ -87,10 +90,11 @@ def issue_for_key(key_path: str | Path, name: str, *, ca_dir: str | Path | None 
                    .sign(ca_key, hashes.SHA256()))
     else:
         ca_dir = Path(ca_dir)
-        ca_key = serialization.load_pem_private_key((ca_dir / "signing-ca" / "private" / "signing-ca.key").read_bytes(),
-                                                    password=None)
+        ca_key = cast(CertificateIssuerPrivateKeyTypes, serialization.load_pem_private_key(
+            (ca_dir / "signing-ca" / "private" / "signing-ca.key").read_bytes(), password=None))
         ca_cert = x509.load_pem_x509_certificate((ca_dir / "signing-ca.crt").read_bytes())
-    key = serialization.load_pem_private_key(Path(key_path).read_bytes(), password=None)
+    key = cast(CertificateIssuerPrivateKeyTypes,  # a site's TLS key: RSA or EC
+               serialization.load_pem_private_key(Path(key_path).read_bytes(), password=None))
     cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
             .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now + dt.timedelta(days=days[0])).not_valid_after(now + dt.timedelta(days=days[1]))

@@ -86,7 +86,7 @@ def check_plan_consistency(plan: Any, source: str = "plan.yaml") -> None:
             elif first is not _MISSING and (diff := _differences(first, value, ignore)):
                 problems.append(f"{path} differs from {first_path} in: {', '.join(diff)}")
 
-    tasks = plan.get("tasks") if isinstance(plan.get("tasks"), dict) else {}
+    tasks = given if isinstance(given := plan.get("tasks"), dict) else {}
     aggregations = [f"tasks.{name}.aggregation_type.settings" for name, task in tasks.items()
                     if isinstance(task, dict) and isinstance(task.get("aggregation_type"), dict)]
     compare("run configuration", [(reference_path, reference)] + [

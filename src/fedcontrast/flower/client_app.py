@@ -72,7 +72,7 @@ def handler(msg, context):
         settings = node_settings(context)
         record = context.state.config_records.get(STATE_RECORD)
         message_type = msg.metadata.message_type
-        request = {"kind": "secagg" if message_type == "query.secagg" else message_type.split(".")[0],
+        request: dict[str, Any] = {"kind": "secagg" if message_type == "query.secagg" else message_type.split(".")[0],
                    "run_id": int(msg.metadata.run_id),
                    "run_config": str(context.run_config["fedcontrast-config"]), "settings": settings,
                    "content": plain_content(msg), "state": bytes(record["state"]) if record is not None else None}

@@ -102,10 +102,11 @@ def site_step(site: Any, content: dict[str, Any]) -> dict[str, Any]:
     except SecureAggregationError:
         del _SESSIONS[(site.run_id, site.name, round_num)]  # nothing more of this round leaves the site
         raise
-    if phase == "boxes" and steps.peer_key.unpinned:
+    peers = steps.peer_key  # the PinnedKeys given at the advert
+    if phase == "boxes" and isinstance(peers, PinnedKeys) and peers.unpinned:
         logger.warning("%s, round %d: the keys of %s came from the operator's ServerApp with nothing of this site's to "
                        "check them against: pin them in its policy (peers:, `fedcontrast site roster`)", site.name,
-                       round_num + 1, ", ".join(sorted(steps.peer_key.unpinned)))
+                       round_num + 1, ", ".join(sorted(peers.unpinned)))
     if phase == "reveal":
         del _SESSIONS[(site.run_id, site.name, round_num)]
     return {"secagg": {"payload": payload}}

@@ -93,7 +93,8 @@ class FlowerServer:
         self.rows: list[dict[str, Any]] = []
         secure = config.secure_aggregation  # the sites' protocol messages meet at the relay (flower/secure.py)
         self.sum_layout = None if secure is None else SumLayout.of(self.algorithm, self.specs, secure)
-        self.relay = None if secure is None else relay_for(self.sites, secure, self.sum_layout)
+        self.relay = (None if secure is None or self.sum_layout is None  # both, or neither
+                      else relay_for(self.sites, secure, self.sum_layout))
         self.site_keys = dict(site_keys or {})
 
     # --- messages ----------------------------------------------------------------------------------
@@ -230,12 +231,14 @@ class FlowerServer:
         self.server.previous = previous
         adverts = {s: bytes(r.content["secagg"]["payload"]) for s, r in replies.items()}
         self.downlink = secure_round(self, round_num, adverts, self.site_keys)
+        relay = self.relay
+        assert relay is not None  # a secure round: the run has a relay
         append_jsonl(self.out / ROUNDS_FILE, {
-            "round": round_num + 1, "time": time.time(), "secure_sum_of": self.relay.survivors,
-            "secure_bytes": dict(self.relay.bytes_from),
+            "round": round_num + 1, "time": time.time(), "secure_sum_of": relay.survivors,
+            "secure_bytes": dict(relay.bytes_from),
             "sites": {s: {"training": json.loads(str(replies[s].content["outcome"]["metrics"])),
                           "evaluation_of_received": evaluations[s]} for s in self.sites},
-            "excluded": {s: r for s, r in sorted({**self.relay.withdrawn, **self.relay.blamed}.items())}})
+            "excluded": {s: r for s, r in sorted({**relay.withdrawn, **relay.blamed}.items())}})
 
     def _rejected(self, round_num: int, rejected: dict[str, str], accepted: dict) -> None:
         """As the simulator: stop naming them (``robustness.on_rejected: stop``), or go on without."""

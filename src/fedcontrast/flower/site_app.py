@@ -45,7 +45,6 @@ from ..construction import (
     build_algorithm,
     data_shape,
     initial_model,
-    site_index,
     site_privacy,
     task_seed,
 )
@@ -102,7 +101,7 @@ class SiteRuntime:
         self.model = initial_model(config, **self.shape).to(self.device)
         attach_public(self.algorithm, self.data.public)
         self.algorithm.check_shared_files(self.workdir)
-        self.index = site_index(config, self.name)
+        self.index = site_names(config).index(self.name)  # one of the plan's sites (checked above)
         policy = self.data.site_policy
         self.report = SiteReport(self.workdir / REPORT_DIR / self.name, self.name, config.rounds,
                                  getattr(policy, "max_epsilon", None))
@@ -137,15 +136,17 @@ class SiteRuntime:
         """What it received at the start of ``round_num`` on its own held-out split (its report's row)."""
         site = self.context(round_num, task_seed(self.config, round_num, self.index, EVALUATION_STREAM), state)
         final = snapshot(self.model, received) if round_num >= self.config.rounds else None
-        measured = self.algorithm.evaluate_at_site(site, received, self.data.test)
-        self.report.evaluated(round_num, measured, len(self.data.test), nbytes, 0)
+        test = self.data.test
+        assert test is not None  # a site's data: its training and held-out splits
+        measured = self.algorithm.evaluate_at_site(site, received, test)
+        self.report.evaluated(round_num, measured, len(test), nbytes, 0)
         if final is not None:
             write_final_model(self.report.folder, site=site, config=self.config, shape=self.shape, model=final,
                               received=received, metrics=measured)
             self.report.finish(round_num)
         logger.info("%s, round %d: what it received scores %.4f on its %d held-out images", self.name, round_num,
-                    measured.get("accuracy", float("nan")), len(self.data.test))
-        return {**measured, "samples": float(len(self.data.test))} if self.releases.evaluation_metrics else {}
+                    measured.get("accuracy", float("nan")), len(test))
+        return {**measured, "samples": float(len(test))} if self.releases.evaluation_metrics else {}
 
     def train(self, round_num: int, received: dict[str, torch.Tensor], state: dict[str, Any], nbytes: int):
         """The plugin's tasks of ``round_num``: (uploads, weight, released metrics per task, state)."""

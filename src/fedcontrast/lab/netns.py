@@ -192,7 +192,7 @@ class NetnsLab:
             proc = subprocess.Popen(self.command(host, argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         finally:
-            if log_path is not None:
+            if not isinstance(log, int):  # a file of ours, not subprocess.DEVNULL
                 log.close()
         self._procs.append(proc)
         return proc

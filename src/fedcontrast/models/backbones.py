@@ -9,6 +9,7 @@ every site's training data), deterministic given the seed.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -72,7 +73,7 @@ class FrozenBackbones(nn.Module):
     def __init__(self, encoders: list[nn.Module]) -> None:
         super().__init__()
         self.encoders = nn.ModuleList(encoders)
-        self.feature_dim = sum(e.feature_dim for e in encoders)
+        self.feature_dim = sum(cast(int, e.feature_dim) for e in encoders)  # each encoder's int width
         self.eval()
         self.requires_grad_(False)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -19,7 +21,8 @@ class ContrastiveNet(nn.Module):
     def __init__(self, encoder: nn.Module, num_classes: int, projection_dim: int = 256) -> None:
         super().__init__()
         self.encoder = encoder
-        self.projection = ProjectionHead(encoder.feature_dim, projection_dim)
+        # every encoder (models.encoders, FrozenBackbones) declares its output width as an int
+        self.projection = ProjectionHead(cast(int, encoder.feature_dim), projection_dim)
         self.classifier = nn.Linear(projection_dim, num_classes)
         self.projection_dim = projection_dim
         self.num_classes = num_classes

@@ -15,7 +15,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,6 +33,9 @@ from ..privacy.secagg_terms import SumLayout
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, unpack
 from .runner import PERSONAL_TAG, WEIGHT_METRIC
 
+if TYPE_CHECKING:
+    from ..privacy.secagg_relay import SecAggRelay
+
 logger = logging.getLogger(__name__)
 
 # Sites whose upload was rejected in the current round; the aggregator reads and clears this after
@@ -48,7 +51,7 @@ PERSONAL_DIR: str | None = None
 LOCAL_MODELS: dict[str, dict[str, torch.Tensor]] = {}
 # Under secure aggregation: the aggregator's relay (openfl/secure.py), which holds the round's unmasked
 # sum; the sites' uploads are placeholders. Set by components.SafeAggregator.
-RELAY = None
+RELAY: SecAggRelay | None = None
 
 
 class AggregationFailure(FedContrastError):
@@ -168,6 +171,7 @@ class PluginAggregation(AggregationFunction):
         plugin's :meth:`~fedcontrast.algorithms.Algorithm.aggregate_secure`); the aggregator saw no upload alone."""
         if RELAY is None:
             raise AggregationFailure("secure aggregation is on but the aggregator has no relay")
+        assert self.sum_layout is not None  # the plan's secure_aggregation, which gave the relay
         self.server.round_num = fl_round
         self.server.seed = server_seed(self.config, fl_round)
         self.server.sites = site_names(self.config)

@@ -70,6 +70,11 @@ class SafeAggregator(SecureRounds, Aggregator):
     site's failed task stops the federation cleanly with exit code 3; the sites' evaluations are
     recorded per site; one evaluation-only round follows the ``rounds_to_train`` training rounds."""
 
+    seen: set[str]
+    quit_since: float | None
+    best_model_score: float | None  # OpenFL's
+    collaborator_tasks_results: dict[Any, Any]  # OpenFL's
+
     def __init__(self, run_config: dict[str, Any] | None = None, model_shape: dict[str, int] | None = None,
                  report_dir: str = "save", round_timeout: float | None = DEFAULT_ROUND_TIMEOUT,
                  min_sites: int | None = None, rounds_to_train: int = 1, **kwargs: Any) -> None:
@@ -278,13 +283,16 @@ class SafeAggregator(SecureRounds, Aggregator):
 
     def _watchdog(self) -> None:
         """End (or, with ``min_sites``, close without the silent sites) a round past ``round_timeout``."""
+        timeout = self.round_timeout
+        if timeout is None:  # started only with a round_timeout
+            return
         while True:
             time.sleep(0.5)
             with self.lock:
                 if self.failure is not None or self._time_to_quit():
                     return
                 self._note_waiting()
-                if time.monotonic() - self.round_started <= self.round_timeout:
+                if time.monotonic() - self.round_started <= timeout:
                     continue
                 if self.secure_deadline():  # a secure-aggregation phase closed without its silent sites
                     continue
@@ -322,7 +330,7 @@ class SafeAggregator(SecureRounds, Aggregator):
         :class:`fedcontrast.deploy.enrolment.EnrolledCertificates`), in one sentence, also logged (once a
         minute per name and reason); None when it may."""
         enrolment = getattr(self, "enrolment", None)
-        if enrolment is None or getattr(self, "single_col_cert_common_name", ""):
+        if enrolment is None or getattr(self, "single_col_cert_common_name", None):
             return None  # no TLS under fx, or OpenFL's one shared collaborator certificate
         try:
             pem = (context.auth_context().get("x509_pem_cert") or [None])[0]

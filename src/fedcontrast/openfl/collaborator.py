@@ -109,7 +109,7 @@ class BoundedRetry:
         self.failures = 0
 
     def sleep(self) -> None:
-        error = sys.exc_info()[1]  # called inside the client's `except grpc.RpcError` block
+        error: Any = sys.exc_info()[1]  # called inside the client's `except grpc.RpcError` block
         message, retryable = (explain_rpc_error(error, self.uri) if isinstance(error, grpc.RpcError)
                               else (f"lost the aggregator at {self.uri}: {error}", True))
         if (retryable and self.diagnose is not None and hasattr(error, "code")
@@ -193,7 +193,7 @@ class SafeCollaborator(Collaborator):
     def __init__(self, max_retries: int | None = None, poll_interval: float = 0.05,
                  wait_for_aggregator: float = DEFAULT_WAIT_FOR_AGGREGATOR,
                  reconnect_interval_max: float = DEFAULT_RECONNECT_INTERVAL_MAX, **kwargs: Any) -> None:
-        client = kwargs.get("client")
+        client: Any = kwargs.get("client")
         try:
             check_wait_settings(wait_for_aggregator, reconnect_interval_max, max_retries)
             if getattr(client, "use_tls", False):  # a certificate that cannot work: say so now, not after every retry

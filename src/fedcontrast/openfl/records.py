@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +99,8 @@ def withheld_metrics(sent: dict[str, dict[str, list[str]]],
     for task, by_site in sent.items():
         anyone = set().union(*map(set, by_site.values())) if by_site else set()
         names = set(declared.get(task, ()))
-        for site, own in by_site.items():
-            own = set(own)
+        for site, sent_names in by_site.items():
+            own = set(sent_names)
             expected = anyone | (names if not own & names else set())
             missing = expected - own - {WEIGHT_METRIC}
             if missing:
@@ -201,7 +202,7 @@ class RoundReport(Callback):
             del self.sent[old]
         self.sent.setdefault(round_num, {}).setdefault(task, {})[site] = sorted(names)
 
-    def withheld(self, round_num: int, tasks: list[str]) -> dict[str, list[str]]:
+    def withheld(self, round_num: int, tasks: Sequence[str]) -> dict[str, list[str]]:
         """``{site: metric names}`` that sites withheld from ``tasks`` of OpenFL round ``round_num``
         (:func:`withheld_metrics`)."""
         sent = getattr(self, "sent", {}).get(round_num, {})
@@ -282,8 +283,8 @@ class RoundReport(Callback):
         replaces it with the whole record (:meth:`resume`)."""
         if round_num <= self.written:
             return
-        record = dict(self.pending) if self.pending.get("round") == round_num else {"round": round_num,
-                                                                                    "rounds": self.rounds}
+        record: dict[str, Any] = (dict(self.pending) if self.pending.get("round") == round_num
+                                  else {"round": round_num, "rounds": self.rounds})
         sites = {site: dict(values) for site, values in record.get("sites", {}).items()}
         evaluations = site_metrics(self.tensor_db.tensor_db, round_num, self.sites, [EVALUATE_TASK])
         for site, m in sorted(evaluations.items()):

@@ -170,7 +170,7 @@ class PluginTaskRunner(TaskRunner):
         loader.reported_train_size = weight  # OpenFL also sends a "train" task's data size: the same value
         metrics = {k: v for k, v in result.metrics.items()
                    if self.releases.training_metrics and k in self.algorithm.task_metrics.get(task, ())}
-        if site.privacy is not None:
+        if site.privacy is not None and self.config.privacy is not None:  # one with the other
             epsilon = site.privacy.metrics()
             logger.info("%s, round %d: ε = %.4g so far (δ = %g)", col_name, round_num, epsilon.get("dp_epsilon", 0.0),
                         self.config.privacy.delta)

@@ -19,7 +19,7 @@ import datetime as dt
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from openfl.utilities import TensorKey
@@ -147,6 +147,7 @@ class OpenFLChannel:
         """This site's part of round ``round_num``'s secure sum, with ``vector`` (None: it withdraws,
         giving ``reason``)."""
         settings = config.secure_aggregation
+        assert settings is not None  # a secure round only in a plan with secure_aggregation
         sites = site_names(config)
         col = self.collaborator
 
@@ -191,8 +192,24 @@ class SecureRounds:
 
     relay: SecAggRelay | None = None
 
+    if TYPE_CHECKING:  # what the class this mixes into provides (SafeAggregator over OpenFL's Aggregator)
+        lock: Any
+        round_number: int
+        rounds_to_train: int
+        round_timeout: float | None
+        min_sites: int | None
+        authorized_cols: list[str]
+        collaborators_done: list[str]
+        failure: str | None
+        stragglers: list[str]
+
+        def stop_notice(self, collaborator_name: str) -> str | None: ...
+        def _fail(self, reason: str) -> None: ...
+        def _end_of_round_check(self) -> None: ...
+
     def secure_message(self, collaborator: str, round_number: int, task_name: str, named_tensors: Any) -> None:
         kind = kind_of(task_name, SECAGG_TASK)
+        assert kind is not None  # send_local_task_results sends only secure-aggregation tasks here
         with self.lock:
             notice = self.stop_notice(collaborator)
             if notice is not None:
@@ -214,7 +231,8 @@ class SecureRounds:
     def get_aggregated_tensor(self, tensor_name, round_number, report, tags, require_lossless, requested_by):
         kind = kind_of(tensor_name, SECAGG_TENSOR)
         if kind is None:
-            return super().get_aggregated_tensor(tensor_name, round_number, report, tags, require_lossless,
+            return super().get_aggregated_tensor(  # type: ignore[misc]  # OpenFL's Aggregator, next in the MRO
+                tensor_name, round_number, report, tags, require_lossless,
                                                  requested_by)
         notice = self.stop_notice(requested_by)
         if notice is not None:

@@ -27,6 +27,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
@@ -97,7 +98,7 @@ class HandshakeLog:
     quiet_info: bool = True  # gRPC's I lines are ours (the trace we turned on), not the operator's
     repeat_s: float = 60.0
     enrolled_problems: list[str] = field(default_factory=list)  # certificates signed here that sites cannot use
-    clock: object = time.monotonic
+    clock: Callable[[], float] = time.monotonic
     messages: list[tuple[int, str, str | None]] = field(default_factory=list)  # level, sentence, peer host
     refused: int = 0
     _peer_of_thread: dict[str, str] = field(default_factory=dict)
@@ -176,7 +177,7 @@ def split_peer(peer: str | None) -> tuple[str | None, str | None]:
     return (host, port) if host else (address, None)
 
 
-def enable_handshake_trace(environ: dict | None = None) -> bool:
+def enable_handshake_trace(environ: MutableMapping[str, str] | None = None) -> bool:
     """Turn on gRPC's ``handshaker`` trace (which names each connection's peer) unless the operator
     set gRPC's logging; True if gRPC's info lines are then ours to hide. gRPC reads these variables
     when it creates its first channel or server, after ``import grpc``."""
@@ -230,6 +231,8 @@ class StderrTap:
             self._emitter.join(timeout=10)
 
     def _pump(self, read_end: int) -> None:
+        if self._saved is None:  # stopped before this thread began
+            return
         out = os.dup(self._saved)  # the real standard error, still open after stop()
         pending = b""
 

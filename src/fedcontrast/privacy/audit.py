@@ -124,6 +124,7 @@ def _guarantee(config: RunConfig, algorithm, tensors: list[TensorLine]) -> tuple
     if any(t.mechanism == "none" for t in tensors):
         return "none", "none: some tensors leave without differential privacy (ε unbounded)"
     p = config.privacy
+    assert p is not None  # without privacy every tensor's mechanism is "none" (answered above)
     if algorithm.representation_releases == 1 and p.representations is not None:  # FLESD's public-set release
         return "site-level", ("end-to-end at site level: the noise on the public-set representations covers any "
                               "change of the site's whole data set (Δ = 2√N), whatever the local training; "
@@ -254,7 +255,7 @@ def load_plan(path: str | Path) -> tuple[dict[str, Any], Path | None]:
         plan_path = p / "plan" / "plan.yaml"
         if not plan_path.is_file():
             raise ConfigError(f"{p} is neither a plan file nor a workspace (no plan/plan.yaml)")
-        workspace = p
+        workspace: Path | None = p
     elif p.is_file():
         plan_path = p
         workspace = p.parent.parent if p.parent.name == "plan" and p.name == "plan.yaml" else None
@@ -327,7 +328,7 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
     minimum = algorithm.shared_class_minimum()
     for name, data in rows:
         samples, note, classes, held_out, under = (site_samples or {}).get(name), "given", None, None, None
-        if samples is None and name in here:
+        if samples is None and name in here and workspace is not None:  # here: only with a workspace
             classes, held_out = _own_data(config, data, workspace)
             samples, note = sum(classes.values()), "counted from its data on this machine"
             if minimum is not None:

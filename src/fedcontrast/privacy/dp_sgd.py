@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -50,7 +51,10 @@ def _say_how_noise_is_sampled(secure: bool, csprng: bool) -> None:
     logging.getLogger(__name__).info("DP-SGD noise: %s", how)
 
 
-def make_dp_compatible(model: nn.Module) -> nn.Module:
+_Module = TypeVar("_Module", bound=nn.Module)  # make_dp_compatible returns the class it is given
+
+
+def make_dp_compatible(model: _Module) -> _Module:
     """``ModuleValidator.fix`` (BatchNorm → GroupNorm, …) then ``validate``; a model Opacus cannot
     train privately raises ConfigError naming the problem. Every party builds the same fixed model,
     so the weights that travel keep one shape. In-place activations are made out-of-place: Opacus's
@@ -61,7 +65,7 @@ def make_dp_compatible(model: nn.Module) -> nn.Module:
         model = ModuleValidator.fix(model)
     for module in model.modules():
         if getattr(module, "inplace", False) is True:
-            module.inplace = False
+            module.inplace = False  # type: ignore[assignment]  # torch types module attributes as Tensor | Module
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
         raise ConfigError(f"the model cannot be trained with DP-SGD: {errors[0]}")

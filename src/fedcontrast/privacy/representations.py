@@ -35,6 +35,7 @@ See :func:`gaussian_public_representations`.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 
@@ -62,7 +63,8 @@ def gaussian_noise(shape: tuple[int, ...], std: float, generator: torch.Generato
         return (torch.randn(shape, generator=generator, dtype=torch.float64, device="cpu") * std).to(device=device,
                                                                                                       dtype=dtype)
     torch.randn((1,), generator=generator, dtype=torch.float64, device="cpu")  # discarded, as Opacus does
-    total = sum(torch.randn(shape, generator=generator, dtype=torch.float64, device="cpu") * std for _ in range(4))
+    total = cast(torch.Tensor, sum(torch.randn(shape, generator=generator, dtype=torch.float64, device="cpu") * std
+                                   for _ in range(4)))
     return (total / 2).to(device=device, dtype=dtype)
 
 

@@ -102,11 +102,15 @@ def unmask(masked: dict[str, np.ndarray], reveals: dict[str, dict[str, tuple[str
                       if target == site and k == kind]
             advert = adverts[site]
             if survived:
-                secret, bad = rebuild(site, "self-mask seed", shares, threshold,
-                                      lambda secret, a=advert: "commit" not in a or commitment(secret) == a["commit"])
+                def seed_committed(secret: bytes, a: dict[str, bytes] = advert) -> bool:
+                    return "commit" not in a or commitment(secret) == a["commit"]
+
+                secret, bad = rebuild(site, "self-mask seed", shares, threshold, seed_committed)
             else:
-                secret, bad = rebuild(site, "pairwise-mask key", shares, threshold,
-                                      lambda secret, a=advert: s_public(secret) == a["s_pk"])
+                def key_advertised(secret: bytes, a: dict[str, bytes] = advert) -> bool:
+                    return s_public(secret) == a["s_pk"]
+
+                secret, bad = rebuild(site, "pairwise-mask key", shares, threshold, key_advertised)
             if blamed is not None:
                 blamed.update(bad)
             if survived:

@@ -3,6 +3,7 @@ and site steps (:mod:`.secagg_protocol`), their messages passed in memory, and w
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,10 +76,11 @@ def secure_sum(vectors: dict[str, np.ndarray], settings: Any, round_num: int, *,
             sent[n] += len(payload)
         if relay.open and PHASES.index(kind) == relay.phase:
             relay.close()
-        if step is not None:
-            payloads = {n: at(n, lambda n=n, step=step, answer=answer:
-                              getattr(steps[n], step)(relay.answer(n, round_num, answer)))
-                        for n in payloads if n not in relay.dropped}
+        if step is not None and answer is not None:  # set in every phase but the last (reveal)
+            def reply(n: str, step: str = step, answer: str = answer) -> bytes:
+                return getattr(steps[n], step)(relay.answer(n, round_num, answer))
+
+            payloads = {n: at(n, functools.partial(reply, n)) for n in payloads if n not in relay.dropped}
     total = relay.total(round_num)
     plain = next(iter(vectors.values())).size * 4
     return total, SecureRound(len(names), t, float(sent[names[0]]), float(plain), sum(cpu.values()) / len(names),

@@ -95,6 +95,7 @@ class SitePrivacy:
     def training_session(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, num_samples: int,
                          batch_size: int):
         device = next(model.parameters()).device
+        assert self.dp_sgd is not None  # a DP-SGD session only where the plan has dp_sgd
         return DPSGDSession(model, optimizer, num_samples=num_samples, batch_size=batch_size,
                             noise_multiplier=self.dp_sgd.noise_multiplier, max_grad_norm=self.dp_sgd.max_grad_norm,
                             generator=self.generator, noise_generator=self.noise_generator(device),
@@ -102,12 +103,14 @@ class SitePrivacy:
 
     def class_sums(self, num_classes: int, dim: int, num_samples: int, device: torch.device) -> GaussianClassSums:
         rep = self.representations
+        assert rep is not None  # representation DP only where the plan has it
         return GaussianClassSums(num_classes, dim, num_samples, device, noise_multiplier=rep.noise_multiplier,
                                  clip=rep.clip, generator=self.generator, secure=self.secure,
                                  on_release=lambda: self.record([[rep.noise_multiplier, 1.0, RELEASE_MECHANISMS]]))
 
     def public_representations(self, z: torch.Tensor) -> torch.Tensor:
         """FLESD's public-set release (:func:`gaussian_public_representations`), recorded."""
+        assert self.representations is not None  # representation DP only where the plan has it
         sigma = self.representations.noise_multiplier
         noisy, _ = gaussian_public_representations(z, noise_multiplier=sigma, generator=self.generator,
                                                    secure=self.secure)

@@ -165,7 +165,7 @@ class UploadScreen:
 
     def check(self, site: str, upload: Mapping[str, torch.Tensor], weight: Any, round_num: int,
               reference: Mapping[str, torch.Tensor] | None,
-              reference_norms: dict[tuple[str, ...], float] | None = None) -> tuple[str | None, float | None]:
+              reference_norms: dict[tuple[str, ...], float] | None = None) -> tuple[ReplayMark | None, float | None]:
         """Every check of one site's (already shape-validated) upload; returns its digest (None when
         replays are not checked) and its update's norm (None when not computed)."""
         self.check_weight(site, weight)
@@ -355,7 +355,7 @@ class UploadScreen:
             rest = {s: u for s, u in uploads.items() if s != site}
             if not rest:
                 break
-            if state is not None:
+            if state is not None and saved is not None:  # saved: a copy of state
                 state.clear()
                 state.update(copy.deepcopy(saved))
             candidate = aggregate(rest, {s: weights[s] for s in rest})

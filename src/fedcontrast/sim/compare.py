@@ -6,7 +6,7 @@ import csv
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -86,7 +86,8 @@ def run_comparison(base: RunConfig, algorithms: Sequence[str], seeds: Sequence[i
             "algorithm": algorithm, "seeds": len(finals),
             "final_accuracy_mean": final_m, "final_accuracy_std": final_s,
             "best_accuracy_mean": best_m, "best_accuracy_std": best_s,
-            f"rounds_to_{reference}_final": (statistics.fmean(reach) if all(r is not None for r in reach) else None),
+            f"rounds_to_{reference}_final": (statistics.fmean(cast(list[int], reach))
+                                          if all(r is not None for r in reach) else None),
             "rounds_to_reference_per_seed": reach,
             "wall_time_s_mean": statistics.fmean(walls[algorithm]),
         })

@@ -160,7 +160,7 @@ class FlowerExecutor:
                              f"{self.timeout or 0:g} s; the run stops here, every finished round is kept")
         return outcomes
 
-    def _exchange(self, messages: list) -> list:
+    def _exchange(self, messages: list) -> tuple[list, list]:
         """Pushes ``messages`` and pulls the replies as they come (the progress bar counts them), until
         all are in or ``timeout`` seconds have passed: the messages' ids (in order) and the replies."""
         ids = list(self.grid.push_messages(messages))

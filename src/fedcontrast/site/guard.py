@@ -61,7 +61,7 @@ def _check_policy_first(ws: Path, plan: Any, name: str | None, data_config: Path
     lines = read_data_lines(data_config) if name is not None and data_config.is_file() else {}
     try:
         enforce_site_policy(RunConfig.from_dict(loader["run_config"]), loader.get("network"),
-                            loader.get("model_shape"), lines.get(name, ""),
+                            loader.get("model_shape"), lines.get(name, "") if name is not None else "",
                             cwd="." if ws.resolve() == Path.cwd().resolve() else ws)  # named as fx's loader names it
     except CollaboratorStopped as exc:
         raise PackageRefused(str(exc.code).removeprefix("fedcontrast collaborator: error: ")) from None

@@ -36,6 +36,7 @@ from ..algorithms.base import WEIGHT_PREFIX
 from ..atomic import atomic_torch_save, atomic_write_text
 from ..config import RunConfig
 from ..errors import CheckpointError, ConfigError
+from ..models import ContrastiveNet
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ def _load(path: Path) -> Any:
                               "it is not a final model a site wrote") from None
 
 
-def load_final_model(folder: str | Path) -> tuple[torch.nn.Module, RunConfig, dict[str, Any]]:
+def load_final_model(folder: str | Path) -> tuple[ContrastiveNet, RunConfig, dict[str, Any]]:
     """The run's model with the final weights loaded (the initial model where the plugin sends none,
     e.g. FedPCL), its run configuration and ``final_model.json``."""
     from ..construction import initial_model
@@ -303,7 +304,7 @@ def score_in_workspace(workspace: str | Path, name: str | None = None) -> tuple[
     from ..yamlio import read_json
 
     info = read_json(folder / FINAL_INFO, "the final model's record")
-    rows = {r["round"]: r for r in read_rows(folder)}
-    reported = rows.get(info["round"]) or {"round": info["round"], "evaluation": info.get("evaluation", {}),
+    by_round = {r["round"]: r for r in read_rows(folder)}
+    reported = by_round.get(info["round"]) or {"round": info["round"], "evaluation": info.get("evaluation", {}),
                                            "accuracy": info.get("evaluation", {}).get("accuracy")}
     return name, scored, reported

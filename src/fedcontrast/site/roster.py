@@ -80,8 +80,8 @@ def _from_folder(folder: Path, name: str | None) -> list[Member]:
     for cert in sorted((folder / "cert" / "client").glob("col_*.crt")):  # an OpenFL workspace
         members += _from_file(cert, None)
     if not members:
-        for key in sorted(folder.glob("*.pub")):  # a folder of SuperNode keys
-            members += _from_file(key, None)
+        for key_file in sorted(folder.glob("*.pub")):  # a folder of SuperNode keys
+            members += _from_file(key_file, None)
     if not members:
         raise ConfigError(f"{folder} holds no site certificate (cert/client/col_NAME.crt), registry (sites.json) or "
                           "public key (NAME.pub)")
