@@ -1,10 +1,12 @@
 """Installs, besides the package, ``fedcontrast_fx_guard.pth``: at every interpreter start it loads
-``_fedcontrast_fx_guard``, which checks a site's workspace before OpenFL starts a collaborator from it
-(whatever the launcher; see ``src/_fedcontrast_fx_guard.py``); and ``_fedcontrast_torch_guard.py``,
-which torch runs at its import (entry point group ``torch.backends``, in pyproject.toml), so that the
-same guard is installed where ``.pth`` files are not run (``python -S`` with site-packages on
-``PYTHONPATH``). Both lie in site-packages itself, for editable installs too (whose package may then
-not be importable: the stub then does nothing). Everything else is in pyproject.toml."""
+``_fedcontrast_fx_guard`` (``src/_fedcontrast_fx_guard.py``; named for ``fx``, it guards Flower too),
+which checks a site's workspace before OpenFL starts a collaborator or an aggregator from it (whatever
+the launcher) and keeps the operator's app bundle's code out of a Flower site's ClientApp; and
+``_fedcontrast_torch_guard.py``, which torch runs at its import (entry point group ``torch.backends``,
+in pyproject.toml), so that the same guard is installed where ``.pth`` files are not run (``python -S``
+with site-packages on ``PYTHONPATH``). Both lie in site-packages itself, for editable installs too
+(whose package may then not be importable: the stub then does nothing). Everything else is in
+pyproject.toml."""
 
 from pathlib import Path
 

@@ -1,7 +1,8 @@
-"""fedcontrast: contrastive and representation-sharing federated learning on OpenFL.
+"""fedcontrast: contrastive and representation-sharing federated learning, in a simulator, on OpenFL
+and on Flower.
 
-The algorithm core (data, models, losses, aggregation rules, plugins, simulator) does not import
-OpenFL; the OpenFL glue is a thin adapter over the same plugin calls.
+The algorithm core (data, models, losses, aggregation rules, plugins, simulator) imports no federation
+engine; the OpenFL and Flower glue are thin adapters over the same plugin calls.
 """
 
 __version__ = "0.1.0"

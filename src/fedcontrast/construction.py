@@ -1,8 +1,8 @@
 """What every engine builds the same way from a :class:`RunConfig`: the data splits, each site's
 shard, site names and seeds, the initial global model and the configured plugin.
 
-The simulator and the OpenFL glue both call these, which is what makes their runs comparable
-bit for bit: the same shard for ``site_3``, the same initial weights, the same per-task seeds.
+The simulator, the OpenFL glue and the Flower apps all call these, which is what makes their runs
+comparable bit for bit: the same shard for ``site_3``, the same initial weights, the same per-task seeds.
 """
 
 from __future__ import annotations

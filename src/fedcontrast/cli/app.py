@@ -17,7 +17,8 @@ COMMAND_ORDER = ("simulate", "probe", "compare", "partition", "federation", "wor
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedcontrast", description="Contrastive federated learning on OpenFL.")
+    parser = argparse.ArgumentParser(prog="fedcontrast",
+                                     description="Contrastive federated learning: a simulator, OpenFL and Flower.")
     sub = parser.add_subparsers(dest="command", required=True)
     group_of = {name: group for group in GROUPS for name in group.COMMANDS}
     for name in [*COMMAND_ORDER, *(n for n in group_of if n not in COMMAND_ORDER)]:

@@ -1,4 +1,4 @@
-"""The in-process simulator: the same plugin calls as the OpenFL glue, in one process."""
+"""The in-process simulator: the same plugin calls as the OpenFL and Flower glue, in one process."""
 
 from .federation import Federation, derive_seed
 from .simulator import run_simulation

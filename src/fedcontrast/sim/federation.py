@@ -1,7 +1,7 @@
 """An in-process federation: the sites, the server and one round, driven through the plugin calls.
 
-This is the whole engine of the simulator; it holds no algorithm logic. The OpenFL glue drives the
-same plugin calls (``run_task``, ``aggregate``) across processes.
+This is the whole engine of the simulator; it holds no algorithm logic. The OpenFL and Flower glue
+drive the same plugin calls (``run_task``, ``aggregate``) across processes.
 """
 
 from __future__ import annotations
