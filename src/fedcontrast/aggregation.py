@@ -120,7 +120,7 @@ def fill_missing_prototypes(local: torch.Tensor, counts: torch.Tensor, global_pr
 
 def dual_aggregation(uploads: Mapping[str, Mapping[str, torch.Tensor]], weights: Mapping[str, float], *,
                      first_pass: str = "weighted") -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """FedSiam-DA's dual aggregation (ALGORITHMS.md, FedSiam-DA).
+    """FedSiam-DA's dual aggregation (paper eqs. 13–16; docs/algorithms.md#fedsiam-da).
 
     First pass ``w0 = Σ_k n_k/n w_k`` (``first_pass="mean"``: the plain mean). Second pass
     ``ξ_k = cos(flat(w_k), flat(w0)) / Σ_j cos(flat(w_j), flat(w0))`` over each whole flattened model,

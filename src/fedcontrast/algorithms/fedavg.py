@@ -1,4 +1,5 @@
-"""FedAvg (McMahan et al. 2017; MOON §2.1): local cross-entropy SGD, sample-weighted averaging."""
+"""FedAvg (McMahan et al. 2017; MOON §2.1; docs/algorithms.md#fedavg): local cross-entropy SGD,
+sample-weighted averaging."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """FedPCL: prototype contrast over frozen pre-trained backbones (Tan et al., NeurIPS 2022;
-ALGORITHMS.md, FedPCL). Sites share class prototypes and counts only — never weights."""
+docs/algorithms.md#fedpcl). Sites share class prototypes and counts only — never weights."""
 
 from __future__ import annotations
 

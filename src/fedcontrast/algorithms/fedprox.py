@@ -1,4 +1,5 @@
-"""FedProx (Li et al. 2020; MOON §2.1): FedAvg plus a proximal term toward the global weights."""
+"""FedProx (Li et al. 2020; MOON §2.1; docs/algorithms.md#fedprox): FedAvg plus a proximal term toward
+the global weights."""
 
 from __future__ import annotations
 

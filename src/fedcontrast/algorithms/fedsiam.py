@@ -1,5 +1,5 @@
 """FedSiam-DA: siamese stop-gradient local training and dual aggregation (Wang et al.;
-ALGORITHMS.md, FedSiam-DA).
+docs/algorithms.md#fedsiam-da).
 
 Collaborator: two trainable copies during a round — the site's local model ``w_k`` (with its
 prediction head ``h_k``) and the received global copy ``w_f'`` (with ``h_f'``). The loss is

@@ -1,5 +1,5 @@
 """FedSSC: MOON plus supervised contrast against class representations shared between sites
-(Hu, Feng, Yang, Chen 2023; ALGORITHMS.md, FedSSC)."""
+(Hu, Feng, Yang, Chen 2023; docs/algorithms.md#fedssc)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """FLESD: federated representation learning by ensemble similarity distillation (Shi et al.;
-ALGORITHMS.md, FLESD). Its weight-averaging baseline with the same local training, FedAvg-SimCLR,
+docs/algorithms.md#flesd). Its weight-averaging baseline with the same local training, FedAvg-SimCLR,
 and that training itself are in :mod:`.simclr`.
 
 Collaborator tasks, each round:

@@ -1,4 +1,4 @@
-"""MOON: model-contrastive federated learning (Li et al., CVPR 2021, §3)."""
+"""MOON: model-contrastive federated learning (Li et al., CVPR 2021, §3; docs/algorithms.md#moon)."""
 
 from __future__ import annotations
 

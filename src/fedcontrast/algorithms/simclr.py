@@ -1,7 +1,7 @@
 """SimCLR local training shared by FLESD and its weight-averaging baseline, FedAvg-SimCLR (FLESD's
-paper): self-supervised NT-Xent over two augmented views of each batch, in-batch negatives, Adam;
-labels are never read. Evaluation is a linear probe of the encoder (``accuracy`` is the probe's test
-accuracy), on the aggregator and at each site."""
+paper; docs/algorithms.md#fedavg-simclr): self-supervised NT-Xent over two augmented views of each
+batch, in-batch negatives, Adam; labels are never read. Evaluation is a linear probe of the encoder
+(``accuracy`` is the probe's test accuracy), on the aggregator and at each site."""
 
 from __future__ import annotations
 

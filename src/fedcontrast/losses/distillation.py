@@ -1,5 +1,5 @@
 """FLESD's ensemble similarity distillation (Shi et al. 2022, "Federated Representation Learning via
-Ensemble Similarity Distillation"; ALGORITHMS.md, FLESD).
+Ensemble Similarity Distillation"; docs/algorithms.md#flesd).
 
 Each client answers with the cosine similarity matrix ``M_k`` of its representations of the public
 set P (N samples). The server averages them, ``M = (1/|S|) Σ_k M_k / τ_T``, and trains its encoder so

@@ -1,4 +1,4 @@
-"""FedPCL's prototype-contrastive loss (Tan et al., NeurIPS 2022, eqs. 7–8)."""
+"""FedPCL's prototype-contrastive loss (Tan et al., NeurIPS 2022, eqs. 8–10; docs/algorithms.md#fedpcl)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FedSiam-DA's local losses (Wang et al., FedSiam-DA, eqs. 6–11; ALGORITHMS.md, FedSiam-DA).
+"""FedSiam-DA's local losses (Wang et al., FedSiam-DA, eqs. 6–11; docs/algorithms.md#fedsiam-da).
 
 ``D(p, z) = −sim(p, z)`` is SimSiam's negative cosine similarity. Every function returns the mean
 over the batch.

@@ -25,7 +25,7 @@ class ProjectionHead(nn.Module):
 class PredictionHead(nn.Module):
     """SimSiam-style prediction MLP used by FedSiam-DA: ``Linear → BatchNorm → ReLU → Linear``.
 
-    BatchNorm sits in the hidden layer only; the output layer has none (ALGORITHMS.md, FedSiam-DA).
+    BatchNorm sits in the hidden layer only; the output layer has none (docs/algorithms.md#fedsiam-da).
     Shape: ``(B, dim) → (B, dim)``.
     """
 
