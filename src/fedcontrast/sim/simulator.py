@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 
@@ -166,10 +166,11 @@ def _plot(config: RunConfig, run_dir: Path, rows: list[dict[str, Any]]) -> None:
                     title=f"{config.algorithm} on {config.dataset} ({config.clients} sites)")
 
 
-def print_progress(header: str = "", stream=sys.stderr) -> Progress:
+def print_progress(header: str = "", stream: TextIO | None = None) -> Progress:
     """A progress bar on a terminal, one line per round otherwise (logs, CI); ``header`` is
-    printed once set-up has succeeded."""
+    printed once set-up has succeeded. ``stream``: standard error as it is when the run starts."""
     bar = None
+    stream = stream if stream is not None else sys.stderr
 
     def show(done: int, total: int, row: dict[str, Any] | None) -> None:
         nonlocal bar
