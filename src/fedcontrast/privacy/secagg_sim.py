@@ -87,15 +87,27 @@ def secure_sum(vectors: dict[str, np.ndarray], settings: Any, round_num: int, *,
                               relay.unmask_cpu_s)
 
 
+def secure_terms_sum(algorithm: Any, uploads: dict[str, dict[str, Any]], weights: dict[str, float], settings: Any,
+                     round_num: int, layout: SumLayout, *, dropped: tuple[str, ...] = (),
+                     session: bytes = b"") -> tuple[np.ndarray, SecureRound]:
+    """The secure sum of the sites' :meth:`~fedcontrast.algorithms.Algorithm.secure_terms`
+    (:func:`~.secagg_terms.site_terms`, laid out as ``layout`` says), every party in this process:
+    (the sum, :class:`SecureRound`)."""
+    names = sorted(uploads)
+    vectors = {n: flatten_terms(site_terms(algorithm, uploads[n], weights[n], settings), layout.scale) for n in names}
+    total, cost = secure_sum(vectors, settings, round_num, dropped=dropped, session=session)
+    cost.plain_bytes_per_site = float(sum(v.numel() * v.element_size() for v in uploads[names[0]].values()) + 4)
+    return total, cost
+
+
 def secure_aggregate(algorithm: Any, uploads: dict[str, dict[str, Any]], weights: dict[str, float], settings: Any,
                      round_num: int, server: Any, *, dropped: tuple[str, ...] = (), session: bytes = b""):
-    """A plugin's downlink from the secure sum of its sites' :meth:`~fedcontrast.algorithms.Algorithm.secure_terms`
-    (:func:`~.secagg.site_terms`), every party in this process: (downlink, :class:`SecureRound`)."""
+    """A plugin's downlink from the secure sum of its sites' terms, every party in this process:
+    (downlink, :class:`SecureRound`)."""
     names = sorted(uploads)
-    terms = {n: site_terms(algorithm, uploads[n], weights[n], settings) for n in names}
-    layout = SumLayout({k: tuple(v.shape) for k, v in terms[names[0]].items()},
+    terms = site_terms(algorithm, uploads[names[0]], weights[names[0]], settings)
+    layout = SumLayout({k: tuple(v.shape) for k, v in terms.items()},
                        {k: v.dtype for k, v in uploads[names[0]].items()}, term_scale(algorithm, settings))
-    total, cost = secure_sum({n: flatten_terms(terms[n], layout.scale) for n in names}, settings, round_num,
-                             dropped=dropped, session=session)
-    cost.plain_bytes_per_site = float(sum(v.numel() * v.element_size() for v in uploads[names[0]].values()) + 4)
+    total, cost = secure_terms_sum(algorithm, uploads, weights, settings, round_num, layout, dropped=dropped,
+                                   session=session)
     return layout.downlink(algorithm, total, server), cost

@@ -17,31 +17,26 @@ import torch
 
 from ..algorithms import (
     Downlink,
-    InvalidUploadError,
-    ServerContext,
     SiteContext,
     load_weights,
     nbytes,
-    validate_uploads,
 )
 from ..algorithms.base import WEIGHT_PREFIX
 from ..config import RunConfig, site_names
 from ..construction import (
-    attach_public,
     build_algorithm,
     derive_seed,
-    initial_model,
     load_splits,
     partition,
-    server_seed,
     site_privacy,
     task_seed,
-    upload_screen,
 )
 from ..devices import resolve_device
 from ..errors import ConfigError
 from ..evaluation import linear_probe, local_model_accuracy
 from ..outputs import GLOBAL_SITE, metric_row
+from ..privacy.releases import release_choices
+from ..rounds import AggregatorRound, run_site_task
 
 __all__ = ["Federation", "build_algorithm", "derive_seed"]
 
@@ -81,24 +76,22 @@ class Federation:
         self.last_round: int | None = None  # the last round (0-based) this process will run: none sent beyond
         self.ahead: tuple[int, Any] | None = None  # (round, the executor's handle) of sites sent ahead
         self.device = resolve_device(config.device)
-        self.algorithm = build_algorithm(config)
         splits = self.splits = load_splits(config)
         parts = self.partition = partition(config, splits)
         on_device = (lambda d: d) if self.device.type == "cpu" else (lambda d: _to_device(d, self.device))
-        self.sites = [Site(name, i, on_device(splits.train.subset(p)))
-                      for i, (name, p) in enumerate(zip(site_names(config), parts))]
         self.test = on_device(splits.test)
         self.public = on_device(splits.public) if splits.public is not None else None
-        model = initial_model(config, in_channels=splits.in_channels, image_size=splits.image_size,
-                              num_classes=splits.num_classes).to(self.device)
-        attach_public(self.algorithm, self.public)
-        self.server = ServerContext(model=model, round_num=0, seed=server_seed(config, 0),
-                                    device=self.device, num_classes=splits.num_classes, public=self.public,
-                                    sites=[site.name for site in self.sites], labelled=on_device(splits.train))
+        shape = {"in_channels": splits.in_channels, "image_size": splits.image_size, "num_classes": splits.num_classes}
+        self.core = AggregatorRound(config, shape, public=self.public, device=self.device,
+                                    labelled=on_device(splits.train))  # the aggregator's round (fedcontrast.rounds)
+        self.algorithm, self.server, self.screen = self.core.algorithm, self.core.server, self.core.screen
+        self.sites = [Site(name, i, on_device(splits.train.subset(p)))
+                      for i, (name, p) in enumerate(zip(site_names(config), parts))]
+        model = self.server.model
         self.site_model = copy.deepcopy(model)  # scratch network the site tasks load weights into
-        self.upload_specs = self.algorithm.upload_specs(model, splits.num_classes)
-        self.screen = upload_screen(config, self.algorithm)
-        self.downlink: Downlink = self.algorithm.initial_downlink(self.server)
+        self.upload_specs = self.core.specs
+        self.downlink: Downlink = self.core.initial_downlink()
+        self.releases = release_choices(config.privacy)  # a simulated site releases what a deployed one would
         self.local_evaluation = (self.algorithm.evaluates_local_models if local_evaluation is None
                                  else local_evaluation)
         if self.local_evaluation and not any(s.name.startswith(WEIGHT_PREFIX) for s in self.upload_specs):
@@ -156,15 +149,6 @@ class Federation:
         counts = {s.name: torch.bincount(s.data.y, minlength=self.server.num_classes) for s in self.sites}
         return local_model_accuracy(self.site_model, uploads, self.test, self.device, class_counts=counts)
 
-    def _rejected(self, round_num: int, rejected: dict[str, str], accepted: dict) -> None:
-        """Rejected uploads, with the likely cause named where the global model may explain them
-        (:meth:`UploadScreen.explain`): the run stops naming them (``robustness.on_rejected: stop``),
-        or the round goes on without them (``exclude``; a ``rejected`` row per site in metrics.csv, a
-        ``likely_cause`` row per site named as the cause)."""
-        reasons = self.screen.settle(round_num, rejected, accepted)
-        if reasons:
-            logger.warning("round %d aggregated without rejected upload(s): %s", round_num + 1, reasons)
-
     def train_site(self, site: Site, round_num: int, received: dict[str, torch.Tensor]) -> SiteOutcome:
         """Every collaborator task of ``site`` in round ``round_num`` on what it ``received``: what an
         executor dispatches. Depends only on the configuration, the site's state and ``received``."""
@@ -174,14 +158,12 @@ class Federation:
         rows, weight = [], 0.0
         for t, task in enumerate(self.algorithm.tasks):
             ctx = self.site_context(site, round_num, task_seed(cfg, round_num, site.index, t))
-            result = self.algorithm.run_task(task, ctx, received)
-            weight = result.weight
-            if ctx.privacy is not None:  # the count as a deployment releases it: noised once under DP
-                weight = ctx.privacy.released_count(result.weight)
-                result.metrics.update(ctx.privacy.metrics())
-            merged.update({k: v.to(self.device) for k, v in result.uploads.items()})
-            rows.append(metric_row(round_num + 1, site.name, task, len(site.data), result.metrics,
-                                   nbytes(result.uploads), down if t == 0 else 0))
+            done = run_site_task(self.algorithm, ctx, task, received, self.releases)
+            weight = done.weight  # the count as a deployment releases it: noised once under DP
+            merged.update({k: v.to(self.device) for k, v in done.uploads.items()})
+            measured = {**done.result.metrics, **done.epsilon}  # a simulation records everything a site measured
+            rows.append(metric_row(round_num + 1, site.name, task, len(site.data), measured, done.bytes_sent,
+                                   down if t == 0 else 0))
         return SiteOutcome(merged, weight, rows, site.state)
 
     def train_away(self, index: int, round_num: int, received: dict[str, torch.Tensor],
@@ -210,19 +192,31 @@ class Federation:
         if ahead is not None:
             self.executor.cancel(ahead[1])
 
-    def _secure_aggregate(self, round_num: int, uploads: dict, weights: dict) -> dict[str, Any]:
-        """The round's downlink from the secure sum of the plugin's terms (each site masks, say,
-        ``n_k·u_k`` and ``n_k``: :meth:`~fedcontrast.algorithms.Algorithm.secure_terms`); its cost as a metrics row."""
+    def _settled(self, round_num: int, rejected: dict[str, str], uploads: dict) -> dict[str, str]:
+        """Under secure aggregation, the uploads refused before the protocol (not as declared): the plan
+        stops on them, or the round goes on without them (as :meth:`AggregatorRound.aggregate`)."""
+        excluded = self.core.settle(round_num, rejected, uploads)
+        if excluded:
+            logger.warning("round %d aggregated without rejected upload(s): %s", round_num + 1,
+                           "; ".join(excluded[s] for s in sorted(excluded)))
+        return excluded
+
+    def _secure_sum(self, round_num: int, uploads: dict, weights: dict, rows: list) -> tuple[Any, ...]:
+        """The secure sum of the plugin's terms over ``uploads``, every party in this process (each site
+        masks, say, ``n_k·u_k`` and ``n_k``: :meth:`~fedcontrast.algorithms.Algorithm.secure_terms`); its
+        cost goes into ``rows``. Returns the sum and the round's previous downlink, for the core."""
         from ..privacy.secagg_protocol import session_digest
-        from ..privacy.secagg_sim import secure_aggregate
+        from ..privacy.secagg_sim import secure_terms_sum
 
         session = session_digest(self.config.to_dict(), site_names(self.config), "simulator")
-        self.downlink, cost = secure_aggregate(self.algorithm, uploads, weights, self.config.secure_aggregation,
-                                               round_num, self.server, session=session)
-        return metric_row(round_num + 1, "aggregator", "secure_aggregation", len(uploads),
-                          {"bytes_per_site": cost.bytes_per_site, "plain_bytes_per_site": cost.plain_bytes_per_site,
-                           "threshold": cost.threshold, "site_cpu_s": cost.site_seconds,
-                           "aggregator_cpu_s": cost.aggregator_seconds})
+        assert self.core.sum_layout is not None  # secure aggregation is on
+        total, cost = secure_terms_sum(self.algorithm, uploads, weights, self.config.secure_aggregation, round_num,
+                                       self.core.sum_layout, session=session)
+        rows.append(metric_row(round_num + 1, "aggregator", "secure_aggregation", len(uploads),
+                               {"bytes_per_site": cost.bytes_per_site,
+                                "plain_bytes_per_site": cost.plain_bytes_per_site, "threshold": cost.threshold,
+                                "site_cpu_s": cost.site_seconds, "aggregator_cpu_s": cost.aggregator_seconds}))
+        return total, self.downlink.global_tensors
 
     def received(self, site: Site) -> dict[str, torch.Tensor]:
         """What ``site`` receives this round, on the run's device."""
@@ -234,7 +228,6 @@ class Federation:
         uploads: dict[str, dict[str, torch.Tensor]] = {}
         weights: dict[str, float] = {}
         rows = []
-        rejected: dict[str, str] = {}
         selected = self.select_sites(round_num)
         ahead, self.ahead = self.ahead, None
         if ahead is not None and ahead[0] == round_num:  # sent while the previous round was evaluated
@@ -246,34 +239,25 @@ class Federation:
             site.state = outcome.state
             weights[site.name] = outcome.weight
             rows.extend(outcome.rows)
-            try:
-                validate_uploads(site.name, outcome.uploads, self.upload_specs)
-            except InvalidUploadError as exc:
-                rejected[site.name] = f"round {round_num + 1}: {exc}"
-                continue
             uploads[site.name] = outcome.uploads
         received = self.downlink.global_tensors
-        self.server.round_num = round_num
-        self.server.seed = server_seed(cfg, round_num)
-        self.server.previous = received
-        if cfg.secure_aggregation is not None:  # the aggregator sees only the sum (privacy/secagg.py)
-            self._rejected(round_num, rejected, uploads)
-            accepted, blamed = uploads, {}
-            rows.append(self._secure_aggregate(round_num, uploads, weights))
-        else:  # the aggregator's screen (fedcontrast.robust): bounds, the plugin's checks, replays, clipping
-            accepted, kept, refused = self.screen.screen(round_num + 1, uploads, weights, received)
-            rejected.update(refused)
-            self._rejected(round_num, rejected, accepted)
-            self.downlink, blamed = self.screen.aggregate(lambda u, w: self.algorithm.aggregate(u, w, self.server),
-                                                          accepted, kept, self.server.state, round_num + 1)
-            self._rejected(round_num, blamed, accepted)
+        if cfg.secure_aggregation is not None:  # the aggregator sees only the sum (privacy/secagg*.py)
+            uploads, rejected = self.core.validate(round_num, uploads, weights)
+            excluded = self._settled(round_num, rejected, uploads)
+            outcome = self.core.aggregate_secure(round_num, *self._secure_sum(round_num, uploads, weights, rows),
+                                                 rejected=excluded)
+        else:  # validation, the screen (bounds, the plugin's checks, replays, clipping), blame: the core's
+            outcome = self.core.aggregate(round_num, uploads, weights, received)
+        self.downlink = outcome.downlink
+        if outcome.note:
+            logger.warning("round %d aggregated without rejected upload(s): %s", round_num + 1, outcome.note)
         self._send_ahead(round_num + 1)
-        rows.extend(metric_row(round_num + 1, site, "rejected", 0, {}) for site in sorted({**rejected, **blamed}))
+        rows.extend(metric_row(round_num + 1, site, "rejected", 0, {}) for site in outcome.excluded)
         rows.extend(metric_row(round_num + 1, site, "likely_cause", 0,
                                {"moved_round": m.round, "update_ratio": m.update_ratio, "spread": m.spread,
                                 "share": m.share, "move_ratio": m.move_ratio})
                     for site, m in sorted(self.screen.causes.get(round_num + 1, {}).items()))
-        uploads = {s: u for s, u in accepted.items() if s not in blamed}
+        uploads = outcome.accepted if cfg.secure_aggregation is None else uploads
         evaluation = self.algorithm.evaluate(self.downlink, self.server, self.test)
         if self.algorithm.personalized:
             evaluation.update(self.personalized_evaluation(round_num))
