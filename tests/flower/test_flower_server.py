@@ -87,8 +87,11 @@ def test_the_same_screen_rejects_a_hostile_upload_and_names_its_site(tmp_path):
     server.connect()
     server.run_round(0)  # round 1: every upload equals what was received, an update of zero
     server.grid.scale = {"hosp2": 1e30}
-    with pytest.raises(RejectedUpload, match="hosp2"):
+    with pytest.raises(RejectedUpload, match="hosp2.*round 2 was aggregated without them"):
         server.run_round(1)
+    # on_rejected: stop, as every engine: the round is aggregated without it and recorded, then the run stops
+    record = json.loads((tmp_path / "rounds.jsonl").read_text().splitlines()[-1])
+    assert record["round"] == 2 and list(record["excluded"]) == ["hosp2"]
 
 
 def test_a_run_writes_the_operators_records(tmp_path):

@@ -40,9 +40,14 @@ def test_finite_poison_stops_the_run_naming_the_sender(three):
     hostile(federation, scale_site_1(1e30))
     federation.run_round(0)
     before = weights_of(federation)
-    with pytest.raises(RejectedUpload, match=r"round 2: site 'site_1' uploaded a model update of norm .*max_update_ratio"):
+    with pytest.raises(RejectedUpload, match=r"round 2: site 'site_1' uploaded a model update of norm .*max_update_ratio"
+                                             r".*round 2 was aggregated without them and the federation stops") as info:
         federation.run_round(1)
-    assert all(torch.equal(before[k], v) for k, v in federation.downlink.global_tensors.items())  # nothing averaged in
+    # on_rejected: stop (as documented): the round is aggregated from the honest sites alone, recorded, then the run stops
+    after = federation.downlink.global_tensors
+    assert max(float(v.abs().max()) for v in after.values()) < 1e3  # the 1e30 upload was not averaged in
+    assert any(not torch.equal(before[k], v) for k, v in after.items())  # the honest sites' round was
+    assert [r["site"] for r in info.value.rows if r["task"] == "rejected"] == ["site_1"]
 
 
 def test_excluded_poison_leaves_the_global_model_to_the_honest_sites(three):

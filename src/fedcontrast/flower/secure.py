@@ -114,8 +114,8 @@ def site_step(site: Any, content: dict[str, Any]) -> dict[str, Any]:
 
 # --- the ServerApp --------------------------------------------------------------------------------
 def secure_round(server: Any, round_num: int, adverts: dict[str, bytes], site_keys: dict[str, str]):
-    """Round ``round_num``'s downlink from the secure sum: ``adverts`` (site → its train reply's
-    keys) checked against the registered keys, then the three exchanges."""
+    """Round ``round_num``'s secure sum (the survivors' terms, unmasked): ``adverts`` (site → its train
+    reply's keys) checked against the registered keys, then the four exchanges."""
     from flwr.app import ConfigRecord
 
     relay = server.relay
@@ -152,7 +152,7 @@ def secure_round(server: Any, round_num: int, adverts: dict[str, bytes], site_ke
     sent = [relay.bytes_from.get(s, 0) for s in relay.survivors]
     say(f"round {round_num + 1}: secure sum of {', '.join(relay.survivors)} (threshold {relay.threshold}; "
         f"{sum(sent) / max(1, len(sent)):.0f} bytes per site; unmasking {relay.unmask_cpu_s:.3f} s of CPU)")
-    return server.sum_layout.downlink(server.algorithm, relay.total(round_num), server.server)
+    return relay.total(round_num)
 
 
 def say_withdrawn(site: str, round_num: int, reason: Any) -> None:

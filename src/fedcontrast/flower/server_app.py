@@ -26,17 +26,9 @@ from typing import Any
 
 import torch
 
-from ..algorithms import InvalidUploadError, ServerContext, validate_uploads
+from ..algorithms import get_algorithm
 from ..config import RunConfig, site_names
-from ..construction import (
-    attach_public,
-    build_algorithm,
-    data_shape,
-    initial_model,
-    load_public,
-    server_seed,
-    upload_screen,
-)
+from ..construction import data_shape, load_public
 from ..devices import resolve_device
 from ..errors import FedContrastError
 from ..outputs import (
@@ -49,7 +41,7 @@ from ..outputs import (
     write_metrics_csv,
 )
 from ..privacy.secagg_relay import relay_for
-from ..privacy.secagg_terms import SumLayout
+from ..rounds import AggregatorRound
 from .console import say
 from .records import CONFIG_KEY, flwr_app, from_array_record, plan_pins, to_array_record
 
@@ -77,22 +69,14 @@ class FlowerServer:
         self.node_of = {s: int(site_nodes[s]) for s in self.sites}
         self.site_of = {n: s for s, n in self.node_of.items()}
         self.shared = shared or {}
-        self.algorithm = build_algorithm(config)
         self.device = resolve_device(config.device)
-        shape = data_shape(config)
-        model = initial_model(config, **shape).to(self.device)
-        self.server = ServerContext(model=model, round_num=0, seed=server_seed(config, 0), device=self.device,
-                                    num_classes=shape["num_classes"], sites=list(self.sites))
-        if self.algorithm.requires_public:
-            public = load_public(config, base_dir=base_dir)
-            attach_public(self.algorithm, public)
-            self.server.public = public
-        self.specs = self.algorithm.upload_specs(model, shape["num_classes"])
-        self.screen = upload_screen(config, self.algorithm)
-        self.downlink = self.algorithm.initial_downlink(self.server)
+        public = load_public(config, base_dir=base_dir) if get_algorithm(config.algorithm).requires_public else None
+        self.core = AggregatorRound(config, data_shape(config), public=public, device=self.device)  # fedcontrast.rounds
+        self.algorithm, self.server, self.specs = self.core.algorithm, self.core.server, self.core.specs
+        self.screen, self.sum_layout = self.core.screen, self.core.sum_layout
+        self.downlink = self.core.initial_downlink()
         self.rows: list[dict[str, Any]] = []
         secure = config.secure_aggregation  # the sites' protocol messages meet at the relay (flower/secure.py)
-        self.sum_layout = None if secure is None else SumLayout.of(self.algorithm, self.specs, secure)
         self.relay = (None if secure is None or self.sum_layout is None  # both, or neither
                       else relay_for(self.sites, secure, self.sum_layout))
         self.site_keys = dict(site_keys or {})
@@ -158,8 +142,10 @@ class FlowerServer:
         start = time.perf_counter()
         for round_num in range(self.config.rounds):
             r0 = time.perf_counter()
-            self.run_round(round_num)
-            write_metrics_csv(self.out / "metrics.csv", self.rows)
+            try:
+                self.run_round(round_num)
+            finally:  # a round that stops the run (on_rejected: stop) is recorded first
+                write_metrics_csv(self.out / "metrics.csv", self.rows)
             acc = [r["accuracy"] for r in self.rows if r["site"] == GLOBAL_SITE and r["round"] == round_num]
             say(f"round {round_num + 1}/{self.config.rounds} done in {time.perf_counter() - r0:.1f} s"
                 + (f"; sites' held-out accuracy of the model after round {round_num}: {acc[0]:.4f}" if acc else ""))
@@ -182,7 +168,7 @@ class FlowerServer:
         messages = {s: self.message(s, "train", {"task": task, "received": to_array_record(self.downlink.for_site(s))},
                                     round_num + 1) for s in self.sites}
         replies = self.exchange(messages, self.round_timeout, f"round {round_num + 1}")
-        uploads, weights, rejected = {}, {}, {}
+        uploads, weights = {}, {}
         evaluations = {}
         for site in self.sites:
             outcome = replies[site].content["outcome"]
@@ -192,59 +178,44 @@ class FlowerServer:
             if self.relay is not None:  # its keys, not its uploads: they are summed securely below
                 continue
             weights[site] = float(outcome["weight"])
-            received = from_array_record(replies[site].content["uploads"], self.device)
-            try:
-                validate_uploads(site, received, self.specs)
-            except InvalidUploadError as exc:
-                rejected[site] = f"round {round_num + 1}: {exc}"
-                continue
-            uploads[site] = received
+            uploads[site] = from_array_record(replies[site].content["uploads"], self.device)
         self.evaluation_rows(round_num, evaluations)
         previous = self.downlink.global_tensors
         if self.relay is not None:
             self._secure_round(round_num, replies, evaluations, previous)
             return
-        accepted, kept, refused = self.screen.screen(round_num + 1, uploads, weights, previous)
-        rejected.update(refused)
-        self._rejected(round_num, rejected, accepted)
-        self.server.round_num = round_num
-        self.server.seed = server_seed(self.config, round_num)
-        self.server.previous = previous
-        self.downlink, blamed = self.screen.aggregate(lambda u, w: self.algorithm.aggregate(u, w, self.server),
-                                                      accepted, kept, self.server.state, round_num + 1)
-        self._rejected(round_num, blamed, accepted)
-        self.rows.extend(metric_row(round_num + 1, s, "rejected", 0, {}) for s in sorted({**rejected, **blamed}))
+        result = self.core.aggregate(round_num, uploads, weights, previous)  # validation, screen, blame: the core's
+        self.downlink = result.downlink
+        if result.note:
+            say(f"round {round_num + 1} aggregated without rejected upload(s): {result.note}")
+        self.rows.extend(metric_row(round_num + 1, s, "rejected", 0, {}) for s in result.excluded)
         from ..jsonl import append_jsonl
 
         append_jsonl(self.out / ROUNDS_FILE, {  # the round's record, whole on disk (as the OpenFL engine's)
             "round": round_num + 1, "time": time.time(),
             "sites": {s: {"weight": weights[s], "training": json.loads(str(replies[s].content["outcome"]["metrics"])),
                           "evaluation_of_received": evaluations[s]} for s in self.sites},
-            "excluded": {s: r for s, r in sorted({**rejected, **blamed}.items())}})
+            "excluded": result.excluded})
+        if result.stop:  # on_rejected: stop — aggregated without them, recorded; the run stops here
+            raise result.stopped(round_num)
 
     def _secure_round(self, round_num: int, replies: dict[str, Any], evaluations: dict, previous: dict) -> None:
         """The downlink from the sites' secure sum (flower/secure.py): the ServerApp sees no upload alone."""
         from ..jsonl import append_jsonl
         from .secure import secure_round
 
-        self.server.round_num, self.server.seed = round_num, server_seed(self.config, round_num)
-        self.server.previous = previous
         adverts = {s: bytes(r.content["secagg"]["payload"]) for s, r in replies.items()}
-        self.downlink = secure_round(self, round_num, adverts, self.site_keys)
+        total = secure_round(self, round_num, adverts, self.site_keys)
         relay = self.relay
         assert relay is not None  # a secure round: the run has a relay
+        result = self.core.aggregate_secure(round_num, total, previous, rejected={**relay.withdrawn, **relay.blamed})
+        self.downlink = result.downlink
         append_jsonl(self.out / ROUNDS_FILE, {
             "round": round_num + 1, "time": time.time(), "secure_sum_of": relay.survivors,
             "secure_bytes": dict(relay.bytes_from),
             "sites": {s: {"training": json.loads(str(replies[s].content["outcome"]["metrics"])),
                           "evaluation_of_received": evaluations[s]} for s in self.sites},
-            "excluded": {s: r for s, r in sorted({**relay.withdrawn, **relay.blamed}.items())}})
-
-    def _rejected(self, round_num: int, rejected: dict[str, str], accepted: dict) -> None:
-        """As the simulator: stop naming them (``robustness.on_rejected: stop``), or go on without."""
-        reasons = self.screen.settle(round_num, rejected, accepted)
-        if reasons:
-            say(f"round {round_num + 1} aggregated without rejected upload(s): {reasons}")
+            "excluded": result.excluded})
 
     def evaluation_rows(self, round_num: int, evaluations: dict[str, dict[str, float]]) -> None:
         """Each site's held-out score of what it received at the start of ``round_num`` (the model

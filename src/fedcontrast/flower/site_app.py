@@ -50,6 +50,7 @@ from ..construction import (
 )
 from ..devices import resolve_device
 from ..errors import FedContrastError
+from ..rounds import run_site_task
 from ..site.report import REPORT_DIR, SiteReport, snapshot, write_final_model
 from .records import plan_pins
 
@@ -156,20 +157,12 @@ class SiteRuntime:
         for t, task in enumerate(self.algorithm.tasks):
             site = self.context(round_num, task_seed(self.config, round_num, self.index, t), state,
                                 site_privacy(self.config, state, round_num, noise_seed=None))
-            result = self.algorithm.run_task(task, site, received)
-            weight = result.weight
-            if site.privacy is not None and not self.releases.exact_count:
-                weight = site.privacy.released_count(result.weight)
-            released = {k: float(v) for k, v in result.metrics.items()
-                        if self.releases.training_metrics and k in self.algorithm.task_metrics.get(task, ())}
-            epsilon = site.privacy.metrics() if site.privacy is not None else {}
-            if self.releases.epsilon_metrics:
-                released.update(epsilon)
-            metrics[task] = released
-            uploads.update(result.uploads)
+            done = run_site_task(self.algorithm, site, task, received, self.releases)  # fedcontrast.rounds
+            weight = done.weight
+            metrics[task] = done.released
+            uploads.update(done.uploads)
             state = site.state
-            sent = sum(v.numel() * v.element_size() for v in result.uploads.values())
-            self.report.trained(round_num, task, result.metrics, nbytes, sent, epsilon)
+            self.report.trained(round_num, task, done.result.metrics, nbytes, done.bytes_sent, done.epsilon)
         self.report.finish(round_num)
         return uploads, float(weight), metrics, state
 

@@ -21,15 +21,16 @@ import numpy as np
 import torch
 from openfl.interface.aggregation_functions.core import AggregationFunction
 
-from ..algorithms import InvalidUploadError, ServerContext, validate_uploads
+from ..algorithms import InvalidUploadError, get_algorithm
 from ..algorithms.base import WEIGHT_PREFIX
 from ..atomic import atomic_torch_save
-from ..config import RunConfig, site_names
-from ..construction import attach_public, build_algorithm, initial_model, load_public, server_seed, upload_screen
+from ..config import RunConfig
+from ..construction import load_public
 from ..devices import resolve_device
 from ..errors import FedContrastError
 from ..outputs import write_json
-from ..privacy.secagg_terms import SumLayout
+from ..robust import RejectedUpload
+from ..rounds import AggregatorRound
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, pack, unpack
 from .runner import PERSONAL_TAG, WEIGHT_METRIC
 
@@ -73,25 +74,16 @@ class PluginAggregation(AggregationFunction):
 
     def _build(self, run_config: dict[str, Any] | None, model_shape: dict[str, int] | None) -> None:
         self.config = RunConfig.from_dict(run_config or {})
-        self.algorithm = build_algorithm(self.config)
         shape = model_shape or {}
         device = resolve_device(self.config.device)
-        model = initial_model(self.config, in_channels=shape["in_channels"], image_size=shape["image_size"],
-                              num_classes=shape["num_classes"]).to(device)
-        self.server = ServerContext(model=model, round_num=0, seed=server_seed(self.config, 0), device=device,
-                                    num_classes=shape["num_classes"])
-        if self.algorithm.requires_public:  # e.g. FLESD distils on the public set here
-            public = load_public(self.config)  # the plan's public folder (fingerprint checked) or split
-            attach_public(self.algorithm, public)
-            self.server.public = _to_device(public, device)
-        self.specs = self.algorithm.upload_specs(model, shape["num_classes"])
-        secure = self.config.secure_aggregation  # the layout of the secure sum, agreed before any round
-        self.sum_layout = None if secure is None else SumLayout.of(self.algorithm, self.specs, secure)
-        self.screen = upload_screen(self.config, self.algorithm)
+        public = None
+        if get_algorithm(self.config.algorithm).requires_public:  # e.g. FLESD distils on the public set here
+            public = _to_device(load_public(self.config), device)  # the plan's public folder (fingerprint checked)
+        self.core = AggregatorRound(self.config, shape, public=public, device=device)  # fedcontrast.rounds
+        self.algorithm, self.server, self.specs = self.core.algorithm, self.core.server, self.core.specs
+        self.sum_layout, self.screen = self.core.sum_layout, self.core.screen
         self.digests_loaded = False
-        downloads = self.algorithm.download_specs(model, shape["num_classes"])
-        self.global_specs = [s for s in downloads if not s.per_site]
-        self.personal_specs = [s for s in downloads if s.per_site]
+        self.global_specs, self.personal_specs = self.core.global_specs, self.core.personal_specs
 
     def call(self, local_tensors, tensor_db, tensor_name: str, fl_round: int, tags: tuple[str, ...]) -> np.ndarray:
         """Called once per round, for the packed upload of the round's last task."""
@@ -120,40 +112,30 @@ class PluginAggregation(AggregationFunction):
         unpacked, rejected = {}, {}
         for site in sites:
             try:
-                if site not in weights:
-                    raise InvalidUploadError(f"site {site!r} sent no aggregation weight; rejected")
                 uploads = unpack(packed[site], self.specs, sender=f"site {site!r}")
-                validate_uploads(site, uploads, self.specs)
                 unpacked[site] = {k: v.to(self.server.device) for k, v in uploads.items()}
             except InvalidUploadError as exc:
                 logger.error("round %d: %s", fl_round, exc)
                 rejected[site] = f"round {fl_round + 1}: {exc}"
-        # The plan's bounds, the plugin's checks, replays, clipping (fedcontrast.robust): each upload alone.
         if not self.digests_loaded and PERSONAL_DIR is not None and digests_path(PERSONAL_DIR).exists():
             self.screen.digests = json.loads(digests_path(PERSONAL_DIR).read_text())  # a restarted aggregator
         self.digests_loaded = True
         previous = self.received_downlink(db, fl_round)
-        valid, kept, refused = self.screen.screen(fl_round + 1, unpacked, weights, previous)  # as rounds.jsonl counts
-        rejected.update(refused)
-        rejected, hint = self.screen.explain(fl_round + 1, rejected, bool(valid))  # the likely cause, if any
-        if not valid:
-            _report_rejected(rejected, self.config)
-            raise AggregationFailure(f"round {fl_round + 1}: every upload was rejected; nothing to aggregate" + hint)
-        self.server.round_num = fl_round
-        self.server.seed = server_seed(self.config, fl_round)
-        self.server.sites = site_names(self.config)  # every site, in the plan's order (not only this round's)
-        self.server.previous = previous
-        downlink, blamed = self.screen.aggregate(lambda u, w: self.algorithm.aggregate(u, w, self.server),
-                                                 valid, kept, self.server.state, fl_round + 1)
-        rejected.update(self.screen.explain(fl_round + 1, blamed, True)[0])
-        valid = {s: u for s, u in valid.items() if s not in blamed}
-        _report_rejected(rejected, self.config)
+        try:  # validation, the screen (bounds, the plugin's checks, replays, clipping), blame: the core's
+            outcome = self.core.aggregate(fl_round, unpacked, weights, previous, rejected=rejected)
+        except RejectedUpload as exc:  # nothing left to aggregate
+            raise AggregationFailure(f"round {fl_round + 1}: {exc}") from None
+        EXCLUDED.update(outcome.excluded)
+        if outcome.stop:  # on_rejected: stop — aggregated without them; the aggregator stops after this round
+            REJECTED.append(outcome.stop)
+        elif outcome.note:
+            logger.warning("aggregated without rejected upload(s): %s", outcome.note)
         self._save_digests()
         if self.algorithm.evaluates_local_models:
             LOCAL_MODELS.clear()
             LOCAL_MODELS.update({site: {k: v for k, v in up.items() if k.startswith(WEIGHT_PREFIX)}
-                                 for site, up in valid.items()})
-        return self._store_downlink(db, fl_round, downlink)
+                                 for site, up in outcome.accepted.items()})
+        return self._store_downlink(db, fl_round, outcome.downlink)
 
     def _store_downlink(self, db, fl_round: int, downlink) -> np.ndarray:
         """Per-site downlinks into the database (and a file, for a restart); the packed global one."""
@@ -171,29 +153,16 @@ class PluginAggregation(AggregationFunction):
         plugin's :meth:`~fedcontrast.algorithms.Algorithm.aggregate_secure`); the aggregator saw no upload alone."""
         if RELAY is None:
             raise AggregationFailure("secure aggregation is on but the aggregator has no relay")
-        assert self.sum_layout is not None  # the plan's secure_aggregation, which gave the relay
-        self.server.round_num = fl_round
-        self.server.seed = server_seed(self.config, fl_round)
-        self.server.sites = site_names(self.config)
-        self.server.previous = self.received_downlink(db, fl_round)
-        downlink = self.sum_layout.downlink(self.algorithm, RELAY.total(fl_round), self.server)
+        outcome = self.core.aggregate_secure(fl_round, RELAY.total(fl_round), self.received_downlink(db, fl_round),
+                                             rejected={**RELAY.withdrawn, **RELAY.blamed})
+        EXCLUDED.update(outcome.excluded)
         logger.info("round %d: aggregated the secure sum of %s (unmasking: %.3f s of CPU)", fl_round,
                     ", ".join(RELAY.survivors), RELAY.unmask_cpu_s)
         for site, why in sorted(RELAY.blamed.items()):
             logger.warning("round %d: site %s sent a bad secure-aggregation share: %s", fl_round, site, why)
         for site, why in sorted(RELAY.withdrawn.items()):
             logger.warning("round %d: site %s took no part in the secure sum: %s", fl_round, site, why)
-        return self._store_downlink(db, fl_round, downlink)
-
-
-def _report_rejected(rejected: dict[str, str], config: RunConfig) -> None:
-    """Rejected uploads go into the round's record; with ``robustness.on_rejected: stop`` the
-    aggregator also stops the federation after this round, naming the senders."""
-    EXCLUDED.update(rejected)
-    if config.robustness.on_rejected == "stop":
-        REJECTED.extend(rejected[s] for s in sorted(rejected))
-    elif rejected:
-        logger.warning("aggregated without rejected upload(s): %s", "; ".join(rejected[s] for s in sorted(rejected)))
+        return self._store_downlink(db, fl_round, outcome.downlink)
 
 
 def _to_device(data, device):

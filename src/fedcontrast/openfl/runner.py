@@ -29,6 +29,7 @@ from ..construction import (
 )
 from ..devices import resolve_device
 from ..errors import CheckpointError, ConfigError, FedContrastError
+from ..rounds import run_site_task
 from ..site.report import REPORT_DIR, SiteReport, snapshot, write_final_model
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, UPLOAD_PACKED, pack, unpack
 from .plan import EVALUATE_TASK
@@ -163,19 +164,12 @@ class PluginTaskRunner(TaskRunner):
                            device=self.device, state=state, public=loader.public, index=index,
                            # DP noise from the operating system: the aggregator knows the plan's seed
                            privacy=site_privacy(self.config, state, round_num, noise_seed=None))
-        result = self.algorithm.run_task(task, site, received)
-        weight = result.weight
-        if site.privacy is not None and not self.releases.exact_count:
-            weight = site.privacy.released_count(result.weight)  # drawn once, recorded, reused every round
+        done = run_site_task(self.algorithm, site, task, received, self.releases)  # fedcontrast.rounds
+        result, weight, metrics, epsilon = done.result, done.weight, done.released, done.epsilon
         loader.reported_train_size = weight  # OpenFL also sends a "train" task's data size: the same value
-        metrics = {k: v for k, v in result.metrics.items()
-                   if self.releases.training_metrics and k in self.algorithm.task_metrics.get(task, ())}
         if site.privacy is not None and self.config.privacy is not None:  # one with the other
-            epsilon = site.privacy.metrics()
             logger.info("%s, round %d: ε = %.4g so far (δ = %g)", col_name, round_num, epsilon.get("dp_epsilon", 0.0),
                         self.config.privacy.delta)
-            if self.releases.epsilon_metrics:
-                metrics.update(epsilon)
         self._save_state(col_name, site.state)
         # One packed upload per round, sent with the round's last task (two tasks uploading the
         # same tensor name in one round would confuse OpenFL's aggregation).
@@ -198,7 +192,7 @@ class PluginTaskRunner(TaskRunner):
             uploads[TensorKey(f"{task}_{key}", col_name, round_num, True, ("metric",))] = np.array(value)
         report = self._report(col_name)  # everything the site measured, whatever left it
         report.trained(round_num, task, result.metrics, _nbytes(input_tensor_dict), _nbytes(uploads),
-                       epsilon if site.privacy is not None else {})
+                       epsilon)
         if task == self.algorithm.tasks[-1]:
             report.finish(round_num)
         return uploads, {}

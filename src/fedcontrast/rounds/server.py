@@ -35,6 +35,13 @@ class RoundOutcome:
     accepted: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     excluded: dict[str, str] = field(default_factory=dict)
     note: str | None = None
+    stop: str | None = None  # under ``on_rejected: stop``: why the federation stops after this round
+
+    def stopped(self, round_num: int) -> RejectedUpload:
+        """The sentence an engine stops with, once it recorded the round."""
+        return RejectedUpload(f"rejected upload(s): {self.stop}; round {round_num + 1} was aggregated without them "
+                              "and the federation stops so that the operator can look at the sender "
+                              "(robustness.on_rejected: stop)")
 
 
 class AggregatorRound:
@@ -95,8 +102,9 @@ class AggregatorRound:
         blamed_excluded, blamed_note = self._settle(round_num, blamed, accepted)
         excluded.update(blamed_excluded)
         notes = "; ".join(n for n in (note, blamed_note) if n) or None
+        stop = notes if notes and self.config.robustness.on_rejected == "stop" else None
         return RoundOutcome(downlink, {s: u for s, u in accepted.items() if s not in blamed},
-                            dict(sorted(excluded.items())), notes)
+                            dict(sorted(excluded.items())), None if stop else notes, stop)
 
     def validate(self, round_num: int, uploads: dict[str, dict[str, torch.Tensor]],
                  weights: dict[str, float]) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, str]]:
@@ -114,31 +122,33 @@ class AggregatorRound:
             valid[site] = upload
         return valid, rejected
 
-    def settle(self, round_num: int, rejected: dict[str, str], accepted: dict) -> dict[str, str]:
-        """Sites refused before a secure round (the plan stops on them, or the round goes on without
-        them, as :meth:`aggregate` does): the sentences the records carry."""
-        excluded, _ = self._settle(round_num, rejected, accepted)
-        return excluded
+    def settle(self, round_num: int, rejected: dict[str, str], accepted: dict) -> tuple[dict[str, str], str | None]:
+        """Sites refused before a secure round: the sentences the records carry, and their reasons in
+        one line (raises :class:`RejectedUpload` when none is left)."""
+        return self._settle(round_num, rejected, accepted)
 
     def aggregate_secure(self, round_num: int, total: np.ndarray, previous: dict[str, torch.Tensor] | None, *,
-                         rejected: dict[str, str] | None = None) -> RoundOutcome:
+                         rejected: dict[str, str] | None = None, note: str | None = None) -> RoundOutcome:
         """Round ``round_num`` from the unmasked secure sum of the survivors' terms (``total``, float64);
-        ``rejected``: sites the protocol left out, with the reason (withdrawn, a bad share)."""
+        ``rejected``: sites left out (refused before the protocol, withdrawn, a bad share), with the
+        reason; ``note``: the refusals' reasons in one line (:meth:`settle`), which stop the federation
+        under ``on_rejected: stop`` as in :meth:`aggregate`."""
         if self.sum_layout is None:
             raise RejectedUpload("secure aggregation is off in this plan; there is no secure sum to aggregate")
         self.begin(round_num, previous)
         downlink = self.sum_layout.downlink(self.algorithm, total, self.server)
-        return RoundOutcome(downlink, {}, dict(sorted((rejected or {}).items())), None)
+        stop = note if note and self.config.robustness.on_rejected == "stop" else None
+        return RoundOutcome(downlink, {}, dict(sorted((rejected or {}).items())), None if stop else note, stop)
 
     def _settle(self, round_num: int, rejected: dict[str, str], accepted: dict) -> tuple[dict[str, str], str | None]:
-        """The rejections explained (the likely cause where the global model may explain them); raises
-        :class:`RejectedUpload` under ``on_rejected: stop`` or with nothing left, else the note to report."""
+        """The rejections explained (the likely cause where the global model may explain them) and their
+        reasons in one line; raises :class:`RejectedUpload` when nothing is left to aggregate."""
         if not rejected:
             return {}, None
         explained, hint = self.screen.explain(round_num + 1, rejected, bool(accepted))
         reasons = "; ".join(explained[s] for s in sorted(explained))
-        if self.config.robustness.on_rejected == "stop" or not accepted:
-            raise RejectedUpload(reasons + ("" if accepted else "; no upload left to aggregate" + hint))
+        if not accepted:
+            raise RejectedUpload(reasons + "; no upload left to aggregate" + hint)
         return explained, reasons
 
     # --- state an engine keeps between rounds (checkpoints, a restarted aggregator) -----------------

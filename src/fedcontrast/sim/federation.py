@@ -36,6 +36,7 @@ from ..errors import ConfigError
 from ..evaluation import linear_probe, local_model_accuracy
 from ..outputs import GLOBAL_SITE, metric_row
 from ..privacy.releases import release_choices
+from ..robust import RejectedUpload
 from ..rounds import AggregatorRound, run_site_task
 
 __all__ = ["Federation", "build_algorithm", "derive_seed"]
@@ -43,6 +44,15 @@ __all__ = ["Federation", "build_algorithm", "derive_seed"]
 logger = logging.getLogger(__name__)
 
 NOISE_STREAM = 0xD9  # derive_seed(task seed, NOISE_STREAM): the simulated DP noise, apart from batch order
+
+
+class RoundStopped(RejectedUpload):
+    """The round was aggregated without rejected uploads and the run stops (``robustness.on_rejected:
+    stop``): ``rows``, the round's metrics, for the run's records."""
+
+    def __init__(self, message: str, rows: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.rows = rows
 
 
 @dataclass
@@ -192,15 +202,6 @@ class Federation:
         if ahead is not None:
             self.executor.cancel(ahead[1])
 
-    def _settled(self, round_num: int, rejected: dict[str, str], uploads: dict) -> dict[str, str]:
-        """Under secure aggregation, the uploads refused before the protocol (not as declared): the plan
-        stops on them, or the round goes on without them (as :meth:`AggregatorRound.aggregate`)."""
-        excluded = self.core.settle(round_num, rejected, uploads)
-        if excluded:
-            logger.warning("round %d aggregated without rejected upload(s): %s", round_num + 1,
-                           "; ".join(excluded[s] for s in sorted(excluded)))
-        return excluded
-
     def _secure_sum(self, round_num: int, uploads: dict, weights: dict, rows: list) -> tuple[Any, ...]:
         """The secure sum of the plugin's terms over ``uploads``, every party in this process (each site
         masks, say, ``n_k·u_k`` and ``n_k``: :meth:`~fedcontrast.algorithms.Algorithm.secure_terms`); its
@@ -243,9 +244,9 @@ class Federation:
         received = self.downlink.global_tensors
         if cfg.secure_aggregation is not None:  # the aggregator sees only the sum (privacy/secagg*.py)
             uploads, rejected = self.core.validate(round_num, uploads, weights)
-            excluded = self._settled(round_num, rejected, uploads)
+            excluded, note = self.core.settle(round_num, rejected, uploads)
             outcome = self.core.aggregate_secure(round_num, *self._secure_sum(round_num, uploads, weights, rows),
-                                                 rejected=excluded)
+                                                 rejected=excluded, note=note)
         else:  # validation, the screen (bounds, the plugin's checks, replays, clipping), blame: the core's
             outcome = self.core.aggregate(round_num, uploads, weights, received)
         self.downlink = outcome.downlink
@@ -269,6 +270,8 @@ class Federation:
                                            module=self.server.model))
         rows.append(metric_row(round_num + 1, GLOBAL_SITE, "evaluate", len(self.test),
                                {**evaluation, **self.downlink.metrics}))
+        if outcome.stop:  # on_rejected: stop — the round was aggregated without them; the run stops here
+            raise RoundStopped(str(outcome.stopped(round_num)), rows)
         return rows
 
 

@@ -25,7 +25,7 @@ from ..outputs import (
     write_metrics_csv,
 )
 from .checkpoint import load_checkpoint, save_checkpoint
-from .federation import Federation
+from .federation import Federation, RoundStopped
 
 OUTPUT_FILES = ("metrics.csv", "summary.json", "accuracy.png", "config.yaml", "checkpoint.pt", "tensorboard")
 RESULT_FILES = ("metrics.csv", "summary.json", "accuracy.png")  # what a finished round leaves
@@ -129,7 +129,11 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
     try:
         for r in range(start, end):
             t0 = time.perf_counter()
-            new_rows = federation.run_round(r)
+            stopped: RoundStopped | None = None
+            try:
+                new_rows = federation.run_round(r)
+            except RoundStopped as exc:  # on_rejected: stop — the round is recorded, then the run stops
+                stopped, new_rows = exc, exc.rows
             elapsed += time.perf_counter() - t0
             rows.extend(new_rows)
             save_checkpoint(ckpt_path, {"config": config.to_dict(), "rounds_done": r + 1, "rows": rows,
@@ -144,6 +148,8 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
                                "bytes/uploaded": sum(s["bytes_uploaded"] for s in sites)})
             if progress is not None:
                 progress(r + 1, config.rounds, glob)
+            if stopped is not None:
+                raise stopped
     except BaseException:  # a kill or a full disk: report that, not a second failure of the outputs below
         with contextlib.suppress(Exception):
             federation.cancel_ahead()
