@@ -227,3 +227,62 @@ def test_under_secure_aggregation_a_site_that_withdraws_is_named_and_the_others_
     out = capsys.readouterr().out
     assert "site hosp3 takes no part in the secure sum: its upload holds NaN" in out
     assert "secure sum of hosp1, hosp2 (threshold 2;" in out
+
+
+# --- dropouts, resume and run isolation (the same policy as the other engines) ----------------------------
+SCALE = {"hosp1": 0.5, "hosp2": 1.0, "hosp3": 2.0}
+
+
+class StopsAnswering(Grid):
+    """Every site answers the start-up and round 1, then none answers (the ServerApp's host went down)."""
+
+    def pull_messages(self, ids):
+        for mid in list(ids):
+            msg = self.pending.get(mid)
+            if msg is not None and msg.metadata.message_type == "train" and int(msg.content["task"]["round"]) >= 1:
+                self.silent = set(SITES)
+        return super().pull_messages(ids)
+
+
+def test_with_min_sites_a_round_goes_on_without_a_silent_site_and_names_it(tmp_path, capsys):
+    server = FlowerServer(Grid(silent={"hosp3"}), config(), tmp_path, NODES, round_timeout=1, start_timeout=5,
+                          min_sites=2)
+    summary = server.run()
+    assert summary["rounds_completed"] == 2
+    records = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1, 2] and all(set(r["sites"]) == {"hosp1", "hosp2"} for r in records)
+    assert all(r["excluded"] == {"hosp3": f"round {r['round']}: no answer within 1 s"} for r in records)
+    assert "round 1 goes on without hosp3 (hosp3: no answer within 1 s; 2 sites answered, min_sites 2)" in \
+        capsys.readouterr().out
+    with pytest.raises(SiteProblem, match="no answer from site\\(s\\) hosp3 within 1 s"):  # without min_sites: stops
+        FlowerServer(Grid(silent={"hosp3"}), config(), tmp_path / "b", NODES, round_timeout=1, start_timeout=5).run()
+
+
+def test_a_stopped_run_resumes_from_its_last_round_to_the_uninterrupted_result(tmp_path):
+    plan = config().replace(rounds=3)
+    whole = FlowerServer(Grid(scale=SCALE), plan, tmp_path / "whole", NODES, round_timeout=5, start_timeout=5)
+    whole.run()
+    out = tmp_path / "run"
+    with pytest.raises(SiteProblem, match="round 2: no answer"):
+        FlowerServer(StopsAnswering(scale=SCALE), plan, out, NODES, round_timeout=1, start_timeout=5).run()
+    resumed = FlowerServer(Grid(scale=SCALE), plan, out, NODES, round_timeout=5, start_timeout=5, resume=True)
+    assert resumed.start_round == 1
+    resumed.run()
+    for key, value in whole.downlink.global_tensors.items():  # the same model as the run that never stopped
+        assert np.array_equal(value.numpy(), resumed.downlink.global_tensors[key].numpy()), key
+    records = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1, 2, 3]
+
+
+def test_a_run_folder_holds_one_run(tmp_path):
+    from fedcontrast.errors import ConfigError
+    from fedcontrast.flower.runs import check_run_folder
+
+    out = tmp_path / "run"
+    assert check_run_folder(out, config(), resume=False) == "new"
+    FlowerServer(Grid(), config(), out, NODES, round_timeout=5, start_timeout=5).run()
+    with pytest.raises(ConfigError, match=f"{out} holds an earlier run \\(2 of 2 rounds done\\): pass --resume"):
+        check_run_folder(out, config(), resume=False)
+    assert check_run_folder(out, config(), resume=True) == "finished"
+    with pytest.raises(ConfigError, match="holds a run of another plan"):
+        check_run_folder(out, config().replace(rounds=5), resume=True)

@@ -38,7 +38,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         shutil.copytree(public_source, folder / config.public_data.folder, dirs_exist_ok=True)
     config = pin_shared(config, folder)
     init_operator(folder, config, host=args.address, port=args.port, round_timeout=args.round_timeout,
-                  start_timeout=args.start_timeout, threads=args.threads)
+                  start_timeout=args.start_timeout, threads=args.threads, min_sites=args.min_sites)
     print(f"Flower deployment of {config.algorithm} for {', '.join(config.sites or ())} in {folder}")
     print(f"  send {folder / 'certs' / 'ca.crt'} to every site, with the SuperLink's address "
           f"{args.address}:{args.port}")
@@ -68,14 +68,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         load_operator,
         run_command,
     )
+    from ..flower.runs import check_run_folder, progress
 
-    folder = load_operator(args.directory)[0]
+    folder, config, _ = load_operator(args.directory)
     command = run_command(folder)
+    state = check_run_folder(folder / RUN_DIR, config, resume=args.resume)  # one run per folder, never mixed
+    outcome = folder / RUN_DIR / OUTCOME_FILE
+    result = json.loads(outcome.read_text()) if outcome.exists() else {}
+    if state == "finished" and result.get("status") != "finished":
+        state = "resume"  # every round done, the final evaluation not: the resumed run does it
+    if state == "finished":
+        held = progress(folder / RUN_DIR) or {}
+        print(f"this run finished already ({held.get('rounds_done')} rounds): the sites' held-out accuracy of the "
+              f"final model {result.get('final_accuracy')}; outputs in {folder / RUN_DIR}")
+        return 0
     given = {"round-timeout": args.round_timeout, "start-timeout": args.start_timeout}
-    overrides = " ".join(f"{k}={float(v)}" for k, v in given.items() if v is not None)
+    overrides = " ".join([f"{k}={float(v)}" for k, v in given.items() if v is not None]
+                         + (['resume="true"'] if state == "resume" else []))
     if overrides:
         command += ["--run-config", overrides]
-    outcome = folder / RUN_DIR / OUTCOME_FILE
     outcome.unlink(missing_ok=True)
     code = _run_child(command, flower_env(folder))
     if not outcome.exists():
@@ -184,6 +195,8 @@ def _add_flower(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--start-timeout", type=float, default=600.0,
                    help="seconds to wait for every site's SuperNode to connect (600)")
     w.add_argument("--threads", type=int, default=1, help="torch threads of the ServerApp (1)")
+    w.add_argument("--min-sites", type=int, help="go on without sites that stay silent (or fail) in a round when at "
+                                                "least this many answered (default: every site must answer)")
     w.add_argument("directory")
     w.set_defaults(func=cmd_init)
     w = fsub.add_parser("superlink", help="operator: start the SuperLink (TLS, only registered SuperNode keys)")
@@ -197,6 +210,8 @@ def _add_flower(sub: argparse._SubParsersAction) -> None:
     w = fsub.add_parser("run", help="operator: run the federation (flwr run) and print its outcome")
     w.add_argument("--round-timeout", type=float, help="this run's round timeout (default: init's)")
     w.add_argument("--start-timeout", type=float, help="this run's wait for the sites' SuperNodes (default: init's)")
+    w.add_argument("--resume", action="store_true", help="continue the run the folder holds (from its last round), or "
+                                                         "re-report it when it finished")
     w.add_argument("directory")
     w.set_defaults(func=cmd_run)
     w = fsub.add_parser("site-key", help="site: make its SuperNode key pair (send the .pub file to the operator)")

@@ -186,16 +186,18 @@ def public_of_private(private_key: Path) -> Path:
 
 # --- the operator ------------------------------------------------------------------------------------
 def init_operator(folder: str | Path, config: RunConfig, *, host: str, port: int = DEFAULT_PORT,
-                  round_timeout: float = 1800.0, start_timeout: float = 600.0, threads: int = 1) -> Path:
+                  round_timeout: float = 1800.0, start_timeout: float = 600.0, threads: int = 1,
+                  min_sites: int | None = None) -> Path:
     """The operator's folder: certificates, the Flower App (run config = the typed run configuration),
     the flwr CLI's connection. Refuses a folder that holds one already."""
     folder = Path(folder).resolve()
     if (folder / APP_DIR / "pyproject.toml").exists():
         raise ConfigError(f"{folder} holds a Flower deployment already; choose a new folder")
+    check_min_sites(config, min_sites)
     folder.mkdir(parents=True, exist_ok=True)
     make_certificates(folder / CERT_DIR, host)
     settings = {"host": host, "port": port, "round-timeout": float(round_timeout),
-                "start-timeout": float(start_timeout), "threads": int(threads)}
+                "start-timeout": float(start_timeout), "threads": int(threads), "min-sites": int(min_sites or 0)}
     atomic_write_text(folder / "deployment.json", json.dumps(settings, indent=2) + "\n")
     atomic_write_text(folder / SITES_FILE, "{}\n")
     home = folder / FLWR_HOME
@@ -207,6 +209,21 @@ def init_operator(folder: str | Path, config: RunConfig, *, host: str, port: int
     return folder
 
 
+def check_min_sites(config: RunConfig, min_sites: int | None) -> None:
+    """``min_sites``: how many sites must answer for a round to go on without the silent ones (None:
+    every site); at least 1, at most the plan's sites, and not below the secure sum's threshold."""
+    if min_sites is None:
+        return
+    sites = len(site_names(config))
+    if not 1 <= min_sites <= sites:
+        raise ConfigError(f"--min-sites must be from 1 to the plan's {sites} sites, got {min_sites}")
+    secure = config.secure_aggregation
+    if secure is not None and min_sites < secure.sites_needed(sites):
+        raise ConfigError(f"--min-sites {min_sites} is below the secure-aggregation threshold "
+                          f"{secure.sites_needed(sites)}: a round that small could never be unmasked; raise min_sites "
+                          "or lower the threshold")
+
+
 def write_app(folder: Path, config: RunConfig) -> None:
     """The Flower App folder: ``pyproject.toml`` only (components are the installed fedcontrast's)."""
     settings = json.loads((folder / "deployment.json").read_text())
@@ -216,7 +233,8 @@ def write_app(folder: Path, config: RunConfig) -> None:
                   "site-keys": json.dumps({s: v.get("public_key", "") for s, v in nodes.items()}, sort_keys=True),
                   "out-dir": str(folder / RUN_DIR), "base-dir": str(folder),
                   "round-timeout": settings["round-timeout"], "start-timeout": settings["start-timeout"],
-                  "threads": settings["threads"]}
+                  "threads": settings["threads"], "min-sites": int(settings.get("min-sites", 0)),
+                  "resume": "false"}  # `flower run --resume` sets it for one run
     lines = ["[build-system]", 'requires = ["hatchling"]', 'build-backend = "hatchling.build"', "",
              "[project]", f'name = "fedcontrast-{config.algorithm}"', 'version = "1.0.0"',
              f'description = "fedcontrast {config.algorithm} ({", ".join(site_names(config))})"',

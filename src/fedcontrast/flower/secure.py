@@ -12,7 +12,8 @@ stands between the site and a lying operator (the site says so in its log), and 
 ``require_secure_aggregation`` an unpinned peer is refused. The site's secrets of a round (its
 key-agreement keys, its self-mask seed) live only in its long-lived worker's memory, so secure
 aggregation needs the worker (``fedcontrast flower supernode`` without ``--no-worker``). A site that
-stays silent stops the run, named, as without secure aggregation (no ``min_sites`` on Flower).
+stays silent at any phase is dropped when the plan's ``min_sites`` allows (its masks removed with the
+others' shares), else it stops the run, named.
 """
 
 from __future__ import annotations
@@ -138,21 +139,31 @@ def secure_round(server: Any, round_num: int, adverts: dict[str, bytes], site_ke
             raise SecureAggregationError(f"site {site} advertised a signing key other than the one registered for it; "
                                          "the run stops")
         relay.receive(site, round_num, "advert", payload)
+    _close_without_the_silent(server, relay, 0)  # sites that did not answer the training message (min_sites)
     for phase, answer in PHASES:
         members = relay.members[relay.phase]
         messages = {s: server.message(s, SECAGG_MESSAGE, {
             "task": ConfigRecord({"round": round_num, "phase": phase}),
             "secagg": ConfigRecord({"payload": relay.answer(s, round_num, answer)})}, round_num + 1) for s in members}
         replies = server.exchange(messages, server.round_timeout,
-                                  f"round {round_num + 1}'s secure aggregation ({phase})")
+                                  f"round {round_num + 1}'s secure aggregation ({phase})", drop=True)
         for site, reply in replies.items():
             relay.receive(site, round_num, phase, bytes(reply.content["secagg"]["payload"]))
+        _close_without_the_silent(server, relay, PHASES.index((phase, answer)) + 1)
     for site, why in sorted(relay.blamed.items()):
         say(f"round {round_num + 1}: site {site} sent a bad secure-aggregation share: {why}")
     sent = [relay.bytes_from.get(s, 0) for s in relay.survivors]
     say(f"round {round_num + 1}: secure sum of {', '.join(relay.survivors)} (threshold {relay.threshold}; "
         f"{sum(sent) / max(1, len(sent)):.0f} bytes per site; unmasking {relay.unmask_cpu_s:.3f} s of CPU)")
     return relay.total(round_num)
+
+
+def _close_without_the_silent(server: Any, relay: Any, phase: int) -> None:
+    """A phase some sites did not answer (the ServerApp let the round go on without them: ``min_sites``):
+    closed with those that did, the others dropped from the secure sum (their masks are removed with
+    the others' shares, as the protocol's dropouts are)."""
+    if relay.open and relay.phase == phase:
+        relay.close(server.min_sites or 0)
 
 
 def say_withdrawn(site: str, round_num: int, reason: Any) -> None:

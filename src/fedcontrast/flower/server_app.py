@@ -42,6 +42,7 @@ from ..outputs import (
 )
 from ..privacy.secagg_relay import relay_for
 from ..rounds import AggregatorRound
+from . import runs
 from .console import say
 from .records import CONFIG_KEY, flwr_app, from_array_record, plan_pins, to_array_record
 
@@ -58,9 +59,13 @@ class SiteProblem(FedContrastError):
 class FlowerServer:
     def __init__(self, grid, config: RunConfig, out_dir: Path, site_nodes: dict[str, int], *,
                  round_timeout: float, start_timeout: float, shared: dict[str, bytes] | None = None,
-                 base_dir: Path = Path("."), site_keys: dict[str, str] | None = None) -> None:
-        self.grid, self.config, self.out = grid, config, out_dir
+                 base_dir: Path = Path("."), site_keys: dict[str, str] | None = None, min_sites: int | None = None,
+                 resume: bool = False) -> None:
+        self.grid, self.config, self.out = grid, config, Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
         self.round_timeout, self.start_timeout = round_timeout, start_timeout
+        self.min_sites = min_sites  # a round goes on without silent sites while this many answered
+        self.absent: dict[str, str] = {}  # site → why it is not in the current round
         self.sites = site_names(config)
         unregistered = [s for s in self.sites if s not in site_nodes]
         if unregistered:
@@ -80,6 +85,12 @@ class FlowerServer:
         self.relay = (None if secure is None or self.sum_layout is None  # both, or neither
                       else relay_for(self.sites, secure, self.sum_layout))
         self.site_keys = dict(site_keys or {})
+        self.start_round, self.run_label = 0, runs.new_label()
+        if resume:  # the run in out_dir, from its checkpoint (flower run --resume checked it is this plan's)
+            state = runs.load(out_dir, self.device)
+            self.start_round, self.run_label, self.rows = state["rounds_done"], state["label"], list(state["rows"])
+            self.downlink = state["downlink"]
+            self.core.load_state_dict(state["core"])
 
     # --- messages ----------------------------------------------------------------------------------
     def message(self, site: str, kind: str, records: dict[str, Any], round_num: int):
@@ -87,12 +98,15 @@ class FlowerServer:
         return app.Message(app.RecordDict(records), dst_node_id=self.node_of[site], message_type=kind,
                            group_id=str(round_num))
 
-    def exchange(self, messages: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
-        """Sends one message per site and waits up to ``timeout`` seconds for every reply; a site
-        that fails or stays silent stops the run, named with its reason."""
+    def exchange(self, messages: dict[str, Any], timeout: float, what: str, *,
+                 drop: bool = False) -> dict[str, Any]:
+        """Sends one message per site and waits up to ``timeout`` seconds for every reply. A site that
+        fails or stays silent stops the run, named with its reason — unless ``drop`` and ``min_sites``
+        let the round go on without it (named, in :attr:`absent`)."""
         ids = dict(zip(self.grid.push_messages(list(messages.values())), messages))  # message id → site
-        pending, replies = set(ids), {}
+        pending, replies, failed = set(ids), {}, {}
         deadline = time.monotonic() + timeout
+        may_drop = drop and self.min_sites is not None
         while pending and time.monotonic() < deadline:
             for reply in self.grid.pull_messages(list(pending)):
                 site = ids.get(reply.metadata.reply_to_message_id)
@@ -100,14 +114,26 @@ class FlowerServer:
                     continue
                 pending.discard(reply.metadata.reply_to_message_id)
                 if reply.has_error():
-                    raise SiteProblem(f"{what}: {_reason(reply.error.reason, site)}")
+                    if not may_drop:
+                        raise SiteProblem(f"{what}: {_reason(reply.error.reason, site)}")
+                    failed[site] = _reason(reply.error.reason, site)
+                    continue
                 replies[site] = reply
             if pending:
                 time.sleep(0.05)
-        if pending:
-            silent = sorted(ids[m] for m in pending)
+        silent = sorted(ids[m] for m in pending)
+        if silent and not (may_drop and len(replies) >= (self.min_sites or 0)):
             raise SiteProblem(f"{what}: no answer from site(s) {', '.join(silent)} within {timeout:g} s (stopped, "
                               "or its SuperNode lost the connection); the run stops here")
+        if failed and len(replies) < (self.min_sites or 0):
+            raise SiteProblem(f"{what}: {'; '.join(failed.values())}; fewer than min_sites {self.min_sites} "
+                              "answered, the run stops here")
+        gone = {**{s: f"no answer within {timeout:g} s" for s in silent}, **failed}
+        if gone:
+            self.absent.update(gone)
+            why = "; ".join(f"{s}: {r}" for s, r in sorted(gone.items()))
+            say(f"{what} goes on without {', '.join(sorted(gone))} ({why}; {len(replies)} sites answered, "
+                f"min_sites {self.min_sites})")
         return replies
 
     # --- the run -----------------------------------------------------------------------------------
@@ -126,26 +152,33 @@ class FlowerServer:
             raise SiteProblem(f"site(s) {', '.join(missing)} did not connect within {self.start_timeout:g} s "
                               f"(their SuperNode is not running, or cannot reach this SuperLink)")
         app = flwr_app()
-        content = {"shared": app.ConfigRecord(dict(self.shared))} if self.shared else {}
+        content = {"task": app.ConfigRecord({"run": self.run_label})}
+        if self.shared:
+            content["shared"] = app.ConfigRecord(dict(self.shared))
         replies = self.exchange({s: self.message(s, "query", dict(content), 0) for s in self.sites},
-                                self.round_timeout, "start-up")
+                                self.round_timeout, "start-up", drop=True)
         for site, reply in replies.items():
             claimed = str(reply.content["site"]["site"])
             if claimed != site:
                 raise SiteProblem(f"the SuperNode registered as site {site} says it is {claimed!r}; the run stops")
-        say(f"{len(self.sites)} sites ready: {', '.join(self.sites)} (each checked the plan against its policy "
+        ready = [s for s in self.sites if s in replies]
+        say(f"{len(ready)} sites ready: {', '.join(ready)} (each checked the plan against its policy "
             "before reading its data)")
 
     def run(self) -> dict[str, Any]:
         t0 = time.perf_counter()
         self.connect()
         start = time.perf_counter()
-        for round_num in range(self.config.rounds):
+        if self.start_round:
+            say(f"resuming run {self.run_label} after round {self.start_round} of {self.config.rounds}")
+        for round_num in range(self.start_round, self.config.rounds):
             r0 = time.perf_counter()
             try:
                 self.run_round(round_num)
             finally:  # a round that stops the run (on_rejected: stop) is recorded first
                 write_metrics_csv(self.out / "metrics.csv", self.rows)
+            runs.save(self.out, self.config, self.run_label, round_num + 1, self.downlink, self.core.state_dict(),
+                      self.rows)
             acc = [r["accuracy"] for r in self.rows if r["site"] == GLOBAL_SITE and r["round"] == round_num]
             say(f"round {round_num + 1}/{self.config.rounds} done in {time.perf_counter() - r0:.1f} s"
                 + (f"; sites' held-out accuracy of the model after round {round_num}: {acc[0]:.4f}" if acc else ""))
@@ -164,13 +197,14 @@ class FlowerServer:
 
     def run_round(self, round_num: int) -> None:
         app = flwr_app()
-        task = app.ConfigRecord({"round": round_num})
+        task = app.ConfigRecord({"round": round_num, "run": self.run_label})
         messages = {s: self.message(s, "train", {"task": task, "received": to_array_record(self.downlink.for_site(s))},
                                     round_num + 1) for s in self.sites}
-        replies = self.exchange(messages, self.round_timeout, f"round {round_num + 1}")
+        self.absent = {}
+        replies = self.exchange(messages, self.round_timeout, f"round {round_num + 1}", drop=True)
         uploads, weights = {}, {}
         evaluations = {}
-        for site in self.sites:
+        for site in replies:
             outcome = replies[site].content["outcome"]
             for task_name, metrics in json.loads(str(outcome["metrics"])).items():
                 self.rows.append(metric_row(round_num + 1, site, task_name, 0, metrics))
@@ -189,12 +223,14 @@ class FlowerServer:
         if result.note:
             say(f"round {round_num + 1} aggregated without rejected upload(s): {result.note}")
         self.rows.extend(metric_row(round_num + 1, s, "rejected", 0, {}) for s in result.excluded)
+        absent = {s: f"round {round_num + 1}: {why}" for s, why in self.absent.items()}  # silent: not rejected
+        result.excluded = dict(sorted({**result.excluded, **absent}.items()))
         from ..jsonl import append_jsonl
 
         append_jsonl(self.out / ROUNDS_FILE, {  # the round's record, whole on disk (as the OpenFL engine's)
             "round": round_num + 1, "time": time.time(),
             "sites": {s: {"weight": weights[s], "training": json.loads(str(replies[s].content["outcome"]["metrics"])),
-                          "evaluation_of_received": evaluations[s]} for s in self.sites},
+                          "evaluation_of_received": evaluations[s]} for s in replies},
             "excluded": result.excluded})
         if result.stop:  # on_rejected: stop — aggregated without them, recorded; the run stops here
             raise result.stopped(round_num)
@@ -208,13 +244,15 @@ class FlowerServer:
         total = secure_round(self, round_num, adverts, self.site_keys)
         relay = self.relay
         assert relay is not None  # a secure round: the run has a relay
-        result = self.core.aggregate_secure(round_num, total, previous, rejected={**relay.withdrawn, **relay.blamed})
+        gone = {s: f"round {round_num + 1}: {why}" for s, why in self.absent.items()}
+        result = self.core.aggregate_secure(round_num, total, previous,
+                                            rejected={**gone, **relay.withdrawn, **relay.blamed})
         self.downlink = result.downlink
         append_jsonl(self.out / ROUNDS_FILE, {
             "round": round_num + 1, "time": time.time(), "secure_sum_of": relay.survivors,
             "secure_bytes": dict(relay.bytes_from),
             "sites": {s: {"training": json.loads(str(replies[s].content["outcome"]["metrics"])),
-                          "evaluation_of_received": evaluations[s]} for s in self.sites},
+                          "evaluation_of_received": evaluations[s]} for s in replies},
             "excluded": result.excluded})
 
     def evaluation_rows(self, round_num: int, evaluations: dict[str, dict[str, float]]) -> None:
@@ -241,11 +279,11 @@ class FlowerServer:
         """The final model goes to every site, which scores it and keeps it (``site_report/``)."""
         app = flwr_app()
         rounds = self.config.rounds
-        task = app.ConfigRecord({"round": rounds})
+        task = app.ConfigRecord({"round": rounds, "run": self.run_label})
         messages = {s: self.message(s, "evaluate",
                                     {"task": task, "received": to_array_record(self.downlink.for_site(s))},
                                     rounds + 1) for s in self.sites}
-        replies = self.exchange(messages, self.round_timeout, "final evaluation")
+        replies = self.exchange(messages, self.round_timeout, "final evaluation", drop=True)
         self.evaluation_rows(rounds, {s: json.loads(str(r.content["outcome"]["evaluation"]))
                                       for s, r in replies.items()})
 
@@ -279,7 +317,9 @@ def server_app():
             server = FlowerServer(grid, config, out, json.loads(str(rc["site-nodes"])),
                                   round_timeout=float(rc["round-timeout"]), start_timeout=float(rc["start-timeout"]),
                                   shared=shared, base_dir=base,
-                                  site_keys=json.loads(str(rc.get("site-keys", "{}") or "{}")))
+                                  site_keys=json.loads(str(rc.get("site-keys", "{}") or "{}")),
+                                  min_sites=int(rc["min-sites"]) if int(rc.get("min-sites", 0) or 0) else None,
+                                  resume=str(rc.get("resume", "false")).lower() == "true")
             summary = server.run()
         except FedContrastError as exc:
             say(f"error: {exc}")

@@ -74,6 +74,7 @@ class SiteRuntime:
 
         self.name = settings["site-name"]
         self.run_id = 0  # the Flower run this runtime serves (set by :func:`runtime`)
+        self.run_label = ""  # the operator's run, kept across a resumed run (set by :func:`handle`)
         self.workdir = Path(settings["workdir"]).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         os.chdir(self.workdir)  # the plan's relative paths (public folder, shared files) are the site's own
@@ -123,8 +124,10 @@ class SiteRuntime:
 
     def state_path(self) -> Path:
         """A copy of the site's state in this run, on its own disk (the SuperNode's context.state holds
-        it too; a restarted SuperNode has lost that): one file per run, so a new run starts afresh."""
-        return self.workdir / "local_state" / f"{self.name}.run{self.run_id}.pt"
+        it too; a restarted SuperNode has lost that): one file per run, so a new run starts afresh, and
+        a resumed run (a new Flower run carrying the operator's run label) finds its own again."""
+        label = "".join(c for c in self.run_label if c.isalnum() or c in "-_") or str(self.run_id)
+        return self.workdir / "local_state" / f"{self.name}.run{label}.pt"
 
     # --- the round ----------------------------------------------------------------------------------
     def context(self, round_num: int, seed: int, state: dict[str, Any], privacy: Any = None) -> SiteContext:
@@ -209,6 +212,22 @@ def _state_in(data: bytes | None, site: SiteRuntime) -> dict[str, Any]:
     return torch.load(io.BytesIO(data), map_location=site.device, weights_only=True) if data else {}
 
 
+def _round_start(site: SiteRuntime, round_num: int, state: dict[str, Any]) -> dict[str, Any]:
+    """The site's state as round ``round_num`` first started: kept on its disk the first time, and
+    used again when the round is asked for again (a resumed run redoes the round it was stopped in,
+    from the state that round began with, as an OpenFL collaborator does)."""
+    path = site.state_path().with_name(f"{site.state_path().stem}.start.pt")
+    if path.exists():
+        kept = torch.load(path, map_location=site.device, weights_only=True)
+        if kept.get("round") == round_num:
+            return kept["state"]
+    buffer = io.BytesIO()
+    torch.save({"round": round_num, "state": state}, buffer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, buffer.getvalue())
+    return state
+
+
 def _state_out(state: dict[str, Any], site: SiteRuntime) -> bytes:
     buffer = io.BytesIO()
     torch.save(state, buffer)
@@ -230,6 +249,9 @@ def handle(kind: str, run_id: int, run_config: str, settings: dict[str, str], co
     """One message, in plain data: ``content`` maps each record's name to its values (arrays as
     numpy); returns the reply's records and the site's state afterwards (None: unchanged)."""
     site = runtime(run_id, run_config, settings, content.get("shared") or {})
+    task = content.get("task") or {}
+    if "run" in task:  # the operator's run label: the same in a resumed run, whose Flower run id is new
+        site.run_label = str(task["run"])
     if kind == "query":
         return {"site": {"site": site.name}}, None
     if kind == "secagg":  # a step of the round's secure aggregation (flower/secure.py)
@@ -243,6 +265,7 @@ def handle(kind: str, run_id: int, run_config: str, settings: dict[str, str], co
     evaluation = site.evaluate(round_num, received, current, nbytes)
     if kind == "evaluate":
         return {"outcome": {"site": site.name, "evaluation": json.dumps(evaluation)}}, None
+    current = _round_start(site, round_num, current)
     uploads, weight, metrics, current = site.train(round_num, received, current, nbytes)
     if site.config.secure_aggregation is not None:  # its keys instead of its uploads; its count is inside the sum
         from .secure import begin_site_round
