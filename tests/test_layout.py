@@ -12,7 +12,7 @@ ENGINES = ("fedcontrast.sim", "fedcontrast.openfl", "fedcontrast.flower")  # one
 BELOW_ENGINES = ("fedcontrast.algorithms", "fedcontrast.aggregation", "fedcontrast.config", "fedcontrast.construction",
                  "fedcontrast.data", "fedcontrast.deploy", "fedcontrast.devices", "fedcontrast.evaluation",
                  "fedcontrast.losses", "fedcontrast.models", "fedcontrast.outputs", "fedcontrast.privacy",
-                 "fedcontrast.robust", "fedcontrast.site")
+                 "fedcontrast.robust", "fedcontrast.rounds", "fedcontrast.site")
 # (engine, a library only that engine imports): the simulator's executors run on Ray and on Flower
 ENGINE_LIBRARIES = [("fedcontrast.openfl", "openfl"), ("fedcontrast.sim", "ray"), ("fedcontrast.sim", "flwr"),
                     ("fedcontrast.flower", "flwr")]

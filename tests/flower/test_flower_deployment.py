@@ -177,6 +177,7 @@ def test_a_site_that_is_gone_is_named_within_the_round_timeout(lab, deployed):
     folder, nodes = deployed("moon")
     os.killpg(nodes["hosp3"].pid, signal.SIGKILL)  # the site's machine goes down: wrapper, worker, SuperNode
     nodes["hosp3"].wait(timeout=30)
+    set_aside(folder)
     started = time.monotonic()
     done = run(lab, folder, "--round-timeout", "20", "--start-timeout", "20", timeout=200)
     elapsed = time.monotonic() - started
@@ -186,3 +187,32 @@ def test_a_site_that_is_gone_is_named_within_the_round_timeout(lab, deployed):
     assert "hosp1" not in out.split("error:")[-1]  # only the site that is gone is named
     assert elapsed < 20 + 20 + 40  # start-up wait + one round's timeout + Flower's start of the run
     assert json.loads((folder / "run" / "outcome.json").read_text())["status"] == "failed"
+
+
+def set_aside(folder):
+    """The operator moves an earlier run away before starting another in the same folder."""
+    if (folder / "run").exists():
+        (folder / "run").rename(folder / f"run.before{time.time_ns()}")
+
+
+def test_with_min_sites_the_run_goes_on_without_a_site_that_is_gone_and_one_folder_holds_one_run(lab, deployed):
+    """hosp3's SuperNode is gone (the test above killed it): with --min-sites 2 the run starts without it,
+    asks it again every round, records it as absent, and finishes with hosp1 and hosp2. The folder then
+    holds that run: another `flower run` is refused naming the folder; `--resume` re-reports it."""
+    folder, nodes = deployed("moon")
+    if nodes["hosp3"].poll() is None:
+        os.killpg(nodes["hosp3"].pid, signal.SIGKILL)
+        nodes["hosp3"].wait(timeout=30)
+    set_aside(folder)
+    done = run(lab, folder, "--min-sites", "2", "--round-timeout", "15", "--start-timeout", "15", timeout=400)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "did not connect within 15 s; the run starts without them (min_sites 2)" in out
+    records = [json.loads(line) for line in (folder / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1, 2]
+    assert all(set(r["sites"]) == {"hosp1", "hosp2"} and "hosp3" in r["excluded"] for r in records)
+    again = run(lab, folder, timeout=60)
+    assert again.returncode != 0 and f"{folder / 'run'} holds an earlier run (2 of 2 rounds done): pass --resume" in \
+        (again.stdout + again.stderr)
+    report = run(lab, folder, "--resume", timeout=60)
+    assert report.returncode == 0 and "this run finished already (2 rounds)" in report.stdout

@@ -64,6 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..flower.deploy import (
         OUTCOME_FILE,
         RUN_DIR,
+        check_min_sites,
         flower_env,
         load_operator,
         run_command,
@@ -83,7 +84,9 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"final model {result.get('final_accuracy')}; outputs in {folder / RUN_DIR}")
         return 0
     given = {"round-timeout": args.round_timeout, "start-timeout": args.start_timeout}
+    check_min_sites(config, args.min_sites)
     overrides = " ".join([f"{k}={float(v)}" for k, v in given.items() if v is not None]
+                         + ([f"min-sites={int(args.min_sites)}"] if args.min_sites is not None else [])
                          + (['resume="true"'] if state == "resume" else []))
     if overrides:
         command += ["--run-config", overrides]
@@ -210,6 +213,8 @@ def _add_flower(sub: argparse._SubParsersAction) -> None:
     w = fsub.add_parser("run", help="operator: run the federation (flwr run) and print its outcome")
     w.add_argument("--round-timeout", type=float, help="this run's round timeout (default: init's)")
     w.add_argument("--start-timeout", type=float, help="this run's wait for the sites' SuperNodes (default: init's)")
+    w.add_argument("--min-sites", type=int, help="this run's min_sites: go on without silent sites while this many "
+                                                "answer (default: init's)")
     w.add_argument("--resume", action="store_true", help="continue the run the folder holds (from its last round), or "
                                                          "re-report it when it finished")
     w.add_argument("directory")

@@ -148,14 +148,17 @@ class FlowerServer:
                 break
             time.sleep(0.5)
         missing = [s for s in self.sites if self.node_of[s] not in online]
-        if missing:
+        if missing and (self.min_sites is None or len(self.sites) - len(missing) < self.min_sites):
             raise SiteProblem(f"site(s) {', '.join(missing)} did not connect within {self.start_timeout:g} s "
                               f"(their SuperNode is not running, or cannot reach this SuperLink)")
+        if missing:
+            say(f"site(s) {', '.join(missing)} did not connect within {self.start_timeout:g} s; the run starts without "
+                f"them (min_sites {self.min_sites}) and asks them again every round")
         app = flwr_app()
         content = {"task": app.ConfigRecord({"run": self.run_label})}
         if self.shared:
             content["shared"] = app.ConfigRecord(dict(self.shared))
-        replies = self.exchange({s: self.message(s, "query", dict(content), 0) for s in self.sites},
+        replies = self.exchange({s: self.message(s, "query", dict(content), 0) for s in self.sites if s not in missing},
                                 self.round_timeout, "start-up", drop=True)
         for site, reply in replies.items():
             claimed = str(reply.content["site"]["site"])
