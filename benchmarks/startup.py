@@ -101,7 +101,7 @@ def _fx_command_line(cwd: str) -> None:
 def _import_components(config: dict) -> None:
     from importlib import import_module
 
-    from fedcontrast.site.templates import plan_templates
+    from fedcontrast.deploy.templates import plan_templates
 
     for _, template in plan_templates(config):
         if isinstance(template, str) and "." in template:

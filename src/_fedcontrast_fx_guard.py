@@ -14,7 +14,7 @@ wherever OpenFL starts a collaborator or aggregator, whatever the launcher is ca
   started it, is checked before the plan's first component is imported.
 
 A refusal is one sentence on standard error and exit code 1 (a program that builds a collaborator
-itself gets :class:`fedcontrast.site.trust.PackageRefused` instead). Outside what a site can be
+itself gets :class:`fedcontrast.deploy.trust.PackageRefused` instead). Outside what a site can be
 protected from: an interpreter that loads neither site-packages' ``.pth`` files nor torch's entry
 points (``python -S`` without fedcontrast's environment, or with ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``).
 """

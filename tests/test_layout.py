@@ -153,3 +153,32 @@ def test_only_its_engine_imports_an_engine_library(engine, library):
 def test_every_module_reads_in_one_sitting():
     long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}, f"modules over {MAX_LINES} lines: {long}"
+
+
+def layer_order() -> list[str]:
+    """The package's top-level modules and folders in the order docs/layout.md lists them."""
+    import re
+
+    text = (PACKAGE.parents[1] / "docs" / "layout.md").read_text()
+    block = text[text.index("src/fedcontrast/"):text.index("src/_fedcontrast_fx_guard.py")]
+    order: list[str] = []
+    for line in block.splitlines():
+        head = re.match(r"  ([a-z_][a-z_0-9]*)(/|\.py)", line)
+        if not head:
+            continue
+        first = line.split("   ")[0]  # the names column: one folder or module, or several modules
+        names = re.findall(r"([a-z_][a-z_0-9]*)\.py", first) if head.group(2) == ".py" else [head.group(1)]
+        order += [n for n in names if n not in order]
+    return order
+
+
+def test_every_import_points_up_the_layers_of_docs_layout():
+    """Each module imports only what docs/layout.md lists above its own folder (or its own folder),
+    function-level imports included, TYPE_CHECKING ones not: the layers hold as documented."""
+    order = layer_order()
+    rank = {name: i for i, name in enumerate(order)}
+    tops = {name.split(".")[1] for name in modules() if "." in name}
+    assert tops <= set(rank), f"docs/layout.md does not list {sorted(tops - set(rank))}"
+    upward = sorted((a, b) for a, targets in graph().items() if "." in a for b in targets if "." in b
+                    and rank[b.split(".")[1]] > rank[a.split(".")[1]])
+    assert upward == [], f"imports of a layer listed below the importer in docs/layout.md: {upward}"

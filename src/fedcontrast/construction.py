@@ -15,6 +15,7 @@ import torch
 from .algorithms import Algorithm, get_algorithm
 from .config import RunConfig, site_names
 from .data import ArrayDataset, DataSplits, load_dataset, partition_indices
+from .data.splits import site_test_indices  # tests import it from here too
 from .errors import ConfigError
 from .models import ContrastiveNet, build_model
 from .seeds import derive_seed  # noqa: F401  (engines and tests import it from here)
@@ -141,23 +142,6 @@ def load_public(config: RunConfig, base_dir: str | Path = ".") -> ArrayDataset |
     if config.data_schema is not None:
         return None  # a deployment without a public folder
     return load_splits(config).public
-
-
-def site_test_indices(test_labels: np.ndarray, site_labels: np.ndarray, num_classes: int, seed: int) -> np.ndarray:
-    """Indices of a held-out set with a site's own label distribution, drawn from a shared test
-    split: per class ``c`` the site holds, ``⌊share_c · T⌋`` (at least 1) samples, with ``T`` as large
-    as the test split allows. Sorted; deterministic given ``seed``."""
-    counts = np.bincount(np.asarray(site_labels), minlength=num_classes).astype(np.float64)
-    available = np.bincount(np.asarray(test_labels), minlength=num_classes).astype(np.float64)
-    shares = counts / max(counts.sum(), 1.0)
-    present = (shares > 0) & (available > 0)
-    if not present.any():
-        return np.arange(len(test_labels))
-    total = float((available[present] / shares[present]).min())
-    rng = np.random.default_rng(seed)
-    picked = [rng.permutation(np.flatnonzero(test_labels == c))[:max(1, int(np.floor(shares[c] * total)))]
-              for c in np.flatnonzero(present)]
-    return np.sort(np.concatenate(picked))
 
 
 def site_test_split(test: ArrayDataset, site_labels: torch.Tensor, seed: int) -> ArrayDataset:

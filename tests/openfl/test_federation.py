@@ -184,7 +184,7 @@ def test_representation_dp_under_fx_each_site_records_the_audited_epsilon(make_w
     # FedPCL with DP on its prototypes through fx: each site's accountant history is kept on the
     # site's disk, and its ε equals what the audit predicts for that site from the plan alone.
     from fedcontrast.privacy import epsilon, history_of
-    from fedcontrast.privacy.audit import audit_plan, load_plan
+    from fedcontrast.audit.report import audit_plan, load_plan
 
     config = small_config(algorithm="fedpcl", public_fraction=0.1,
                           hyperparameters={"fedpcl": {"pretrain_epochs": 3}},

@@ -66,7 +66,7 @@ def test_every_launcher_refuses_the_operators_module_before_importing_it(tmp_pat
 def test_a_program_building_the_collaborator_itself_is_refused_before_the_module_is_imported(tmp_path):
     ws, env = evil_workspace(tmp_path, module_outside=True)
     program = ("from pathlib import Path\nfrom openfl.federated import Plan\n"
-               "from fedcontrast.site.trust import PackageRefused\n"
+               "from fedcontrast.deploy.trust import PackageRefused\n"
                "plan = Plan.parse(plan_config_path=Path('plan/plan.yaml'), data_config_path=Path('plan/data.yaml'))\n"
                "try:\n    plan.get_collaborator('site_0')\n"
                "except PackageRefused as exc:\n    print('REFUSED', exc)\n")

@@ -108,7 +108,7 @@ def test_entries_are_scanned_in_a_stream_never_read_whole(tmp_path):
             for _ in range(64):
                 f.write(bytes(1 << 20))
             f.write(b"-----BEGIN PRIVATE KEY-----\nMIGH\n-----END PRIVATE KEY-----\n")
-    program = ("import resource, sys\nfrom fedcontrast.site.trust import archive_findings\n"
+    program = ("import resource, sys\nfrom fedcontrast.deploy.trust import archive_findings\n"
                "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
                "code, keys = archive_findings(sys.argv[1])\n"
                "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base, [str(k) for k in keys])")

@@ -23,13 +23,13 @@ from fedcontrast.deploy.common import DeploymentError, secrets_in
 from fedcontrast.deploy.institution_flows import join, requirement_problems
 from fedcontrast.deploy.operator_flows import export_workspace
 from fedcontrast.openfl.plan import build_plan, create_workspace
-from fedcontrast.privacy.audit import audit_plan
-from fedcontrast.privacy.audit_format import format_report
+from fedcontrast.audit.report import audit_plan
+from fedcontrast.audit.format import format_report
 from fedcontrast.privacy.policy import POLICY_ENV, POLICY_FILE, SitePolicy, check_policy, site_policy_path
 from fedcontrast.site.checks import CollaboratorStopped, enforce_site_policy
 from fedcontrast.site.guard import guard_installed
-from fedcontrast.site.templates import template_problems
-from fedcontrast.site.trust import PackageRefused, check_workspace, key_material
+from fedcontrast.deploy.templates import template_problems
+from fedcontrast.deploy.trust import PackageRefused, check_workspace, key_material
 
 from .conftest import small_config
 from .test_deploy import deployment, images

@@ -10,7 +10,7 @@ import sys
 from fedcontrast.config import RunConfig
 from fedcontrast.deploy import workspace
 from fedcontrast.site import checks, doctor
-from fedcontrast.privacy import audit
+from fedcontrast.audit import report as audit
 
 assert workspace._shard_index("shard:1", 2) == 1
 policy = checks.enforce_site_policy(RunConfig(), {"use_tls": True, "require_client_auth": True},

@@ -13,7 +13,7 @@ from fedcontrast.errors import ConfigError
 from fedcontrast.openfl.loader import SiteDataLoader
 from fedcontrast.openfl.plan import build_plan, create_workspace
 from fedcontrast.privacy import planned_epsilon
-from fedcontrast.privacy.audit import audit_plan
+from fedcontrast.audit.report import audit_plan
 from fedcontrast.privacy.policy import POLICY_ENV, SitePolicy, check_policy
 from fedcontrast.site.checks import CollaboratorStopped
 

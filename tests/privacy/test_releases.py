@@ -16,7 +16,7 @@ from fedcontrast.openfl.packing import GLOBAL_PACKED
 from fedcontrast.openfl.plan import build_plan, create_workspace
 from fedcontrast.openfl.runner import WEIGHT_METRIC, PluginTaskRunner
 from fedcontrast.privacy import SitePrivacy
-from fedcontrast.privacy.audit import audit_plan
+from fedcontrast.audit.report import audit_plan
 from fedcontrast.privacy.policy import POLICY_ENV, SitePolicy, check_policy, compared_guarantee
 from fedcontrast.privacy.representations import gaussian_noise
 from fedcontrast.sim import Federation

@@ -153,8 +153,8 @@ def test_plans_that_need_individual_uploads_are_refused_in_one_sentence():
 
 def test_the_audit_says_who_sees_what_and_a_site_policy_can_require_secure_aggregation():
     from fedcontrast.config import RunConfig
-    from fedcontrast.privacy.audit import audit_plan
-    from fedcontrast.privacy.audit_format import format_report
+    from fedcontrast.audit.report import audit_plan
+    from fedcontrast.audit.format import format_report
     from fedcontrast.privacy.policy import SitePolicy, check_policy
 
     def audited(config):

@@ -199,7 +199,7 @@ def test_a_simulated_round_with_secure_aggregation_completes(tmp_path, algorithm
 
 
 def audited(config):
-    from fedcontrast.privacy.audit import audit_plan
+    from fedcontrast.audit.report import audit_plan
 
     plan = {"task_runner": {"settings": {"run_config": config.to_dict()}}, "network": {"settings": {}},
             "aggregator": {"settings": {"rounds_to_train": config.rounds}}}
@@ -212,7 +212,7 @@ def audited(config):
     ("flesd", {}, "flesd.similarity", "similarity.sum")])
 def test_the_audit_shows_class_means_prototypes_and_similarities_only_inside_the_sum(algorithm, settings, shared,
                                                                                      summed):
-    from fedcontrast.privacy.audit_format import format_report
+    from fedcontrast.audit.format import format_report
 
     hp = {algorithm: settings} if settings else {}
     secure = audited(RunConfig(algorithm=algorithm, clients=3, hyperparameters=hp, secure_aggregation={}))

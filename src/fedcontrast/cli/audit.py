@@ -17,8 +17,8 @@ def cmd_public_fingerprint(args: argparse.Namespace) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     import json
 
-    from ..privacy.audit import audit_plan, load_plan
-    from ..privacy.audit_format import format_report
+    from ..audit.format import format_report
+    from ..audit.report import audit_plan, load_plan
     from ..privacy.policy import SitePolicy, check_policy, compared_guarantee
 
     plan, workspace = load_plan(args.target)

@@ -159,8 +159,8 @@ def site_start_command(workspace: str | Path, name: str, *, plan: str | None = N
     on later (or with a traceback), each refused with one sentence; the ``fx`` command line to run
     in ``workspace`` when every check passes."""
     from ..deploy.pki import fx_executable
+    from ..deploy.trust import check_policy_for_workspace, check_workspace
     from ..deploy.workspace import collaborator_names, load_plan_file
-    from ..site.trust import check_policy_for_workspace, check_workspace
 
     ws = Path(workspace)
     extra = list(extra)

@@ -32,10 +32,9 @@ def write_site_folders(config, out_dir: str | Path) -> dict[str, Path]:
     """The configured partition as image folders (see the module docstring); returns site → folder
     (and ``"public"`` → the public folder when there is one)."""
     from ..config import site_names
-    from ..construction import site_test_indices
     from .datasets import _DEFAULT_SIZE, _NATIVE_SIZE, _read_raw, _split
     from .partition import partition_indices
-    from .splits import to_float_images
+    from .splits import site_test_indices, to_float_images
 
     if config.data_schema is not None or config.dataset == "imagefolder":
         raise ConfigError("write image folders from a built-in data set (e.g. digits), not from image folders")

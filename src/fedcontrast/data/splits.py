@@ -114,3 +114,20 @@ def normalise_(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.
     In place because the inputs are fresh tensors owned by the loader; a copy would double memory.
     """
     return x.sub_(mean).div_(std)
+
+
+def site_test_indices(test_labels: np.ndarray, site_labels: np.ndarray, num_classes: int, seed: int) -> np.ndarray:
+    """Indices of a held-out set with a site's own label distribution, drawn from a shared test
+    split: per class ``c`` the site holds, ``⌊share_c · T⌋`` (at least 1) samples, with ``T`` as large
+    as the test split allows. Sorted; deterministic given ``seed``."""
+    counts = np.bincount(np.asarray(site_labels), minlength=num_classes).astype(np.float64)
+    available = np.bincount(np.asarray(test_labels), minlength=num_classes).astype(np.float64)
+    shares = counts / max(counts.sum(), 1.0)
+    present = (shares > 0) & (available > 0)
+    if not present.any():
+        return np.arange(len(test_labels))
+    total = float((available[present] / shares[present]).min())
+    rng = np.random.default_rng(seed)
+    picked = [rng.permutation(np.flatnonzero(test_labels == c))[:max(1, int(np.floor(shares[c] * total)))]
+              for c in np.flatnonzero(present)]
+    return np.sort(np.concatenate(picked))

@@ -61,9 +61,9 @@ def aggregator_name(workspace: Path) -> str:
 def secrets_in(archive: Path, *, workspace_package: bool = False) -> list[str]:
     """Names of the files inside a zip archive that hold private-key material: by their name (a
     ``.key``/``.pem`` file, anything of a CA folder) or by their content whatever they are called (PEM
-    private keys, DER PKCS#1/PKCS#8 keys, PKCS#12 bundles; :func:`fedcontrast.site.trust.key_material`); in a
+    private keys, DER PKCS#1/PKCS#8 keys, PKCS#12 bundles; :func:`fedcontrast.deploy.trust.key_material`); in a
     workspace package also any file under ``cert/`` other than the CA chain."""
-    from ..site.trust import archive_findings
+    from .trust import archive_findings
 
     with zipfile.ZipFile(archive) as z:
         named = {n for n in z.namelist() if n.endswith(SECRET_SUFFIXES) or "/ca/" in f"/{n}"}

@@ -43,7 +43,7 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
     ``site_policy.yaml`` (else ``$FEDCONTRAST_SITE_POLICY``, if set, is checked). The package is
     refused before anything is unpacked if it carries code or key material, names a component this
     site has not installed, pins code this site does not run, or turns TLS off (unless the policy
-    allows it: :func:`fedcontrast.site.trust.check_package`).
+    allows it: :func:`fedcontrast.deploy.trust.check_package`).
 
     The federation's CA (the package's ``cert/cert_chain.crt``) is pinned (:mod:`.anchor`) once the site
     confirmed its fingerprint: ``ca_fingerprint``, the one the operator read out, must be it; else
@@ -54,7 +54,7 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
     from ..construction import build_algorithm
     from ..data.schema import folder_fingerprint, public_folder_path, summarise_folder
     from ..privacy.policy import POLICY_ENV, SitePolicy
-    from ..site.trust import check_package
+    from .trust import check_package
 
     archive = Path(package).resolve()
     policy_path = Path(policy).expanduser().resolve() if policy is not None else (

@@ -60,8 +60,8 @@ def export_workspace(workspace: str | Path, *, log: Callable[[str], None] = prin
     if results:
         raise DeploymentError(f"{ws / 'save'} holds results of a run ({', '.join(results[:3])}): the package would "
                               "send them to every institution; export from a fresh workspace")
-    from ..site.templates import template_problems
-    from ..site.trust import code_files
+    from .templates import template_problems
+    from .trust import code_files
 
     code = code_files(ws / "src") + code_files(ws / "plan") + code_files(ws / "save")
     if code:  # every site refuses a package with code in it: say so here, before anything is packed

@@ -1,6 +1,6 @@
 """The classes a plan names (``aggregator.template``, ``collaborator.template``,
 ``assigner.template``): ``fedcontrast.openfl.components.X`` in every plan ``fedcontrast workspace
-create`` writes, and in the allowlist of what a site accepts (:mod:`fedcontrast.site.trust`).
+create`` writes, and in the allowlist of what a site accepts (:mod:`fedcontrast.deploy.trust`).
 
 OpenFL 1.9 hangs when an aggregation function raises or a collaborator never answers, retries an
 unreachable aggregator forever and saves ``last.pbuf`` from the model that went *into* the last

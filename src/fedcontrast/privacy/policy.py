@@ -37,7 +37,7 @@ from ..config import MAX_DELTA, _finite, load_yaml
 from ..errors import ConfigError
 
 if TYPE_CHECKING:  # for annotations only: the audit imports the OpenFL site checks, which import this
-    from .audit import AuditReport
+    from ..audit.report import AuditReport
 
 POLICY_ENV = "FEDCONTRAST_SITE_POLICY"
 POLICY_FILE = "site_policy.yaml"  # in the workspace (the collaborator's working directory)

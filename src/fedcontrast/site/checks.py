@@ -26,9 +26,9 @@ def enforce_site_policy(config: RunConfig, network: dict[str, Any] | None, model
     (``$FEDCONTRAST_SITE_POLICY`` or ``site_policy.yaml`` in the workspace); no file, no check but
     TLS and client authentication, which are required unless a policy allows them off.
     Returns the policy (None without one): it also says what this site lets leave besides its uploads."""
-    from ..privacy.audit import audit_plan
+    from ..audit.report import audit_plan
+    from ..deploy.trust import transport_problems
     from ..privacy.policy import SitePolicy, check_policy, site_policy_path
-    from .trust import transport_problems
 
     path = site_policy_path(cwd)
     try:

@@ -113,10 +113,10 @@ def check_code(ws: Path, plan: dict, config: RunConfig) -> Check:
     """The workspace holds no Python file, the plan names only installed components, this machine runs
     the versions ``requirements.txt`` pins; and a raw ``fx collaborator start`` here is checked the
     same way (the guard is installed)."""
+    from ..deploy.templates import template_problems
+    from ..deploy.trust import code_files
     from ..provenance import code_lines, read_requirements
     from .guard import GUARD_PTH, covered_launchers, guard_installed
-    from .templates import template_problems
-    from .trust import code_files
 
     found = code_files(ws, limit=3)
     if found:
@@ -144,7 +144,7 @@ def check_code(ws: Path, plan: dict, config: RunConfig) -> Check:
 
 
 def check_transport(ws: Path, plan: dict) -> Check:
-    from .trust import check_policy_for_workspace, transport_problems
+    from ..deploy.trust import check_policy_for_workspace, transport_problems
 
     try:
         policy = check_policy_for_workspace(ws)

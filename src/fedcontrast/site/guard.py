@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .trust import PackageRefused, check_policy_for_workspace, check_workspace
+from ..deploy.trust import PackageRefused, check_policy_for_workspace, check_workspace
 
 
 def guard_collaborator_start(argv: list[str], cwd: str | Path) -> None:
@@ -37,7 +37,7 @@ def guard_collaborator_plan(plan_path: str | Path, data_config: str | Path, name
     ws = Path(cwd)
     check_workspace(ws, plan, check_policy_for_workspace(ws), plan_source=str(path))
     if isinstance(built, dict):  # what OpenFL parsed from that file (its defaults merged): only installed code
-        from .templates import template_problems
+        from ..deploy.templates import template_problems
 
         problems = template_problems({k: v for k, v in built.items() if isinstance(v, dict)}, str(path))
         if problems:

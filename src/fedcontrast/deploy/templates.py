@@ -1,6 +1,6 @@
 """The components a site accepts in a plan: exactly those ``fedcontrast workspace create`` writes,
 and those an installed plugin declares under the entry-point group ``fedcontrast.openfl_templates``
-(``data_loader = "pkg.module:Class"``). See :mod:`fedcontrast.site.trust` for why."""
+(``data_loader = "pkg.module:Class"``). See :mod:`fedcontrast.deploy.trust` for why."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from ..config import RunConfig, site_names
 from ..errors import ConfigError
-from .accounting import planned_epsilon
-from .releases import ReleaseLine, describe_releases, release_choices
+from ..privacy.accounting import planned_epsilon
+from ..privacy.releases import ReleaseLine, describe_releases, release_choices
 
 GUARANTEE_KINDS = ("none", "conditional", "end-to-end", "site-level")
 
@@ -140,7 +140,7 @@ def _guarantee(config: RunConfig, algorithm, tensors: list[TensorLine]) -> tuple
 
 
 def _secure_noise(config: RunConfig) -> str:
-    from .site import secure_csprng_available
+    from ..privacy.site import secure_csprng_available
 
     if config.privacy is None:
         return "no DP noise"
@@ -354,7 +354,7 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
     from ..provenance import code_lines, read_requirements
 
     code = code_lines(config.algorithm, read_requirements(workspace / "requirements.txt") if workspace else None)
-    from ..site.templates import template_problems
+    from ..deploy.templates import template_problems
 
     return AuditReport(code=code, foreign_code=template_problems(plan, "the plan"), source=source,
                        algorithm=config.algorithm, tasks=tuple(algorithm.tasks), rounds=rounds,
@@ -372,8 +372,8 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
 def _secure_ring(config: RunConfig, algorithm: Any) -> list[str]:
     """What secure aggregation's ring does to the terms, and whom the protocol withstands, for the privacy officer."""
     from ..config.sections import colluders_tolerated
-    from .secagg import MAX_MEAN_ERROR, SecureAggregationError
-    from .secagg_terms import precision
+    from ..privacy.secagg import MAX_MEAN_ERROR, SecureAggregationError
+    from ..privacy.secagg_terms import precision
 
     secure = config.secure_aggregation
     if secure is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .audit import AuditReport
+from .report import AuditReport
 
 
 def _eps(x: float) -> str:
