@@ -120,7 +120,7 @@ def probe(kind: str, name: str | None) -> dict:
 
         clock.phase("imports: torch (the checks need it; `fx` imports it again after the exec)")
         from fedcontrast.deploy import workspace as plan
-        from fedcontrast.site import doctor
+        from fedcontrast.openfl import doctor
         from fedcontrast.site import trust as package_trust
 
         clock.phase("imports: the rest of the check modules (doctor, plan → fedcontrast's algorithms, models, data)")
@@ -137,9 +137,9 @@ def probe(kind: str, name: str | None) -> dict:
     else:
         fx = str(BIN / "fx")
         sys.argv = [fx, "aggregator", "start"] if kind == "aggregator" else [fx, "collaborator", "start", "-n", name]
-        from fedcontrast.site import guard as package_trust
+        from fedcontrast.openfl import guard as package_trust
 
-        clock.phase("fx guard (.pth): `fedcontrast.site.guard`")
+        clock.phase("fx guard (.pth): `fedcontrast.openfl.guard`")
         import torch  # noqa: F401 — the guard's plan read imports it (fedcontrast.openfl.plan → construction)
 
         clock.phase("fx guard: torch (`fx` would import it a moment later)")

@@ -6,7 +6,7 @@ wherever OpenFL starts a collaborator or aggregator, whatever the launcher is ca
 * A meta path finder watches for OpenFL. When a process first imports ``openfl`` and its arguments say
   ``collaborator start`` (or ``aggregator start``) — ``fx``, a link to ``fx`` under another name,
   ``python -m openfl.interface.cli``, ``python -c ...`` — the workspace and its plan are checked
-  (:func:`fedcontrast.site.guard.guard_collaborator_start`) before OpenFL puts the workspace first on
+  (:func:`fedcontrast.openfl.guard.guard_collaborator_start`) before OpenFL puts the workspace first on
   ``sys.path`` and imports anything from it: no Python file in the workspace, only installed
   components, TLS on unless the site's policy allows otherwise.
 * When OpenFL's plan machinery (``openfl.federated.plan.plan``) is imported, ``Plan.get_collaborator``
@@ -72,7 +72,7 @@ def _check(party, argv, plan):
     if party == "aggregator":  # the operator's own code: only a plan fx would stop on with a traceback is named
         try:
             from fedcontrast.errors import FedContrastError
-            from fedcontrast.site.guard import guard_aggregator_plan, guard_aggregator_start
+            from fedcontrast.openfl.guard import guard_aggregator_plan, guard_aggregator_start
         except Exception:  # left to fx and fedcontrast's aggregator, which say it themselves
             return
         try:
@@ -84,7 +84,7 @@ def _check(party, argv, plan):
         return
     try:
         from fedcontrast.errors import FedContrastError
-        from fedcontrast.site.guard import guard_collaborator_plan, guard_collaborator_start
+        from fedcontrast.openfl.guard import guard_collaborator_plan, guard_collaborator_start
     except Exception as exc:  # fedcontrast half-installed: refuse rather than run unchecked
         _refuse(party, f"the workspace cannot be checked ({exc}); reinstall fedcontrast")
     try:

@@ -113,7 +113,7 @@ def test_a_site_refuses_before_reading_any_data(folders, tmp_path):
     policy = tmp_path / "policy.yaml"
     policy.write_text("allow_weights: false\n")
     s = settings(folders, tmp_path, data=str(tmp_path / "no such folder"), policy=str(policy))
-    with pytest.raises(site_app.SiteRefused, match="refuses the plan before any data is read"):
+    with pytest.raises(site_app.SiteRefused, match="^this site's policy .* refuses the plan before any data is read"):
         site_app.handle("query", 1, json.dumps(config.to_dict()), s, {}, None)
     with pytest.raises(site_app.SiteRefused, match="not one of the plan's sites"):
         site_app.handle("query", 2, json.dumps(config.to_dict()), {**settings(folders, tmp_path), "site-name": "hosp9"}, {}, None)

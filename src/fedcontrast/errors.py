@@ -31,3 +31,9 @@ class CheckpointError(FedContrastError):
 
 class OutputError(FedContrastError):
     """A result file that could not be written (a full disk, a file size limit, no permission)."""
+
+
+class SiteRefusal(FedContrastError):
+    """A site refuses the plan, or cannot take part under it: its policy refuses the plan, its data or
+    settings cannot be used. The message is one sentence with no engine's prefix; each engine reports
+    it its own way (OpenFL's collaborator exits with it, a Flower site answers the operator with it)."""

@@ -23,7 +23,7 @@ from fedcontrast.lab.deployment import OPERATOR, CrossSiloLab
 from fedcontrast.lab.netns import netns_unavailable
 from fedcontrast.openfl.collaborator import BoundedRetry, QuietClientLog
 from fedcontrast.openfl.plan import DEFAULT_WAIT_FOR_AGGREGATOR, build_plan, deployment_defaults
-from fedcontrast.site.checks import CollaboratorStopped
+from fedcontrast.openfl.protocol import CollaboratorStopped
 
 from .conftest import FEDERATION_TIMEOUT, small_config
 

@@ -8,7 +8,7 @@ from fedcontrast.cli import main
 from fedcontrast.deploy.enrolment import revocations
 from fedcontrast.errors import ConfigError
 from fedcontrast.openfl.plan import create_workspace
-from fedcontrast.site.guard import guard_collaborator_start
+from fedcontrast.openfl.guard import guard_collaborator_start
 
 from .conftest import small_config
 

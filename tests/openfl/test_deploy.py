@@ -342,7 +342,7 @@ def test_a_second_certificate_for_a_site_is_signed_only_after_the_first_is_revok
 
 def test_a_site_does_not_install_a_certificate_issued_for_another_name(tmp_path):
     from fedcontrast.deploy.institution_flows import import_certificate
-    from fedcontrast.site.doctor import FAIL, check_certificate
+    from fedcontrast.openfl.doctor import FAIL, check_certificate
 
     ca = make_ca("federation CA")
     key, own = issue(ca, "hosp1")

@@ -79,7 +79,7 @@ def test_a_program_building_the_collaborator_itself_is_refused_before_the_module
 
 def test_doctor_says_which_launchers_are_checked_first(tmp_path, monkeypatch):
     from fedcontrast.config import RunConfig
-    from fedcontrast.site.doctor import check_code
+    from fedcontrast.openfl.doctor import check_code
 
     ws = create_workspace(tmp_path / "fed", small_config())
     plan = yaml.safe_load((ws / "plan" / "plan.yaml").read_text())

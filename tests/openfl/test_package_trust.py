@@ -26,8 +26,9 @@ from fedcontrast.openfl.plan import build_plan, create_workspace
 from fedcontrast.audit.report import audit_plan
 from fedcontrast.audit.format import format_report
 from fedcontrast.privacy.policy import POLICY_ENV, POLICY_FILE, SitePolicy, check_policy, site_policy_path
-from fedcontrast.site.checks import CollaboratorStopped, enforce_site_policy
-from fedcontrast.site.guard import guard_installed
+from fedcontrast.errors import SiteRefusal
+from fedcontrast.openfl.guard import guard_installed
+from fedcontrast.site.checks import enforce_site_policy
 from fedcontrast.deploy.templates import template_problems
 from fedcontrast.deploy.trust import PackageRefused, check_workspace, key_material
 
@@ -185,7 +186,7 @@ def test_tls_off_is_refused_at_join_doctor_and_start_unless_the_policy_allows_it
     assert main(["doctor", str(ws), "--name", "hosp1"]) == 1
     out = capsys.readouterr().out
     assert "FAIL  transport: the plan turns TLS off" in out
-    with pytest.raises(CollaboratorStopped, match="turns TLS off"):  # the collaborator itself, no policy file
+    with pytest.raises(SiteRefusal, match="^the plan turns TLS off"):  # the collaborator itself, no policy file
         enforce_site_policy(deployment(), plan["network"]["settings"], {"in_channels": 1}, str(data), cwd=ws)
 
 
@@ -201,7 +202,7 @@ def test_something_else_at_the_policy_path_is_an_error_not_no_policy(tmp_path, m
         path.write_bytes(b"\xff\xfe not utf-8 \xff")
     assert site_policy_path(tmp_path) == path
     plan = build_plan(small_config())
-    with pytest.raises(CollaboratorStopped, match=f"cannot check this site's policy {path}"):
+    with pytest.raises(SiteRefusal, match=f"^cannot check this site's policy {path}"):
         enforce_site_policy(small_config(), plan["network"]["settings"], plan["data_loader"]["settings"]["model_shape"],
                             "shard:0", cwd=tmp_path)
 

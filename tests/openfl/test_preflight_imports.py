@@ -9,7 +9,8 @@ PROBE = """
 import sys
 from fedcontrast.config import RunConfig
 from fedcontrast.deploy import workspace
-from fedcontrast.site import checks, doctor
+from fedcontrast.site import checks
+from fedcontrast.openfl import doctor, guard
 from fedcontrast.audit import report as audit
 
 assert workspace._shard_index("shard:1", 2) == 1
@@ -28,9 +29,9 @@ def test_the_site_checks_do_not_import_openfl(tmp_path):
 
 
 def test_the_old_names_are_the_same_objects():
-    from fedcontrast.openfl import collaborator, loader
+    from fedcontrast.openfl import collaborator, loader, protocol
     from fedcontrast.site import checks, data
 
-    assert collaborator.CollaboratorStopped is checks.CollaboratorStopped
+    assert collaborator.CollaboratorStopped is protocol.CollaboratorStopped
     assert issubclass(loader.SiteDataLoader, data.SiteData)
     assert data.enforce_site_policy is checks.enforce_site_policy

@@ -192,7 +192,7 @@ def test_every_check_the_collaborator_would_make_runs_before_site_start_says_it_
     (site_ws / POLICY_FILE).unlink()
     # a public folder whose files differ from the plan's fingerprint: the doctor's (and so site start's) check
     from fedcontrast.deploy.workspace import read_workspace_config
-    from fedcontrast.site.doctor import FAIL, OK, check_shared
+    from fedcontrast.openfl.doctor import FAIL, OK, check_shared
 
     from .test_deploy import deployment, images
 

@@ -21,7 +21,7 @@ from fedcontrast.openfl.components import SafeCollaborator
 from fedcontrast.openfl.packing import GLOBAL_PACKED, packed_size
 from fedcontrast.openfl.plan import build_plan, create_workspace
 from fedcontrast.openfl.startup_checks import check_aggregator_plan, check_initial_model, check_tensor_db
-from fedcontrast.site.checks import CollaboratorStopped
+from fedcontrast.openfl.protocol import CollaboratorStopped
 
 from .conftest import small_config
 from .test_tls_diagnostics import issue, make_ca, write

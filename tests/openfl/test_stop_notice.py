@@ -9,7 +9,7 @@ from openfl.protocols import aggregator_pb2, aggregator_pb2_grpc
 
 from fedcontrast.openfl.collaborator import BoundedRetry, explain_rpc_error
 from fedcontrast.openfl.components import SafeAggregator
-from fedcontrast.site.checks import CollaboratorStopped
+from fedcontrast.openfl.protocol import CollaboratorStopped
 
 from .test_upload_bounds import FakeAggregator, MiB, serve, upload
 

@@ -29,7 +29,7 @@ from fedcontrast.openfl.collaborator import BoundedRetry, diagnose_handshake
 from fedcontrast.openfl.components import SafeAggregator, SafeCollaborator
 from fedcontrast.openfl.plan import build_plan, create_workspace
 from fedcontrast.openfl.startup_checks import check_aggregator_plan
-from fedcontrast.site.checks import CollaboratorStopped
+from fedcontrast.openfl.protocol import CollaboratorStopped
 
 from .conftest import run_collaborator, small_config
 

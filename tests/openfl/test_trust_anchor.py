@@ -11,7 +11,7 @@ from fedcontrast.deploy.anchor import PIN_FILE, fingerprint_of_chain, pin_ca, re
 from fedcontrast.deploy.common import DeploymentError
 from fedcontrast.deploy.institution_flows import import_certificate, join
 from fedcontrast.openfl.plan import build_plan
-from fedcontrast.site.doctor import FAIL, check_certificate
+from fedcontrast.openfl.doctor import FAIL, check_certificate
 
 from .test_deploy import deployment, images, issue, make_ca, pem, site_workspace
 from .test_package_trust import write_package

@@ -15,7 +15,7 @@ from fedcontrast.openfl.plan import build_plan, create_workspace
 from fedcontrast.privacy import planned_epsilon
 from fedcontrast.audit.report import audit_plan
 from fedcontrast.privacy.policy import POLICY_ENV, SitePolicy, check_policy
-from fedcontrast.site.checks import CollaboratorStopped
+from fedcontrast.openfl.protocol import CollaboratorStopped
 
 REPS = {"representations": {"noise_multiplier": 2.0, "clip": 1.0}}
 DP_SGD = {"dp_sgd": {"noise_multiplier": 1.0, "max_grad_norm": 1.0}}

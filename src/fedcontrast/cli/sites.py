@@ -140,7 +140,7 @@ FX_START_OPTIONS = {"plan": ("-p", "--plan"), "data_config": ("-d", "--data_conf
 def _fx_option(extra: list[str], option: str) -> str | None:
     """The value ``fx collaborator start`` would take for ``option`` ("plan" or "data_config") from
     the extra arguments; None when they do not give it."""
-    from ..deploy.workspace import fx_option
+    from ..openfl.guard import fx_option
 
     return fx_option(extra, FX_START_OPTIONS[option])
 
@@ -210,7 +210,7 @@ def site_start_command(workspace: str | Path, name: str, *, plan: str | None = N
     # Everything the collaborator would stop on later (after fx's start-up and ~130 lines of plan), said now:
     # every check of the doctor — certificates and (when it already listens) the aggregator's, the data
     # line and folder, the policy, the public folder and shared files, the code, the transport.
-    from ..site.doctor import FAIL, run_checks
+    from ..openfl.doctor import FAIL, run_checks
 
     for check in run_checks(ws, name, plan_path=plan_path, data_path=data_path):
         if check.status == FAIL:
@@ -300,7 +300,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from ..site.doctor import FAIL, run_checks
+    from ..openfl.doctor import FAIL, run_checks
 
     checks = run_checks(args.workspace, name=args.name)
     for check in checks:

@@ -7,7 +7,6 @@ federation; nothing here imports an engine. Plans are written by :mod:`fedcontra
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -121,31 +120,6 @@ def load_plan_file(path: str | Path) -> dict[str, Any]:
     plan = load_yaml_file(path, "plan")
     check_plan_consistency(plan, str(path))
     return plan
-
-def fx_plan_path(command: str, argv: list[str] | None = None, cwd: str | Path = ".") -> Path | None:
-    """The plan file that this process, ``fx <command> start``, parsed: its ``-p/--plan`` or the
-    default ``plan/plan.yaml`` of the workspace it runs in. None when this process is not that."""
-    argv = list(sys.argv if argv is None else argv)
-    program, args = (argv[0] if argv else ""), argv[1:]
-    if Path(program).name != "fx" and "openfl" not in program and "openfl.interface.cli" not in sys.modules:
-        return None  # not OpenFL's command line (under whatever name: fx, a renamed link, python -m)
-    if command not in args or args.index(command) + 1 >= len(args) or args[args.index(command) + 1] != "start":
-        return None
-    return Path(cwd) / (fx_option(args, ("-p", "--plan")) or "plan/plan.yaml")
-
-def fx_option(argv: list[str], flags: tuple[str, str]) -> str | None:
-    """An ``fx`` option's value in ``argv``: of ``-x VALUE``, ``-xVALUE``, ``--long VALUE`` or
-    ``--long=VALUE``, the last one given (as click takes it); None when none is."""
-    short, long = flags
-    value = None
-    for i, arg in enumerate(argv):
-        if arg in flags and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(long + "="):
-            value = arg.split("=", 1)[1]
-        elif arg.startswith(short) and not arg.startswith("--") and len(arg) > len(short):
-            value = arg[len(short):]
-    return value
 
 def collaborator_names(workspace: str | Path) -> list[str]:
     from ..yamlio import load_yaml_file

@@ -25,7 +25,6 @@ against the plan's SHA-256 pins.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -49,7 +48,7 @@ from ..construction import (
     task_seed,
 )
 from ..devices import resolve_device
-from ..errors import FedContrastError
+from ..errors import FedContrastError, SiteRefusal
 from ..rounds import run_site_task
 from ..site.report import REPORT_DIR, SiteReport, snapshot, write_final_model
 from .records import plan_pins
@@ -60,7 +59,7 @@ EVALUATION_STREAM = 1 << 16  # the seed stream of the evaluation (as the OpenFL 
 _RUNTIMES: dict[tuple[int, str], SiteRuntime] = {}  # one per (run, site) in a long-lived ClientApp process
 
 
-class SiteRefused(FedContrastError):
+class SiteRefused(SiteRefusal):
     """The site refuses the run (its policy, its folder, a shared file): one sentence."""
 
 
@@ -91,12 +90,12 @@ class SiteRuntime:
         # SuperLink admits only registered keys); the site's policy is checked against these facts.
         network = {"use_tls": settings.get("tls", "true") == "true",
                    "require_client_auth": settings.get("node-auth", "true") == "true"}
+        policy_path = Path(settings["policy"]).resolve() if settings.get("policy") else None  # else site_policy.yaml
         try:
-            with _policy(settings.get("policy")):  # the site's policy file, else site_policy.yaml in its folder
-                self.data = SiteData(data_path=str(Path(settings["data"]).resolve()), run_config=config.to_dict(),
-                                     network=network, model_shape=self.shape)
-        except SystemExit as exc:  # SiteData stops an OpenFL collaborator; here the sentence goes to the operator
-            raise SiteRefused(str(exc).removeprefix("fedcontrast collaborator: error: ")) from None
+            self.data = SiteData(data_path=str(Path(settings["data"]).resolve()), run_config=config.to_dict(),
+                                 network=network, model_shape=self.shape, policy_path=policy_path)
+        except SiteRefusal as exc:  # the sentence goes to the operator
+            raise SiteRefused(str(exc)) from None
         self.releases = release_choices(config.privacy, self.data.site_policy)
         self.algorithm = build_algorithm(config)
         self.device = resolve_device(config.device)
@@ -168,24 +167,6 @@ class SiteRuntime:
             self.report.trained(round_num, task, done.result.metrics, nbytes, done.bytes_sent, done.epsilon)
         self.report.finish(round_num)
         return uploads, float(weight), metrics, state
-
-
-@contextlib.contextmanager
-def _policy(path: str | None):
-    """``FEDCONTRAST_SITE_POLICY`` (what :func:`~fedcontrast.site.checks.enforce_site_policy` reads)
-    set to ``path`` for the check only."""
-    if not path:
-        yield
-        return
-    before = os.environ.get("FEDCONTRAST_SITE_POLICY")
-    os.environ["FEDCONTRAST_SITE_POLICY"] = str(Path(path).resolve())
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("FEDCONTRAST_SITE_POLICY", None)
-        else:
-            os.environ["FEDCONTRAST_SITE_POLICY"] = before
 
 
 def runtime(run_id: int, run_config: str, settings: dict[str, str], shared: dict[str, bytes]) -> SiteRuntime:

@@ -19,9 +19,8 @@ from openfl.utilities import TensorKey
 from ..deploy.certificates import check_aggregator_certificate, check_certificate_dates, check_own_certificate
 from ..deploy.enrolment import check_certificate_name
 from ..errors import FedContrastError
-from ..site.checks import CollaboratorStopped  # defined without OpenFL: the site's pre-flight raises it too
 from .plan import DEFAULT_RECONNECT_INTERVAL_MAX, DEFAULT_WAIT_FOR_AGGREGATOR, check_wait_settings
-from .protocol import FAILURE_METRIC, FAILURE_SLEEP_CODE, SECAGG_REFUSED, STOPPED, WAITING_NOTICE_S
+from .protocol import FAILURE_METRIC, FAILURE_SLEEP_CODE, SECAGG_REFUSED, STOPPED, WAITING_NOTICE_S, CollaboratorStopped
 from .startup_checks import check_settings_in_effect
 
 # one logger for the plan's components, as log lines name it

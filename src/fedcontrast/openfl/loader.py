@@ -9,9 +9,11 @@ from typing import Any
 
 from openfl.federated.data.loader import DataLoader
 
-from ..deploy.workspace import OPENFL_NETWORK_KEYS, fx_plan_path, load_plan_file
-from ..errors import ConfigError
+from ..deploy.workspace import OPENFL_NETWORK_KEYS, load_plan_file
+from ..errors import ConfigError, SiteRefusal
 from ..site.data import SiteData
+from .guard import fx_plan_path
+from .protocol import stopped
 
 
 class SiteDataLoader(SiteData, DataLoader):
@@ -22,7 +24,10 @@ class SiteDataLoader(SiteData, DataLoader):
                  network: dict[str, Any] | None = None, model_shape: dict[str, int] | None = None,
                  **kwargs: Any) -> None:
         DataLoader.__init__(self, **kwargs)
-        SiteData.__init__(self, data_path, run_config, network, model_shape, check_plan=check_running_plan)
+        try:
+            SiteData.__init__(self, data_path, run_config, network, model_shape, check_plan=check_running_plan)
+        except SiteRefusal as exc:  # the collaborator ends with the sentence (exit 1)
+            raise stopped(exc) from None
 
     # --- what OpenFL calls ----------------------------------------------------------------------
     def get_feature_shape(self) -> tuple[int, ...]:

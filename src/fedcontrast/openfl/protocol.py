@@ -22,3 +22,16 @@ class FederationStopped(Exception):
 # The details of an ABORTED status refusing one site's secure-aggregation message (it was dropped from
 # the round, or the round is over): that site stops with the sentence, the federation goes on.
 SECAGG_REFUSED = "the aggregator refused this site's secure-aggregation message: "
+
+
+COLLABORATOR_ERROR = "fedcontrast collaborator: error: "  # how a collaborator's last line begins
+
+
+class CollaboratorStopped(SystemExit):
+    """Ends ``fx collaborator start`` with one line (``fedcontrast collaborator: error: SENTENCE``)
+    and a non-zero code; :func:`stopped` makes one from a sentence."""
+
+
+def stopped(sentence: object) -> CollaboratorStopped:
+    """The collaborator's end with ``sentence`` (e.g. a :class:`~fedcontrast.errors.SiteRefusal`)."""
+    return CollaboratorStopped(f"{COLLABORATOR_ERROR}{sentence}")

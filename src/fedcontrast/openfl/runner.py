@@ -62,9 +62,9 @@ class PluginTaskRunner(TaskRunner):
         try:
             self._build(data_loader, run_config)
         except FedContrastError as exc:  # e.g. no public set for FLESD: one sentence, no traceback
-            from ..site.checks import CollaboratorStopped
+            from .protocol import stopped
 
-            raise CollaboratorStopped(f"fedcontrast collaborator: error: {exc}") from None
+            raise stopped(exc) from None
         self._pending: dict[str, dict[str, torch.Tensor]] = {}  # uploads of earlier tasks of the round
         self.state_dir = Path(state_dir)
         self.report_dir = Path(report_dir) if report_dir else self.state_dir.parent / REPORT_DIR
@@ -201,8 +201,8 @@ class PluginTaskRunner(TaskRunner):
         """Takes part in the round's secure sum with this site's terms; the task's own upload is a
         placeholder (and its sample count is not sent: it is inside the sum)."""
         from ..privacy.secagg_terms import checked_vector
-        from ..site.checks import CollaboratorStopped
         from ..tensors import InvalidUploadError
+        from .protocol import stopped
         from .secure import DroppedFromRound
 
         channel = getattr(self, "secure_channel", None)
@@ -218,7 +218,7 @@ class PluginTaskRunner(TaskRunner):
         try:
             cost = channel.run(col_name, round_num, vector, self.config, reason)
         except DroppedFromRound as exc:  # the federation goes on without this site: not a failed task
-            raise CollaboratorStopped(f"fedcontrast collaborator: error: {exc}") from None
+            raise stopped(exc) from None
         if vector is not None:
             logger.info("%s, round %d: took part in the secure sum (%d bytes sent; %.3f s of CPU, %.2f s in all)",
                         col_name, round_num, cost["secagg_bytes"], cost["secagg_cpu_s"], cost["secagg_s"])
@@ -252,11 +252,10 @@ class PluginTaskRunner(TaskRunner):
             lock.seek(0)
             pid = lock.read().strip() or "unknown"
             lock.close()
-            from ..site.checks import CollaboratorStopped
+            from .protocol import stopped
 
-            raise CollaboratorStopped(f"fedcontrast collaborator: error: another collaborator process named {col_name} "
-                                      f"is running in this workspace (pid {pid}); "
-                                      "stop it before starting this one") from None
+            raise stopped(f"another collaborator process named {col_name} is running in this workspace (pid {pid}); "
+                          "stop it before starting this one") from None
         lock.seek(0)
         lock.truncate()
         lock.write(f"{os.getpid()}\n")

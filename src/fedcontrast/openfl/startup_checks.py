@@ -14,9 +14,10 @@ import numpy as np
 from ..config import RunConfig, site_names
 from ..construction import attach_public, build_algorithm, initial_model, load_public
 from ..deploy.certificates import check_server_files
-from ..deploy.workspace import fx_plan_path, load_plan_file
+from ..deploy.workspace import load_plan_file
 from ..errors import ConfigError
 from . import aggregation
+from .guard import fx_plan_path
 from .packing import GLOBAL_PACKED, packed_size
 from .protocol import UPLOAD_MARGIN
 

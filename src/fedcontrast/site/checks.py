@@ -1,10 +1,8 @@
-"""What a site checks against its own policy and data lines, without importing OpenFL.
+"""What a site checks against its own policy before any of its data is read, whatever engine runs it.
 
-``fedcontrast site start`` (and ``fedcontrast doctor``) run these checks, then ``os.execv`` replaces
-the process with ``fx collaborator start``, which imports OpenFL (and through it scikit-learn, SciPy,
-pandas, gRPC) anyway: importing OpenFL for the checks too cost every site those seconds twice. The
-collaborator's own copies of the checks (:class:`.loader.SiteDataLoader`, :mod:`.components`) use
-these same functions; :mod:`.loader` and :mod:`.components` re-export them under their old names.
+Nothing here imports an engine (nor OpenFL, whose import costs a site seconds at start-up): a refusal
+is a :class:`~fedcontrast.errors.SiteRefusal` in one sentence, which each engine reports its own way
+(OpenFL's collaborator exits with it, a Flower site answers the operator with it).
 """
 
 from __future__ import annotations
@@ -13,33 +11,29 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig
-from ..errors import ConfigError, FedContrastError
-
-
-class CollaboratorStopped(SystemExit):
-    """Ends ``fx collaborator start`` with a message and a non-zero code."""
+from ..errors import ConfigError, FedContrastError, SiteRefusal
 
 
 def enforce_site_policy(config: RunConfig, network: dict[str, Any] | None, model_shape: dict[str, int] | None,
-                        data_path: str, cwd: str | Path = ".") -> Any:
-    """Stop the collaborator (exit 1, one sentence) when the plan violates this site's policy file
-    (``$FEDCONTRAST_SITE_POLICY`` or ``site_policy.yaml`` in the workspace); no file, no check but
-    TLS and client authentication, which are required unless a policy allows them off.
+                        data_path: str, cwd: str | Path = ".", policy_path: str | Path | None = None) -> Any:
+    """Raise :class:`SiteRefusal` (one sentence) when the plan violates this site's policy file
+    (``policy_path`` when given, else :func:`~fedcontrast.privacy.policy.site_policy_path`: the
+    ``$FEDCONTRAST_SITE_POLICY`` file or ``site_policy.yaml`` in ``cwd``); no file, no check but TLS and
+    client authentication, which are required unless a policy allows them off.
     Returns the policy (None without one): it also says what this site lets leave besides its uploads."""
     from ..audit.report import audit_plan
     from ..deploy.trust import transport_problems
     from ..privacy.policy import SitePolicy, check_policy, site_policy_path
 
-    path = site_policy_path(cwd)
+    path = Path(policy_path) if policy_path else site_policy_path(cwd)
     try:
         policy = SitePolicy.from_yaml(path) if path is not None else None
     except FedContrastError as exc:
-        raise CollaboratorStopped("fedcontrast collaborator: error: "
-                                  f"cannot check this site's policy {path}: {exc}") from None
+        raise SiteRefusal(f"cannot check this site's policy {path}: {exc}") from None
     if policy is None:  # TLS and client authentication are required without a policy too (a policy checks them below)
         refused = transport_problems({"network": {"settings": network or {}}}, None, "the plan")
         if refused:
-            raise CollaboratorStopped(f"fedcontrast collaborator: error: {'; '.join(refused)}")
+            raise SiteRefusal("; ".join(refused))
         return None
     try:
         if network is None or model_shape is None:
@@ -52,9 +46,8 @@ def enforce_site_policy(config: RunConfig, network: dict[str, Any] | None, model
                             policy=policy)
         violations = check_policy(report, policy)
     except FedContrastError as exc:
-        raise CollaboratorStopped("fedcontrast collaborator: error: "
-                                  f"cannot check this site's policy {path}: {exc}") from None
+        raise SiteRefusal(f"cannot check this site's policy {path}: {exc}") from None
     if violations:
-        raise CollaboratorStopped(f"fedcontrast collaborator: error: this site's policy {path} refuses the plan "
-                                  f"before any data is read: {'; '.join(violations)}")
+        raise SiteRefusal(f"this site's policy {path} refuses the plan before any data is read: "
+                          f"{'; '.join(violations)}")
     return policy

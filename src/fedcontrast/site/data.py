@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig
 from ..construction import data_shape, load_public, load_splits, partition, site_test_split
 from ..data import ArrayDataset
 from ..deploy.workspace import SHARD_PREFIX, _shard_index
-from ..errors import ConfigError, DataError, FedContrastError
-from .checks import CollaboratorStopped, enforce_site_policy
+from ..errors import ConfigError, DataError, FedContrastError, SiteRefusal
+from .checks import enforce_site_policy
 
 
 class SiteData:
@@ -35,13 +36,17 @@ class SiteData:
     It is the first fedcontrast object a collaborator builds, so it enforces the site's own
     policy (:func:`enforce_site_policy`) before reading any data. A site's data: ``train`` (what it
     trains on), ``test`` (its own held-out split, evaluated every round), ``public`` (the plan's
-    public set, if any). Any problem ends the process with one sentence and exit code 1."""
+    public set, if any). Any problem raises :class:`SiteRefusal` in one sentence, which the engine
+    reports its own way."""
 
     def __init__(self, data_path: str | None = None, run_config: dict[str, Any] | None = None,
                  network: dict[str, Any] | None = None, model_shape: dict[str, int] | None = None,
-                 check_plan: Callable[[Any, Any, Any], None] | None = None) -> None:
+                 check_plan: Callable[[Any, Any, Any], None] | None = None,
+                 policy_path: str | Path | None = None) -> None:
         """``check_plan(run_config, network, model_shape)``: the engine's check that these are the
-        settings the running plan gives every component (before the policy is checked against them)."""
+        settings the running plan gives every component (before the policy is checked against them);
+        ``policy_path``: the site's policy file, when the engine was given one (else the default of
+        :func:`enforce_site_policy`)."""
         self.data_path = data_path
         self.site_index: int | None = None  # the shard's index for ``shard:N`` lines
         self.train: ArrayDataset | None = None
@@ -55,10 +60,13 @@ class SiteData:
             if data_path is not None:  # a collaborator (not `fx plan initialize`)
                 if check_plan is not None:
                     check_plan(run_config, network, model_shape)
-                self.site_policy = enforce_site_policy(self.config, network, model_shape, data_path)
+                self.site_policy = enforce_site_policy(self.config, network, model_shape, data_path,
+                                                       policy_path=policy_path)
             self._load(data_path)
+        except SiteRefusal:
+            raise
         except FedContrastError as exc:
-            raise CollaboratorStopped(f"fedcontrast collaborator: error: {exc}") from None
+            raise SiteRefusal(str(exc)) from None
 
     def _load(self, data_path: str | None) -> None:
         config = self.config

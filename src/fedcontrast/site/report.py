@@ -269,10 +269,8 @@ def score_in_workspace(workspace: str | Path, name: str | None = None) -> tuple[
     its report's row for the final round (``final_model.json``'s figures when the row is missing)."""
     import os
 
-    from ..deploy.workspace import SHARD_PREFIX, load_plan_file
-    from .checks import CollaboratorStopped
+    from ..deploy.workspace import SHARD_PREFIX, load_plan_file, read_data_lines
     from .data import SiteData
-    from .doctor import data_lines
 
     ws = Path(workspace).resolve()
     folder = pick_site_report(ws, name)
@@ -283,7 +281,8 @@ def score_in_workspace(workspace: str | Path, name: str | None = None) -> tuple[
         raise ConfigError(f"{folder} holds no final model yet ({last}): a site takes the final model home in the "
                           "federation's final round; score it once the federation has finished")
     settings = load_plan_file(ws / "plan" / "plan.yaml").get("data_loader", {}).get("settings") or {}
-    data = data_lines(ws).get(name)
+    data_file = ws / "plan" / "data.yaml"
+    data = (read_data_lines(data_file) if data_file.is_file() else {}).get(name)
     if data is None:
         raise ConfigError(f"{ws / 'plan' / 'data.yaml'} has no line for {name}, so its held-out data is not known "
                           f"here: add {name},PATH_TO_ITS_IMAGES")
@@ -293,11 +292,8 @@ def score_in_workspace(workspace: str | Path, name: str | None = None) -> tuple[
     before = os.getcwd()
     os.chdir(ws)  # the plan's relative paths (data, public folder, backbone files) are the workspace's
     try:
-        try:
-            loader = SiteData(data_path=data, run_config=settings.get("run_config"),
-                                    network=settings.get("network"), model_shape=settings.get("model_shape"))
-        except CollaboratorStopped as exc:
-            raise ConfigError(str(exc).removeprefix("fedcontrast collaborator: error: ")) from None
+        loader = SiteData(data_path=data, run_config=settings.get("run_config"),  # SiteRefusal: one sentence
+                          network=settings.get("network"), model_shape=settings.get("model_shape"))
         scored = score_final_model(folder, loader.train, loader.test, public=loader.public, device=None)
     finally:
         os.chdir(before)

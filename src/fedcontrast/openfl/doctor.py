@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..config import RunConfig, site_names
 from ..deploy.workspace import read_data_lines, read_workspace_plan
-from ..errors import ConfigError, FedContrastError
+from ..errors import ConfigError, FedContrastError, SiteRefusal
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
@@ -249,7 +249,7 @@ def _check_data(ws: Path, config: RunConfig, name: str, data: str | None) -> Che
 
 def _check_policy(ws: Path, config: RunConfig, plan: dict, data: str | None) -> Check:
     from ..privacy.policy import site_policy_path
-    from .checks import CollaboratorStopped, enforce_site_policy  # without OpenFL (see .checks)
+    from ..site.checks import enforce_site_policy  # without OpenFL
 
     path = site_policy_path(ws)
     if path is None:
@@ -257,6 +257,6 @@ def _check_policy(ws: Path, config: RunConfig, plan: dict, data: str | None) -> 
     loader = plan.get("data_loader", {}).get("settings") or {}
     try:
         enforce_site_policy(config, loader.get("network"), loader.get("model_shape"), data or "", cwd=ws)
-    except CollaboratorStopped as exc:
-        return Check("policy", FAIL, str(exc).removeprefix("fedcontrast collaborator: error: "))
+    except SiteRefusal as exc:
+        return Check("policy", FAIL, str(exc))
     return Check("policy", OK, f"{path} accepts the plan")

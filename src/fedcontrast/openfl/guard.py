@@ -1,21 +1,50 @@
 """What a raw ``fx collaborator start`` / ``fx aggregator start`` must pass before OpenFL imports
 anything from the workspace: called by ``_fedcontrast_fx_guard`` (loaded by ``fedcontrast_fx_guard.pth``
-at interpreter start-up); the site's policy first, then the package checks of :mod:`.trust`."""
+at interpreter start-up); the site's policy first, then the package checks of
+:mod:`fedcontrast.deploy.trust`. Also how ``fx`` reads its command line (:func:`fx_plan_path`,
+:func:`fx_option`). Imports no OpenFL: it runs before OpenFL is imported."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 from ..deploy.trust import PackageRefused, check_policy_for_workspace, check_workspace
+from ..errors import SiteRefusal
+
+
+def fx_plan_path(command: str, argv: list[str] | None = None, cwd: str | Path = ".") -> Path | None:
+    """The plan file that this process, ``fx <command> start``, parsed: its ``-p/--plan`` or the
+    default ``plan/plan.yaml`` of the workspace it runs in. None when this process is not that."""
+    argv = list(sys.argv if argv is None else argv)
+    program, args = (argv[0] if argv else ""), argv[1:]
+    if Path(program).name != "fx" and "openfl" not in program and "openfl.interface.cli" not in sys.modules:
+        return None  # not OpenFL's command line (under whatever name: fx, a renamed link, python -m)
+    if command not in args or args.index(command) + 1 >= len(args) or args[args.index(command) + 1] != "start":
+        return None
+    return Path(cwd) / (fx_option(args, ("-p", "--plan")) or "plan/plan.yaml")
+
+
+def fx_option(argv: list[str], flags: tuple[str, str]) -> str | None:
+    """An ``fx`` option's value in ``argv``: of ``-x VALUE``, ``-xVALUE``, ``--long VALUE`` or
+    ``--long=VALUE``, the last one given (as click takes it); None when none is."""
+    short, long = flags
+    value = None
+    for i, arg in enumerate(argv):
+        if arg in flags and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(long + "="):
+            value = arg.split("=", 1)[1]
+        elif arg.startswith(short) and not arg.startswith("--") and len(arg) > len(short):
+            value = arg[len(short):]
+    return value
 
 
 def guard_collaborator_start(argv: list[str], cwd: str | Path) -> None:
     """What ``fx collaborator start`` must pass before OpenFL imports anything from the workspace
     (called by ``_fedcontrast_fx_guard``, whatever launched fx): raises :class:`FedContrastError` in one
     sentence."""
-    from ..deploy.workspace import fx_option, fx_plan_path
-
     path = fx_plan_path("collaborator", argv, cwd)
     if path is None:
         return
@@ -53,7 +82,7 @@ def _check_policy_first(ws: Path, plan: Any, name: str | None, data_config: Path
     a plan the privacy officer's policy refuses is refused as that, whatever else is missing."""
     from ..config import RunConfig
     from ..deploy.workspace import read_data_lines
-    from .checks import CollaboratorStopped, enforce_site_policy
+    from ..site.checks import enforce_site_policy
 
     loader = ((plan.get("data_loader") or {}).get("settings") or {}) if isinstance(plan, dict) else {}
     if "run_config" not in loader:
@@ -63,15 +92,13 @@ def _check_policy_first(ws: Path, plan: Any, name: str | None, data_config: Path
         enforce_site_policy(RunConfig.from_dict(loader["run_config"]), loader.get("network"),
                             loader.get("model_shape"), lines.get(name, "") if name is not None else "",
                             cwd="." if ws.resolve() == Path.cwd().resolve() else ws)  # named as fx's loader names it
-    except CollaboratorStopped as exc:
-        raise PackageRefused(str(exc.code).removeprefix("fedcontrast collaborator: error: ")) from None
+    except SiteRefusal as exc:
+        raise PackageRefused(str(exc)) from None
 
 
 def guard_aggregator_start(argv: list[str], cwd: str | Path) -> None:
     """``fx aggregator start``: its plan file read as fedcontrast reads it, so that one OpenFL would stop
     on with a traceback (not YAML, a key given twice, split copies of a setting) is one sentence."""
-    from ..deploy.workspace import fx_plan_path
-
     path = fx_plan_path("aggregator", argv, cwd)
     if path is not None:
         guard_aggregator_plan(path, cwd)
