@@ -19,6 +19,7 @@ from fedcontrast.config import RunConfig
 from fedcontrast.deploy.pki import fx_executable, make_dev_pki
 from fedcontrast.openfl.launch import failure_reason, initialize_plan, start, stop_all
 from fedcontrast.openfl.plan import create_workspace
+from tests.plans import small_config  # noqa: F401  (the openfl tests import it from here)
 
 FEDERATION_TIMEOUT = 240  # seconds; every federation in these tests runs under it
 
@@ -27,13 +28,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def small_config(**changes) -> RunConfig:
-    """Digits, 2 collaborators, 2 rounds of 1 local epoch: a real federation in seconds of compute."""
-    base = RunConfig(algorithm="moon", dataset="digits", clients=2, rounds=2, min_samples=5,
-                     training={"local_epochs": 1})
-    return base.replace(**changes) if changes else base
 
 
 @pytest.fixture(scope="session")

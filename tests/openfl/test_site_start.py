@@ -194,7 +194,7 @@ def test_every_check_the_collaborator_would_make_runs_before_site_start_says_it_
     from fedcontrast.deploy.workspace import read_workspace_config
     from fedcontrast.openfl.doctor import FAIL, OK, check_shared
 
-    from .test_deploy import deployment, images
+    from tests.deploy.test_deploy import deployment, images
 
     public = images(tmp_path / "public", {"neg": 2, "pos": 2}, seed=5)
     ws = create_workspace(tmp_path / "pub", deployment(public_data={"sha256": folder_fingerprint(public),

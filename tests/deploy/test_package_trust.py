@@ -32,7 +32,7 @@ from fedcontrast.site.checks import enforce_site_policy
 from fedcontrast.deploy.templates import template_problems
 from fedcontrast.deploy.trust import PackageRefused, check_workspace, key_material
 
-from .conftest import small_config
+from tests.plans import small_config
 from .test_deploy import deployment, images
 
 EVIL = '''
