@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .algorithms import Algorithm, get_algorithm
+from .algorithms import Algorithm, RunFacts, get_algorithm, secure_summable
 from .config import RunConfig, site_names
 from .data import ArrayDataset, DataSplits, load_dataset, partition_indices
 from .data.splits import site_test_indices  # tests import it from here too
@@ -35,17 +35,30 @@ def server_seed(config: RunConfig, round_num: int) -> int:
     return derive_seed(config.seed, round_num, 1 << 20)
 
 
-def build_algorithm(config: RunConfig) -> Algorithm:
-    """The configured plugin; settings for other algorithms are validated too, so typos surface."""
+def run_facts(config: RunConfig, public_size: int = 0) -> RunFacts:
+    """The facts a plugin of this run is built with: the federation's size, the public set's size
+    (``public_size``, where the caller holds it), the robustness section and, under DP, the noise on
+    representations and on sample counts."""
+    privacy = config.privacy
+    return RunFacts(num_sites=config.clients, public_size=public_size, robustness=config.robustness,
+                    representation_dp=privacy.representations if privacy is not None else None,
+                    count_noise=privacy.count_noise_multiplier if privacy is not None else 0.0,
+                    under_dp=privacy is not None)
+
+
+def build_algorithm(config: RunConfig, *, public_size: int = 0) -> Algorithm:
+    """The configured plugin, built once with the run's facts (:func:`run_facts`; ``public_size``: the
+    public set's size, for callers whose use depends on it — else see :func:`build_algorithm_with_public`).
+    Settings for other algorithms are validated too, so typos surface."""
     for name, settings in config.hyperparameters.items():
         get_algorithm(name).from_settings(settings)
-    algorithm = get_algorithm(config.algorithm).from_settings(config.hyperparameters.get(config.algorithm))
+    facts = run_facts(config, public_size)
+    algorithm = get_algorithm(config.algorithm).from_settings(config.hyperparameters.get(config.algorithm), facts)
     algorithm.validate_training(config.training)
-    algorithm.num_sites = config.clients
-    algorithm.robustness = config.robustness
-    if config.secure_aggregation is not None and not algorithm.secure_sum:
-        if algorithm.secure_variant is not None:  # a variant of the plugin is secure-summable: name the setting
-            setting, why = algorithm.secure_variant
+    if config.secure_aggregation is not None and not secure_summable(algorithm):
+        variant = getattr(algorithm, "secure_variant", None)  # SecureSum's: a variant of the plugin is summable
+        if variant is not None:  # name the setting
+            setting, why = variant
             raise ConfigError(f"secure aggregation gives the aggregator only the sum of the uploads, but "
                               f"{algorithm.name} as configured {why}: set {setting} (its secure-summable variant) "
                               "or turn secure aggregation off")
@@ -67,10 +80,6 @@ def build_algorithm(config: RunConfig) -> Algorithm:
             supported = ", ".join(sorted(algorithm.dp_kinds)) or "none"
             raise ConfigError(f"{algorithm.name} does not support privacy.{unsupported[0]} (its DP mechanisms: "
                               f"{supported}); remove that section or choose another algorithm")
-        algorithm.private_representations = config.privacy.representations is not None
-        algorithm.representation_dp = config.privacy.representations
-        algorithm.count_noise = config.privacy.count_noise_multiplier
-        algorithm.exact_weights = False  # a site's sample count may arrive noised
         algorithm.validate_privacy(config.privacy)
     return algorithm
 
@@ -78,19 +87,21 @@ def build_algorithm(config: RunConfig) -> Algorithm:
 def upload_screen(config: RunConfig, algorithm: Algorithm):
     """The aggregator's screen of every round's uploads (:class:`fedcontrast.robust.UploadScreen`), as
     the plan's ``robustness`` section says; under DP a site's count may arrive noised, within the
-    count noise's allowance (``algorithm.count_noise``, as :func:`build_algorithm` set it)."""
+    count noise's allowance (the run fact ``count_noise``)."""
     from .robust import UploadScreen
 
-    return UploadScreen(config.robustness, algorithm, count_noise=algorithm.count_noise)
+    return UploadScreen(config.robustness, algorithm, count_noise=algorithm.facts.count_noise)
 
 
-def attach_public(algorithm: Algorithm, public) -> None:
-    """Tell the plugin the public data set's size (its declarations may depend on it); a plugin
-    that needs one and gets none fails here, before any round."""
+def build_algorithm_with_public(config: RunConfig, public) -> Algorithm:
+    """The plugin of a party that holds the run's public data set ``public`` (None: the run has none):
+    its size is one of the plugin's facts (FLESD's upload shapes depend on it); a plugin that needs
+    one and gets none fails here, before any round."""
+    algorithm = build_algorithm(config, public_size=len(public) if public is not None else 0)
     if algorithm.requires_public and (public is None or len(public) < 2):
         raise ConfigError(f"{algorithm.name} needs a public data set that every site and the aggregator hold: "
                           "set public_fraction > 0")
-    algorithm.public_size = len(public) if public is not None else 0
+    return algorithm
 
 
 def site_privacy(config: RunConfig, state: dict, round_num: int, *, noise_seed: int | None):

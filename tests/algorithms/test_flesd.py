@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedcontrast.algorithms import InvalidUploadError, ServerContext, get_algorithm, validate_uploads
+from fedcontrast.algorithms import InvalidUploadError, RunFacts, ServerContext, get_algorithm, validate_uploads
 from fedcontrast.algorithms.flesd import (FINGERPRINT, REPRESENTATIONS, SIMILARITY, PublicDataMismatch, distill,
                                           public_fingerprint, quantise)
 from fedcontrast.config import TrainingConfig
@@ -13,9 +13,7 @@ from fedcontrast.losses import ensemble_similarity, esd_loss
 
 
 def flesd(public_size, **settings):
-    algorithm = get_algorithm("flesd").from_settings(settings)
-    algorithm.public_size = public_size
-    return algorithm
+    return get_algorithm("flesd").from_settings(settings, RunFacts(public_size=public_size))
 
 
 @pytest.fixture
@@ -206,7 +204,7 @@ def test_representation_dp_noises_z_before_it_leaves_and_is_accounted(tmp_path):
                      hyperparameters={"flesd": {"distill_epochs": 1, "probe_epochs": 5}})
     private = base.replace(privacy={"representations": {"noise_multiplier": 0.5}})
     clean_fed, dp_fed = Federation(base), Federation(private)
-    clean_rows, dp_rows = clean_fed.run_round(0), dp_fed.run_round(0)
+    clean_rows, dp_rows = clean_fed.run_round(1), dp_fed.run_round(1)
     # Same local training, so without noise the uploads would be identical: the global models differ.
     assert not torch.equal(clean_fed.downlink.global_tensors["model.projection.net.0.weight"],
                            dp_fed.downlink.global_tensors["model.projection.net.0.weight"])

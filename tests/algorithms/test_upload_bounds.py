@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedcontrast.algorithms import InvalidUploadError, get_algorithm
+from fedcontrast.algorithms import InvalidUploadError, RunFacts, get_algorithm
 from fedcontrast.algorithms.fedpcl import COUNTS, LOCAL_PROTOTYPES
 from fedcontrast.algorithms.fedssc import CLASS_COUNTS, CLASS_MEANS
 from fedcontrast.algorithms.flesd import SIMILARITY, quantise
@@ -38,8 +38,7 @@ def test_fedpcl_prototype_norms_beyond_a_mean_of_unit_vectors_are_rejected():
 
 def test_fedpcl_noisy_honest_prototypes_pass_and_scaled_ones_do_not():
     dp = RepresentationDPConfig(noise_multiplier=2.0, clip=1.0)
-    alg = get_algorithm("fedpcl")()
-    alg.private_representations, alg.representation_dp, alg.exact_weights, alg.count_noise = True, dp, False, 10.0
+    alg = get_algorithm("fedpcl")(facts=RunFacts(representation_dp=dp, count_noise=10.0, under_dp=True))
     z, labels, _, _ = honest_prototypes(per_class=20)
     for seed in range(200):  # the mechanism as a site runs it (GaussianClassSums), 200 draws
         sums = GaussianClassSums(4, 16, len(z), "cpu", noise_multiplier=dp.noise_multiplier, clip=dp.clip,
@@ -73,8 +72,9 @@ def test_fedssc_means_are_bounded_by_the_clip_under_dp_only():
     _, _, protos, counts = honest_prototypes()
     alg = get_algorithm("fedssc")()
     alg.check_upload("x", {CLASS_MEANS: protos * 1e6, CLASS_COUNTS: counts}, 48.0)  # unnormalised z: no bound
-    alg.private_representations, alg.exact_weights = True, False
-    alg.representation_dp, alg.count_noise = RepresentationDPConfig(noise_multiplier=1.0, clip=0.5), 10.0
+    dp = RepresentationDPConfig(noise_multiplier=1.0, clip=0.5)
+    alg = get_algorithm("fedssc")(facts=RunFacts(representation_dp=dp, count_noise=10.0, under_dp=True))
+    assert alg.facts.private_representations and not alg.facts.exact_weights
     alg.check_upload("x", {CLASS_MEANS: protos * 0.5, CLASS_COUNTS: counts}, 48.0)
     with pytest.raises(InvalidUploadError, match="class mean of norm .* more than clipped representations allow"):
         alg.check_upload("x", {CLASS_MEANS: protos * 1e6, CLASS_COUNTS: counts}, 48.0)

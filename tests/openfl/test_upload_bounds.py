@@ -8,7 +8,7 @@ import pytest
 from openfl.protocols import aggregator_pb2, aggregator_pb2_grpc, base_pb2, utils
 from openfl.transport.grpc.aggregator_server import AggregatorGRPCServer
 
-from fedcontrast.construction import attach_public, build_algorithm, initial_model, load_public
+from fedcontrast.construction import build_algorithm, build_algorithm_with_public, initial_model, load_public
 from fedcontrast.openfl import grpc_bounds
 from fedcontrast.openfl.collaborator import explain_rpc_error
 from fedcontrast.openfl.components import SafeAggregator
@@ -29,7 +29,7 @@ def test_the_bound_is_the_plugins_declared_upload_plus_a_margin(algorithm, large
     shape = build_plan(config)["aggregator"]["settings"]["model_shape"]
     plugin = build_algorithm(config)
     if plugin.requires_public:
-        attach_public(plugin, load_public(config))
+        plugin = build_algorithm_with_public(config, load_public(config))
     declared = packed_size(plugin.upload_specs(initial_model(config, **shape), shape["num_classes"])) * 4
     assert upload_limit(config, shape) == declared + UPLOAD_MARGIN
     # follows the declaration

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedcontrast.algorithms import ServerContext, get_algorithm, weight_tensors
+from fedcontrast.algorithms import RunFacts, ServerContext, get_algorithm, weight_tensors
 from fedcontrast.algorithms.fedpcl import COUNTS, GLOBAL_PROTOTYPES, LOCAL_PROTOTYPES, LOCAL_SETS, PRESENT
 from fedcontrast.algorithms.fedssc import CLASS_COUNTS, CLASS_MEANS, CLASS_PRESENT, CLASS_REPS
 from fedcontrast.algorithms.flesd import REPRESENTATIONS, public_fingerprint
@@ -128,16 +128,20 @@ def test_flesd_ensemble_under_secure_aggregation_is_the_plain_one():
 
     public = load_dataset("synthetic", image_size=16, synthetic_samples=200, public_fraction=0.0).train.subset(
         torch.arange(100, 140))
-    algorithm = get_algorithm("flesd").from_settings({"distill_epochs": 1, "distill_batch_size": 16})
-    algorithm.public_size = len(public)
+    targets = []
+
+    class Recording(get_algorithm("flesd")):  # test only: records each distillation target
+        def distilled(self, target, srv, answered):
+            targets.append(target)
+            return super().distilled(target, srv, answered)
+
+    algorithm = Recording.from_settings({"distill_epochs": 1, "distill_batch_size": 16},
+                                        RunFacts(public_size=len(public)))
     assert algorithm.secure_sum
     gen = torch.Generator().manual_seed(4)
     uploads = {s: {REPRESENTATIONS: F.normalize(torch.randn(len(public), D, generator=gen), dim=1)} for s in SITES}
     server = ServerContext(model=model(), round_num=0, seed=7, device=torch.device("cpu"), num_classes=C, public=public)
     server.previous = weight_tensors(server.model)
-    targets = []
-    distilled = algorithm.distilled
-    algorithm.distilled = lambda target, srv, answered: targets.append(target) or distilled(target, srv, answered)
     plain = algorithm.aggregate(uploads, WEIGHTS, server)
     secure, _ = secure_aggregate(algorithm, uploads, WEIGHTS, SETTINGS, 0, server)
     tau = algorithm.hp.target_temperature
@@ -158,8 +162,7 @@ def test_each_secure_terms_declaration_matches_the_terms():
                                     ("fedpcl", {"local_sets": "global"},
                                      {LOCAL_PROTOTYPES: torch.zeros(C, D), COUNTS: torch.zeros(C, dtype=torch.long)}),
                                     ("flesd", {}, {REPRESENTATIONS: F.normalize(torch.randn(40, D), dim=1)})]:
-        algorithm = get_algorithm(name).from_settings(settings)
-        algorithm.public_size = 40
+        algorithm = get_algorithm(name).from_settings(settings, RunFacts(public_size=40))
         terms = algorithm.secure_terms(uploads, 200.0, 10.0)
         assert {s.name: s.shape for s in algorithm.secure_specs(net, C)} == {k: tuple(v.shape) for k, v in terms.items()}
         assert all(float(v.abs().max()) <= 10.0 * 200.0 for v in terms.values()), name  # within clip·weight

@@ -25,7 +25,7 @@ def in_bound_attacker(federation, site_name, fraction):
                               for k, v in result.uploads.items()}
         return result
 
-    federation.algorithm.run_task = patched
+    object.__setattr__(federation.algorithm, "run_task", patched)  # test only: past the built plugin's guard
 
 
 def run_until_stopped(federation, rounds):

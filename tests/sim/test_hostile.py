@@ -16,7 +16,7 @@ def hostile(federation, change):
         change(site.name, site.round_num, result)
         return result
 
-    federation.algorithm.run_task = patched
+    object.__setattr__(federation.algorithm, "run_task", patched)  # test only: past the built plugin's guard
 
 
 def scale_site_1(factor, at_round=1):

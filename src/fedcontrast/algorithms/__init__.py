@@ -1,4 +1,8 @@
-"""Algorithm plugins and their registry. Importing this package registers the built-ins."""
+"""Algorithm plugins and their registry. Importing this package registers the built-ins.
+
+The core interface is :class:`Algorithm`; the opt-in capabilities are :class:`SecureSum`,
+:class:`UploadChecks`, :class:`SharedFiles` and :class:`PersonalEvaluation`; the run facts a plugin is
+built with are :class:`RunFacts`. docs/plugins.md is the contract."""
 
 from .base import (
     Algorithm,
@@ -13,6 +17,8 @@ from .base import (
     validate_uploads,
     weight_tensors,
 )
+from .capabilities import PersonalEvaluation, SecureSum, SharedFiles, UploadChecks, secure_summable
+from .facts import RunFacts
 from .registry import ENTRY_POINT_GROUP, available_algorithms, get_algorithm, register_algorithm
 
 # Built-ins: one registration line each (the decorator in each module).
@@ -20,6 +26,7 @@ from . import fedavg, fedpcl, fedprox, fedsiam, fedssc, flesd, moon, simclr  # n
 
 _BUILTIN_MODULES = (fedavg, fedpcl, fedprox, fedsiam, fedssc, flesd, moon, simclr)  # imported to register them
 
-__all__ = ["ENTRY_POINT_GROUP", "Algorithm", "Downlink", "InvalidUploadError", "ServerContext",
-           "SiteContext", "TaskResult", "TensorSpec", "available_algorithms", "get_algorithm",
-           "load_weights", "nbytes", "register_algorithm", "validate_uploads", "weight_tensors"]
+__all__ = ["ENTRY_POINT_GROUP", "Algorithm", "Downlink", "InvalidUploadError", "PersonalEvaluation", "RunFacts",
+           "SecureSum", "ServerContext", "SharedFiles", "SiteContext", "TaskResult", "TensorSpec", "UploadChecks",
+           "available_algorithms", "get_algorithm", "load_weights", "nbytes", "register_algorithm", "secure_summable",
+           "validate_uploads", "weight_tensors"]

@@ -7,18 +7,19 @@ from collections.abc import Mapping
 
 import torch
 
-from .base import Algorithm, Downlink, ServerContext, SiteContext, TaskResult, load_weights, weight_tensors
+from .base import Downlink, ServerContext, SiteContext, TaskResult, load_weights, weight_tensors
+from .capabilities import SecureSum
 from .registry import register_algorithm
 from .training import ExtraLoss, site_generator, train_supervised
 
 
 @register_algorithm
-class FedAvg(Algorithm):
+class FedAvg(SecureSum):
     """Collaborator: E epochs of cross-entropy SGD from the global weights. Uploads: weights.
     Aggregator: ``w = Σ_k n_k/n · w_k``."""
 
     name = "fedavg"
-    secure_sum = True  # w = Σ n_k·w_k / Σ n_k: FedProx and MOON inherit it
+    # SecureSum's defaults are FedAvg's: w = Σ n_k·w_k / Σ n_k (FedProx and MOON inherit it)
     dp_kinds = frozenset({"dp_sgd"})
     task_metrics = {"train": ("loss", "ce", "accuracy")}
 

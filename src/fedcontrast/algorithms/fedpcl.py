@@ -28,7 +28,9 @@ from ..evaluation import PROTOTYPE_METRICS, distribution_weighted_accuracy, near
 from ..losses import check_temperature, fedpcl_loss
 from ..models import MODEL_NAMES, ContrastiveNet
 from ..models.backbones import backbone_set
-from .base import Algorithm, Downlink, InvalidUploadError, ServerContext, SiteContext, TaskResult, TensorSpec
+from .base import Downlink, InvalidUploadError, ServerContext, SiteContext, TaskResult, TensorSpec
+from .capabilities import PersonalEvaluation, SecureSum, SharedFiles, UploadChecks
+from .facts import RunFacts
 from .registry import register_algorithm
 from .training import batch_indices, site_generator
 
@@ -111,7 +113,7 @@ def class_prototypes(z: torch.Tensor, labels: torch.Tensor, num_classes: int) ->
 
 
 @register_algorithm
-class FedPCL(Algorithm):
+class FedPCL(SecureSum, UploadChecks, SharedFiles, PersonalEvaluation):
     """Collaborator: train the personal projection head with ``L_g + L_p`` over frozen backbone
     features, then upload per-class prototypes and counts. Aggregator: count-weighted global
     prototypes and prototype fill (``local_sets: global``: G for every site, under secure aggregation
@@ -124,11 +126,10 @@ class FedPCL(Algorithm):
     evaluation_metrics = ("accuracy", "local_accuracy")
     Hyperparameters = FedPCLHyperparameters
     tasks = ("train", "prototypes")
-    personalized = True
     dp_kinds = frozenset({"representations"})
 
-    def __init__(self, hp=None) -> None:
-        super().__init__(hp)
+    def __init__(self, hp=None, facts: RunFacts | None = None) -> None:
+        super().__init__(hp, facts)
         # Frozen backbones and no augmentation: a data set's features never change, so they are
         # computed once per process (keyed by the data tensor) instead of every round.
         self._features: dict[int, torch.Tensor] = {}
@@ -261,7 +262,7 @@ class FedPCL(Algorithm):
             raise InvalidUploadError(f"site {site!r} uploaded a prototype from fewer than "
                                      f"{self.hp.min_class_samples} samples; rejected")
         # Exact only without noise and without a threshold: then every sample is in some class.
-        exact = not self.private_representations and self.exact_weights and self.hp.min_class_samples == 1
+        exact = not self.facts.private_representations and self.facts.exact_weights and self.hp.min_class_samples == 1
         if exact and int(counts.sum()) != int(weight):
             raise InvalidUploadError(f"site {site!r} uploaded class counts summing to {int(counts.sum())}, "
                                      f"not its {int(weight)} samples; rejected")
@@ -295,10 +296,10 @@ class FedPCL(Algorithm):
 
     def aggregate_secure(self, sums, server: ServerContext, dtypes) -> Downlink:
         g, present = pooled_class_means(sums, weighting=self.hp.prototype_weighting, dtype=dtypes[LOCAL_PROTOTYPES])
-        return self._downlink(g, present, len(server.sites) or max(self.num_sites, 1))
+        return self._downlink(g, present, len(server.sites) or max(self.facts.num_sites, 1))
 
     def initial_downlink(self, server: ServerContext) -> Downlink:
-        c, d, k = server.num_classes, server.model.projection_dim, max(self.num_sites, len(server.sites), 1)
+        c, d, k = server.num_classes, server.model.projection_dim, max(self.facts.num_sites, len(server.sites), 1)
         zeros = functools.partial(torch.zeros, device=server.device)
         return Downlink({GLOBAL_PROTOTYPES: zeros(c, d), PRESENT: zeros(c), LOCAL_SETS: zeros(k, c, d)})
 
@@ -361,7 +362,7 @@ class FedPCL(Algorithm):
         return self.hp.min_class_samples
 
     def download_specs(self, model: ContrastiveNet, num_classes: int) -> list[TensorSpec]:
-        d, k = model.projection_dim, max(self.num_sites, 1)
+        d, k = model.projection_dim, max(self.facts.num_sites, 1)
         sets = ("the global prototypes once per site (no site's own prototypes)" if self.hp.local_sets == "global"
                 else "every site's local prototypes, filled with the global ones")
         return [TensorSpec(GLOBAL_PROTOTYPES, (num_classes, d), "float32", "download", description="global prototypes"),

@@ -193,7 +193,7 @@ class FedSiamDA(Algorithm):
 
     def aggregate(self, uploads: Mapping[str, Mapping[str, torch.Tensor]], weights: Mapping[str, float],
                   server: ServerContext) -> Downlink:
-        if self.robustness is not None and self.robustness.rule != "mean":
+        if self.facts.robustness is not None and self.facts.robustness.rule != "mean":
             # A robust rule replaces dual aggregation: its cosine weights are a weighted mean of every upload,
             # which a poisoned model with a positive cosine would still enter.
             return Downlink(self.average_weights(uploads, weights), metrics={"dual_fallback": 0.0})

@@ -24,6 +24,7 @@ from .base import (
     weight_specs,
     weight_tensors,
 )
+from .capabilities import UploadChecks
 from .moon import Moon, represent_all
 from .registry import register_algorithm
 from .training import ExtraLoss
@@ -112,7 +113,7 @@ def sample_class_representations(means: Mapping[str, torch.Tensor], counts: Mapp
 
 
 @register_algorithm
-class FedSSC(Moon):
+class FedSSC(UploadChecks, Moon):
     """Loss ``CE + μ_moon · l_con + μ_glob(t) · l_glob``; uploads weights and, for each class with at
     least ``min_class_samples`` local samples, its mean projected representation over the last
     local epoch with its count. Aggregator: FedAvg on weights; ``s^c`` from ``k`` random senders, or

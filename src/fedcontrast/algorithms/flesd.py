@@ -41,7 +41,6 @@ from ..losses import check_temperature, ensemble_similarity, esd_loss
 from ..models import MODEL_NAMES, ContrastiveNet, build_model
 from .base import (
     WEIGHT_PREFIX,
-    Algorithm,
     Downlink,
     InvalidUploadError,
     ServerContext,
@@ -52,6 +51,8 @@ from .base import (
     weight_specs,
     weight_tensors,
 )
+from .capabilities import SecureSum, UploadChecks
+from .facts import RunFacts
 from .moon import represent_all
 from .registry import register_algorithm
 
@@ -132,7 +133,7 @@ class FlesdHyperparameters(SimCLRHyperparameters):
 
 
 @register_algorithm
-class Flesd(Algorithm):
+class Flesd(SecureSum, UploadChecks):
     """Collaborator: SimCLR, then similarity inference on P (uploads Z_k or M_k, never weights).
     Aggregator: ensemble similarity distillation into the global encoder."""
 
@@ -148,17 +149,17 @@ class Flesd(Algorithm):
     # bound one sample's influence.
     dp_kinds = frozenset({"representations"})
     representation_releases = 1
-    secure_sum = True  # the ensemble is the plain mean of the sites' M_k: see secure_terms
+    # SecureSum: the ensemble is the plain mean of the sites' M_k (see secure_terms)
 
-    def __init__(self, hp: FlesdHyperparameters | None = None) -> None:
-        super().__init__(hp)
+    def __init__(self, hp: FlesdHyperparameters | None = None, facts: RunFacts | None = None) -> None:
+        super().__init__(hp, facts)
         self._same_architecture: dict[str, bool] = {}  # site architecture → is it the run's model
 
     # --- what travels -----------------------------------------------------------------------------
     def upload_form(self, dim: int) -> str:
         if self.hp.upload != "auto":
             return self.hp.upload
-        return "representations" if dim < self.public_size else "similarity"
+        return "representations" if dim < self.facts.public_size else "similarity"
 
     def upload_specs(self, model: ContrastiveNet, num_classes: int) -> list[TensorSpec]:
         n, d = self._public_size(), model.projection_dim
@@ -175,10 +176,10 @@ class Flesd(Algorithm):
                              kind="metadata")])
 
     def _public_size(self) -> int:
-        if self.public_size < 2:
+        if self.facts.public_size < 2:
             raise ConfigError("flesd needs a public data set of at least 2 samples that every site holds: "
                               "set public_fraction > 0")
-        return self.public_size
+        return self.facts.public_size
 
     # --- collaborator -----------------------------------------------------------------------------
     def site_architecture(self, index: int) -> str | None:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..algorithms import SecureSum
 from ..config import RunConfig, site_names
 from ..errors import ConfigError
 from ..privacy.accounting import planned_epsilon
@@ -300,10 +301,11 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
     rounds = int(agg.get("rounds_to_train", config.rounds))
     network = plan.get("network", {}).get("settings", {})
     algorithm = build_algorithm(config)
-    if algorithm.requires_public:  # FLESD's upload shapes depend on the public set's size
-        from ..construction import attach_public, load_public
+    if algorithm.requires_public:  # FLESD's upload shapes depend on the public set's size: built with it
+        from ..construction import build_algorithm_with_public, load_public
 
-        attach_public(algorithm, load_public(config, base_dir=workspace if workspace is not None else "."))
+        public = load_public(config, base_dir=workspace if workspace is not None else ".")
+        algorithm = build_algorithm_with_public(config, public)
     model = initial_model(config, **shape)
     by_kind, mechanism_lines = _mechanisms(config, algorithm)
     tensors = [TensorLine(s.name, s.shape, s.dtype, s.nbytes, s.kind, by_kind[s.kind])
@@ -312,6 +314,7 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
     choices = release_choices(config.privacy, policy)
     secure, secure_sites, terms = config.secure_aggregation, None, []
     if secure is not None:  # the plugin's secure-sum terms, as words of the ring
+        assert isinstance(algorithm, SecureSum)  # build_algorithm refused secure aggregation otherwise
         secure_sites = secure.sites_needed(max(1, int(round(config.sample_fraction * config.clients))))
         terms = [TensorLine(s.name, s.shape, f"int{secure.bits}", math.prod(s.shape) * secure.bits // 8, s.kind,
                             by_kind[s.kind]) for s in algorithm.secure_specs(model, shape["num_classes"])]

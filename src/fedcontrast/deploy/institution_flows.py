@@ -49,6 +49,7 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
     confirmed its fingerprint: ``ca_fingerprint``, the one the operator read out, must be it; else
     ``confirm_ca(subject, fingerprint)`` is asked (the command line asks the person joining). A package
     without the chain pins ``ca_fingerprint`` when given, else the first ``import-cert`` pins it."""
+    from ..algorithms.capabilities import check_shared_files
     from ..archives import ArchiveLimits, check_archive
     from ..config import site_names
     from ..construction import build_algorithm
@@ -106,7 +107,7 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
             if target != source:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.symlink_to(source, target_is_directory=True)
-        build_algorithm(config).check_shared_files(ws)  # e.g. FedPCL's backbone files against the plan's hashes
+        check_shared_files(build_algorithm(config), ws)  # e.g. FedPCL's backbone files against the plan's hashes
         (ws / "plan" / "data.yaml").write_text(_data_yaml(ws, name, folder))
         if pin is not None:  # the CA this site confirmed: no other CA chain is installed or used from now on
             from .anchor import pin_ca

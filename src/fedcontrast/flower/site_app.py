@@ -37,11 +37,11 @@ import numpy as np
 import torch
 
 from ..algorithms import SiteContext
+from ..algorithms.capabilities import check_shared_files
 from ..atomic import atomic_write_bytes
 from ..config import RunConfig, site_names
 from ..construction import (
-    attach_public,
-    build_algorithm,
+    build_algorithm_with_public,
     data_shape,
     initial_model,
     site_privacy,
@@ -97,11 +97,10 @@ class SiteRuntime:
         except SiteRefusal as exc:  # the sentence goes to the operator
             raise SiteRefused(str(exc)) from None
         self.releases = release_choices(config.privacy, self.data.site_policy)
-        self.algorithm = build_algorithm(config)
         self.device = resolve_device(config.device)
         self.model = initial_model(config, **self.shape).to(self.device)
-        attach_public(self.algorithm, self.data.public)
-        self.algorithm.check_shared_files(self.workdir)
+        self.algorithm = build_algorithm_with_public(config, self.data.public)
+        check_shared_files(self.algorithm, self.workdir)
         self.index = site_names(config).index(self.name)  # one of the plan's sites (checked above)
         policy = self.data.site_policy
         self.report = SiteReport(self.workdir / REPORT_DIR / self.name, self.name, config.rounds,

@@ -91,6 +91,7 @@ def _check_name(config: RunConfig, name: str) -> Check:
 def check_shared(ws: Path, config: RunConfig) -> Check:
     """What every site must hold identically, as the collaborator will check it at start: the plan's
     public folder (its fingerprint) and the plugin's shared files (e.g. FedPCL's backbones, by hash)."""
+    from ..algorithms.capabilities import check_shared_files
     from ..construction import build_algorithm
     from ..data.schema import verify_public_folder
 
@@ -100,7 +101,7 @@ def check_shared(ws: Path, config: RunConfig) -> Check:
             verify_public_folder(config.public_data, ws)
             held.append(f"the public folder {config.public_data.folder} matches the plan's fingerprint "
                         f"{config.public_data.sha256[:16]}…")
-        build_algorithm(config).check_shared_files(ws)
+        check_shared_files(build_algorithm(config), ws)
     except FedContrastError as exc:
         return Check("shared files", FAIL, str(exc))
     pinned = [k for k in config.hyperparameters.get(config.algorithm, {}) if "sha256" in k or "hash" in k]

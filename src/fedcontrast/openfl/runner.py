@@ -19,8 +19,7 @@ from ..algorithms import ServerContext, SiteContext
 from ..atomic import atomic_torch_save
 from ..config import RunConfig
 from ..construction import (
-    attach_public,
-    build_algorithm,
+    build_algorithm_with_public,
     initial_model,
     server_seed,
     site_index,
@@ -81,11 +80,10 @@ class PluginTaskRunner(TaskRunner):
         self.config = RunConfig.from_dict(run_config or {})
         # What this site lets leave besides its uploads (the plan's DP, the site's own policy).
         self.releases = release_choices(self.config.privacy, getattr(data_loader, "site_policy", None))
-        self.algorithm = build_algorithm(self.config)
         self.device = resolve_device(self.config.device)
         shape = data_loader.shape
         self.model = initial_model(self.config, **shape).to(self.device)
-        attach_public(self.algorithm, data_loader.public)
+        self.algorithm = build_algorithm_with_public(self.config, data_loader.public)
         server = ServerContext(model=self.model, round_num=0, seed=server_seed(self.config, 0),
                                device=self.device, num_classes=shape["num_classes"], public=data_loader.public)
         specs = self.algorithm.download_specs(self.model, shape["num_classes"])

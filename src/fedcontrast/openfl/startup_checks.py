@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig, site_names
-from ..construction import attach_public, build_algorithm, initial_model, load_public
+from ..construction import build_algorithm, build_algorithm_with_public, initial_model, load_public
 from ..deploy.certificates import check_server_files
 from ..deploy.workspace import load_plan_file
 from ..errors import ConfigError
@@ -160,8 +160,8 @@ def declared_uploads(config: RunConfig, model_shape: dict[str, int], assigner: A
         if isinstance(function, aggregation.PluginAggregation):
             return function.algorithm, function.specs
     algorithm = build_algorithm(config)
-    if algorithm.requires_public:  # e.g. FLESD: the upload's shape depends on the public set
-        attach_public(algorithm, load_public(config))
+    if algorithm.requires_public:  # e.g. FLESD: the upload's shape depends on the public set, built with it
+        algorithm = build_algorithm_with_public(config, load_public(config))
     model = initial_model(config, **model_shape)
     return algorithm, algorithm.upload_specs(model, model_shape["num_classes"])
 

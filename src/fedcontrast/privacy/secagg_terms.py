@@ -111,12 +111,13 @@ def checked_vector(site: str, algorithm: Any, uploads: dict[str, Any], weight: f
     (:meth:`~fedcontrast.algorithms.Algorithm.check_upload`), a finite count, and the terms clipped
     and finite. Raises :class:`~fedcontrast.tensors.InvalidUploadError` in one sentence; the site then
     withdraws from the round (:func:`~.secagg_protocol.withdrawal`)."""
+    from ..algorithms.capabilities import check_upload
     from ..tensors import InvalidUploadError, validate_uploads
 
     validate_uploads(site, uploads, specs)
     if not (math.isfinite(float(weight)) and float(weight) > 0):
         raise InvalidUploadError(f"site {site!r}'s sample count {weight!r} is not a finite positive number; rejected")
-    algorithm.check_upload(site, uploads, float(weight))
+    check_upload(algorithm, site, uploads, float(weight))
     vector = secure_vector(algorithm, uploads, weight, settings)
     if not np.isfinite(vector).all():
         raise InvalidUploadError(f"site {site!r}'s secure-sum terms hold NaN or infinite values; rejected")

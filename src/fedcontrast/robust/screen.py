@@ -170,7 +170,9 @@ class UploadScreen:
         replays are not checked) and its update's norm (None when not computed)."""
         self.check_weight(site, weight)
         try:
-            self.algorithm.check_upload(site, upload, float(weight))
+            check = getattr(self.algorithm, "check_upload", None)  # the plugin's UploadChecks capability, if any
+            if check is not None:
+                check(site, upload, float(weight))
         except InvalidUploadError as exc:
             raise RejectedUpload(str(exc)) from None
         norm = self.check_update(site, upload, reference, reference_norms)

@@ -18,7 +18,7 @@ import torch
 
 from ..algorithms import Downlink, InvalidUploadError, ServerContext, validate_uploads
 from ..config import RunConfig, site_names
-from ..construction import attach_public, build_algorithm, initial_model, server_seed, upload_screen
+from ..construction import build_algorithm_with_public, initial_model, server_seed, upload_screen
 from ..devices import resolve_device
 from ..privacy.secagg_terms import SumLayout
 from ..robust import RejectedUpload
@@ -53,11 +53,10 @@ class AggregatorRound:
                  device: torch.device | None = None, labelled: Any = None) -> None:
         self.config = config
         self.sites = site_names(config)
-        self.algorithm = build_algorithm(config)
+        self.algorithm = build_algorithm_with_public(config, public)
         self.device = device if device is not None else resolve_device(config.device)
         model = initial_model(config, in_channels=shape["in_channels"], image_size=shape["image_size"],
                               num_classes=shape["num_classes"]).to(self.device)
-        attach_public(self.algorithm, public)
         self.server = ServerContext(model=model, round_num=0, seed=server_seed(config, 0), device=self.device,
                                     num_classes=shape["num_classes"], public=public, sites=list(self.sites),
                                     labelled=labelled)

@@ -17,6 +17,7 @@ import torch
 
 from ..algorithms import (
     Downlink,
+    PersonalEvaluation,
     SiteContext,
     load_weights,
     nbytes,
@@ -145,8 +146,10 @@ class Federation:
 
     def personalized_evaluation(self, round_num: int) -> dict[str, float]:
         """Each site's own model on the test split: mean ("accuracy") and spread over sites."""
-        per_site = [self.algorithm.evaluate_site(self.site_context(site, round_num, 0),
-                                                 self.downlink.for_site(site.name), self.test)
+        algorithm = self.algorithm
+        assert isinstance(algorithm, PersonalEvaluation)
+        per_site = [algorithm.evaluate_site(self.site_context(site, round_num, 0),
+                                            self.downlink.for_site(site.name), self.test)
                     for site in self.sites]
         out: dict[str, float] = {}
         for key in per_site[0]:
@@ -260,7 +263,7 @@ class Federation:
                     for site, m in sorted(self.screen.causes.get(round_num + 1, {}).items()))
         uploads = outcome.accepted if cfg.secure_aggregation is None else uploads
         evaluation = self.algorithm.evaluate(self.downlink, self.server, self.test)
-        if self.algorithm.personalized:
+        if isinstance(self.algorithm, PersonalEvaluation):  # the capability: each site's own model
             evaluation.update(self.personalized_evaluation(round_num))
         if self.local_evaluation:
             evaluation.update(self.local_model_evaluation(uploads))

@@ -212,13 +212,12 @@ def score_final_model(folder: str | Path, train: Any, test: Any, *, public: Any 
     ``evaluate_at_site`` with the same state and seed): ``train`` and ``test`` are the site's own
     splits (FLESD's probe trains on ``train``), ``public`` the plan's public set when it has one;
     ``device`` None: the run's own device setting."""
-    from ..construction import attach_public, build_algorithm
+    from ..construction import build_algorithm_with_public
     from ..devices import resolve_device
 
     folder = Path(folder)
     model, config, info = load_final_model(folder)
-    algorithm = build_algorithm(config)
-    attach_public(algorithm, public)
+    algorithm = build_algorithm_with_public(config, public)
     device = resolve_device(config.device) if device is None else torch.device(device)
     site = SiteContext(name=info["site"], data=train, model=model.to(device), training=config.training,
                        round_num=info["round"], seed=info["seed"], device=device,
