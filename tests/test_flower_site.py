@@ -78,7 +78,7 @@ def test_a_site_answers_each_message_and_its_state_round_trips(folders, tmp_path
     s = settings(folders, tmp_path)
     reply, state = site_app.handle("query", 7, text, s, {}, None)
     assert reply == {"site": {"site": "hosp1"}} and state is None
-    content = {"task": {"round": 0}, "received": downlink(config)}
+    content = {"task": {"round": 1}, "received": downlink(config)}
     reply, state = site_app.handle("train", 7, text, s, content, None)
     specs = build_algorithm(config).upload_specs(initial_model(config, **data_shape(config)), 10)
     assert set(reply["uploads"]) == {spec.name for spec in specs}
@@ -92,7 +92,7 @@ def test_a_site_answers_each_message_and_its_state_round_trips(folders, tmp_path
     assert (tmp_path / "hosp1" / "local_state" / "hosp1.run7.pt").read_bytes() == state
 
     # Round 2 from the state the SuperNode kept equals round 2 in a runtime that never stopped.
-    second = {"task": {"round": 1}, "received": {k: v.numpy() for k, v in
+    second = {"task": {"round": 2}, "received": {k: v.numpy() for k, v in
                                                   site_app._tensors(reply["uploads"], torch.device("cpu")).items()
                                                   if k in content["received"]}}
     again, _ = site_app.handle("train", 7, text, s, second, state)
@@ -100,7 +100,7 @@ def test_a_site_answers_each_message_and_its_state_round_trips(folders, tmp_path
     fresh, state_b = site_app.handle("train", 7, text, s, second, state)
     for name in again["uploads"]:
         assert np.array_equal(again["uploads"][name], fresh["uploads"][name]), name
-    final, none = site_app.handle("evaluate", 7, text, s, {"task": {"round": 2}, "received": second["received"]},
+    final, none = site_app.handle("evaluate", 7, text, s, {"task": {"round": 3}, "received": second["received"]},
                                   state_b)
     assert none is None and json.loads(final["outcome"]["evaluation"])["accuracy"] >= 0
     report = tmp_path / "hosp1" / "site_report" / "hosp1"
@@ -251,7 +251,7 @@ def secure_exchange(text, sts, config, relay, answers=None):
     from fedcontrast.flower.secure import PHASES
 
     answers = answers or (lambda site, kind, honest: honest)
-    content = {"task": {"round": 0}, "received": downlink(config)}
+    content = {"task": {"round": 1}, "received": downlink(config)}
     errors = {}
     for site in SITES:
         reply, _ = site_app.handle("train", 5, text, sts[site], content, None)
@@ -260,7 +260,7 @@ def secure_exchange(text, sts, config, relay, answers=None):
         for site in relay.members[relay.phase]:
             if site in errors:
                 continue
-            message = {"task": {"round": 0, "phase": phase},
+            message = {"task": {"round": 1, "phase": phase},
                        "secagg": {"payload": answers(site, answer, relay.answer(site, 0, answer))}}
             try:
                 reply, _ = site_app.handle("secagg", 5, text, sts[site], message, None)

@@ -87,7 +87,7 @@ def test_never_uploads_weights_and_sites_may_differ(tmp_path):
     assert all(not s.name.startswith("model.") for s in federation.upload_specs)
     assert {s.name for s in federation.upload_specs} == {LOCAL_PROTOTYPES, COUNTS}
     for r in range(2):
-        rows = federation.run_round(r)
+        rows = federation.run_round(r + 1)
     shapes = [site.state[HEAD]["0.weight"].shape for site in federation.sites]
     assert shapes[0][0] == 16 and shapes[1][0] == 48
     glob = next(r for r in rows if r["site"] == "global")

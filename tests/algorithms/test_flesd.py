@@ -180,11 +180,11 @@ def test_sites_with_other_encoder_architectures_federate(tmp_path):
                        hyperparameters={"flesd": {"site_models": ["simple_cnn", "resnet18"], "distill_epochs": 1,
                                                   "probe_epochs": 10}})
     federation = Federation(config)
-    rows = federation.run_round(0)
+    rows = federation.run_round(1)
     resnet_state = federation.sites[1].state["flesd.local_model"]
     assert any("layer1" in k for k in resnet_state) and not any("layer1" in k for k in federation.sites[0].state["flesd.local_model"])
     first = {k: v.clone() for k, v in resnet_state.items()}
-    rows += federation.run_round(1)
+    rows += federation.run_round(2)
     second = federation.sites[1].state["flesd.local_model"]
     assert any(not torch.equal(first[k], second[k]) for k in first)  # kept training its own encoder
     evaluation = [r for r in rows if r["site"] == "global"][-1]

@@ -23,7 +23,7 @@ def after_one_round(algorithm: str) -> tuple[Federation, object]:
                        public_fraction=0.2, training={"local_epochs": 1, "batch_size": 32},
                        hyperparameters={algorithm: SETTINGS[algorithm]} if algorithm in SETTINGS else {})
     federation = Federation(config)
-    federation.run_round(0)
+    federation.run_round(1)
     site = federation.sites[0]
     held_out = federation.test.subset(torch.arange(60))  # stands for the site's own test split
     return federation, (federation.site_context(site, 1, 0), federation.downlink.for_site(site.name), held_out)

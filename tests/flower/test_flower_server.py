@@ -85,10 +85,10 @@ def test_the_same_screen_rejects_a_hostile_upload_and_names_its_site(tmp_path):
     server = FlowerServer(Grid(), config(max_update_ratio=10.0), tmp_path, NODES,
                           round_timeout=5, start_timeout=5)
     server.connect()
-    server.run_round(0)  # round 1: every upload equals what was received, an update of zero
+    server.run_round(1)  # round 1: every upload equals what was received, an update of zero
     server.grid.scale = {"hosp2": 1e30}
     with pytest.raises(RejectedUpload, match="hosp2.*round 2 was aggregated without them"):
-        server.run_round(1)
+        server.run_round(2)
     # on_rejected: stop, as every engine: the round is aggregated without it and recorded, then the run stops
     record = json.loads((tmp_path / "rounds.jsonl").read_text().splitlines()[-1])
     assert record["round"] == 2 and list(record["excluded"]) == ["hosp2"]
@@ -188,7 +188,7 @@ def test_under_secure_aggregation_the_server_gets_only_the_weighted_mean(tmp_pat
                           start_timeout=5, site_keys=grid.registered)
     server.connect()
     before = {k: v.clone() for k, v in server.downlink.global_tensors.items()}
-    server.run_round(0)
+    server.run_round(1)
     factor = sum(scale[s] * weights[s] for s in SITES) / sum(weights.values())  # each site sent received × scale
     for key, value in server.downlink.global_tensors.items():
         if key.startswith(WEIGHT_PREFIX) and value.is_floating_point():
@@ -208,7 +208,7 @@ def test_under_secure_aggregation_a_key_other_than_the_registered_one_stops_the_
                           start_timeout=5, site_keys=grid.registered)
     server.connect()
     with pytest.raises(SecureAggregationError, match="site hosp2 advertised a signing key other than the one registered"):
-        server.run_round(0)
+        server.run_round(1)
 
 
 def test_under_secure_aggregation_a_site_that_withdraws_is_named_and_the_others_summed(tmp_path, capsys):
@@ -220,7 +220,7 @@ def test_under_secure_aggregation_a_site_that_withdraws_is_named_and_the_others_
     server = FlowerServer(grid, config().replace(secure_aggregation=settings), tmp_path, NODES, round_timeout=5,
                           start_timeout=5, site_keys=grid.registered)
     server.connect()
-    server.run_round(0)
+    server.run_round(1)
     record = json.loads((tmp_path / "rounds.jsonl").read_text().splitlines()[0])
     assert record["secure_sum_of"] == ["hosp1", "hosp2"] and record["excluded"] == {"hosp3": "its upload holds NaN"}
     assert set(record["secure_bytes"]) == set(SITES)
@@ -239,7 +239,7 @@ class StopsAnswering(Grid):
     def pull_messages(self, ids):
         for mid in list(ids):
             msg = self.pending.get(mid)
-            if msg is not None and msg.metadata.message_type == "train" and int(msg.content["task"]["round"]) >= 1:
+            if msg is not None and msg.metadata.message_type == "train" and int(msg.content["task"]["round"]) >= 2:
                 self.silent = set(SITES)
         return super().pull_messages(ids)
 

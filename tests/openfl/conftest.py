@@ -89,7 +89,7 @@ class NanUpload(FedAvg):
 
     def task_train(self, site, received):
         result = super().task_train(site, received)
-        if site.name == "site_1" and site.round_num == 1:
+        if site.name == "site_1" and site.round_num == 2:
             key = next(iter(result.uploads))
             result.uploads[key] = torch.full_like(result.uploads[key], float("nan"))
         return result
@@ -101,7 +101,7 @@ class PoisonScale(FedAvg):
 
     def task_train(self, site, received):
         result = super().task_train(site, received)
-        if site.name == "site_1" and site.round_num == 1:
+        if site.name == "site_1" and site.round_num == 2:
             result.uploads = {k: v * 1e30 for k, v in result.uploads.items()}
         return result
 
@@ -113,7 +113,7 @@ class ClaimsHuge(FedAvg):
 
     def task_train(self, site, received):
         result = super().task_train(site, received)
-        if site.name == "site_1" and site.round_num == 1:
+        if site.name == "site_1" and site.round_num == 2:
             result.weight = 1e9
         return result
 
@@ -143,7 +143,7 @@ class DiskFullOnce(FedAvg):
     def aggregate(self, uploads, weights, server):
         from fedcontrast.openfl import records
 
-        if server.round_num == 1:
+        if server.round_num == 2:
             fail_once(records, "atomic_torch_save", "disk_was_full")
         return super().aggregate(uploads, weights, server)
 
@@ -156,7 +156,7 @@ class DiskFullAtCheckpoint(FedAvg):
     def aggregate(self, uploads, weights, server):
         from openfl.protocols import utils
 
-        if server.round_num == 0:
+        if server.round_num == 1:
             fail_once(utils, "dump_proto", "disk_was_full")
         return super().aggregate(uploads, weights, server)
 
@@ -166,7 +166,7 @@ class FailingTask(FedAvg):
     name = "failing_task"
 
     def task_train(self, site, received):
-        if site.name == "site_1" and site.round_num == 1:
+        if site.name == "site_1" and site.round_num == 2:
             raise RuntimeError("deliberate failure in site_1's task")
         return super().task_train(site, received)
 
@@ -186,7 +186,7 @@ class OversizedUpload(FedAvg):
 
     def task_train(self, site, received):
         result = super().task_train(site, received)
-        if site.name == "site_1" and site.round_num == 1:
+        if site.name == "site_1" and site.round_num == 2:
             key = next(iter(result.uploads))
             result.uploads[key] = torch.cat([result.uploads[key].reshape(-1), torch.zeros(3 << 18)])
         return result
@@ -211,7 +211,7 @@ class PersonalEcho(FedAvg):
 
     def aggregate(self, uploads, weights, server):
         downlink = super().aggregate(uploads, weights, server)
-        downlink.personal = {s: {"echo.count": torch.tensor([server.round_num + 1.0 + 100 * int(s.split("_")[1])])}
+        downlink.personal = {s: {"echo.count": torch.tensor([float(server.round_num) + 100 * int(s.split("_")[1])])}
                              for s in uploads}
         return downlink
 '''

@@ -32,7 +32,7 @@ def simulate(config):
     try:
         federation = Federation(config)
         for r in range(config.rounds):
-            federation.last_rows = federation.run_round(r)
+            federation.last_rows = federation.run_round(r + 1)
     finally:
         torch.set_num_threads(previous)
     return federation
@@ -109,8 +109,8 @@ def test_killed_aggregator_and_collaborator_resume_without_loss(make_workspace):
 
 
 @pytest.mark.parametrize("algorithm, said, kept", [
-    ("disk_full_once", ["No space left on device", "round 1 could not be aggregated"], [1]),
-    ("disk_full_at_checkpoint", ["No space left on device", "round 0 could not be aggregated"], [1])])
+    ("disk_full_once", ["No space left on device", "round 2 could not be aggregated"], [1]),
+    ("disk_full_at_checkpoint", ["No space left on device", "round 1 could not be aggregated"], [1])])
 def test_aggregator_whose_disk_filled_redoes_the_round_on_resume(make_workspace, test_plugins, algorithm, said, kept):
     # The round's files are written before OpenFL commits the round: a full disk leaves it uncommitted,
     # and the restarted aggregator redoes its end from the saved uploads (no round lost, no stale model).
@@ -141,7 +141,7 @@ def test_per_site_downlinks_reach_only_their_site(make_workspace, test_plugins):
     run_federation(ws, timeout=FEDERATION_TIMEOUT)
     federation = Federation(read_workspace_config(ws))
     for r in range(config.rounds):
-        federation.run_round(r)
+        federation.run_round(r + 1)
     for i in (0, 1):
         seen = torch.load(ws / "local_state" / "sites" / f"site_{i}.pt", weights_only=True)["echo.seen"]
         assert seen == [0.0, 1.0 + 100 * i, 2.0 + 100 * i]  # its own number each round, no other site's

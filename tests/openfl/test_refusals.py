@@ -265,10 +265,10 @@ def test_exception_in_aggregator_task_stops_the_federation(make_workspace, test_
     with pytest.raises(FederationFailed) as info:
         run_federation(ws, timeout=FEDERATION_TIMEOUT)
     assert "deliberate failure in the aggregator task" in str(info.value)
-    assert "round 0 could not be aggregated" in str(info.value)
+    assert "round 1 could not be aggregated" in str(info.value)
     assert time.monotonic() - started < FEDERATION_TIMEOUT / 2  # stopped, did not hang
     for site in ("site_0", "site_1"):  # every site is told why, in the aggregator's words (issue 21)
-        assert ("fedcontrast collaborator: error: the aggregator stopped the federation: round 0 could not be "
+        assert ("fedcontrast collaborator: error: the aggregator stopped the federation: round 1 could not be "
                 "aggregated: RuntimeError: deliberate failure in the aggregator task"
                 ) in (ws / "logs" / f"{site}.log").read_text()
 
@@ -278,15 +278,15 @@ def test_a_failing_task_ends_the_federation_at_once_naming_the_site(make_workspa
     started = time.monotonic()
     with pytest.raises(FederationFailed) as info:
         run_federation(ws, timeout=FEDERATION_TIMEOUT)
-    assert "collaborator site_1 reported that its task 'train' failed in round 1" in str(info.value)
+    assert "collaborator site_1 reported that its task 'train' failed in round 2" in str(info.value)
     assert time.monotonic() - started < 120  # told at once: no round timeout to wait for
     log = (ws / "logs" / "site_1.log").read_text()
-    assert ("fedcontrast collaborator: error: task 'train' of round 1 failed: RuntimeError: deliberate failure "
+    assert ("fedcontrast collaborator: error: task 'train' of round 2 failed: RuntimeError: deliberate failure "
             "in site_1's task (traceback in logs/site_1_error.txt)") in log
     assert "Traceback" not in log and "Traceback" in (ws / "logs" / "site_1_error.txt").read_text()
     assert [r["round"] for r in read_rounds(ws)] == [1]  # what finished before is kept
     assert ("fedcontrast collaborator: error: the aggregator stopped the federation: collaborator site_1 reported that "
-            "its task 'train' failed in round 1") in (ws / "logs" / "site_0.log").read_text()  # the other site: why
+            "its task 'train' failed in round 2") in (ws / "logs" / "site_0.log").read_text()  # the other site: why
 
 
 def test_a_silent_site_is_left_out_where_min_sites_allows(make_workspace):

@@ -23,8 +23,8 @@ def test_epsilon_accumulates_across_runner_restarts(tmp_path):
                                   input_tensor_dict={GLOBAL_PACKED: runner.initial_packed.copy()})
         metrics = {k.tensor_name: float(v) for k, v in uploads.items() if "metric" in k.tags}
     state = torch.load(tmp_path / "sites" / "site_0.pt", weights_only=True)
-    # round 0: the release and the sample count (noised once); round 1: the release; all kept
-    assert [row[0] for row in state[HISTORY_KEY]] == [0.0, 0.0, 1.0]
+    # round 1 (OpenFL's 0): the release and the sample count (noised once); round 2: the release; all kept
+    assert [row[0] for row in state[HISTORY_KEY]] == [1.0, 1.0, 2.0]
     planned = planned_epsilon(config.privacy, config.training, n=len(loader.train), rounds=2)
     assert metrics["train_dp_epsilon"] == pytest.approx(planned.total, abs=1e-9)
     assert metrics["train_dp_epsilon_round"] == pytest.approx(planned.per_round, abs=1e-9)

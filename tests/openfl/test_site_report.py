@@ -48,21 +48,21 @@ def test_site_report_has_a_row_per_round_with_epsilon_against_the_budget_and_sur
     rows = read_rows(folder)
     assert [r["round"] for r in rows] == [0, 1, 2]  # keyed by round: the redone round is not repeated
     planned = planned_epsilon(config.privacy, config.training, n=len(loader.train), rounds=2)
-    for row in rows:
+    for row in rows:  # row r: the model after round r (0: the initial one), scored when it came back
         assert row["held_out_samples"] == len(loader.test) and 0.0 <= row["accuracy"] <= 1.0
-        assert row["bytes_received"] == runner.initial_packed.nbytes
         assert row["epsilon_budget"] == 50.0
-    for row in rows[:2]:  # training rounds: the site's own figures
+    for row in rows[1:]:  # rounds 1 and 2: the site's own training figures
         assert row["training"]["train_loss"] > 0 and row["bytes_sent"] > runner.initial_packed.nbytes // 100
-    # round 0 also released the sample count (once); round 1 the planned per-round figure; spent: the total
-    assert rows[0]["epsilon_spent"] == rows[0]["epsilon_round"] < rows[1]["epsilon_spent"]
-    assert rows[1]["epsilon_round"] == pytest.approx(planned.per_round, abs=1e-9)
-    assert rows[1]["epsilon_spent"] == pytest.approx(planned.total, abs=1e-9)
-    assert "training" not in rows[2] and "epsilon_spent" not in rows[2]  # the evaluation-only round
+        assert row["bytes_received"] == runner.initial_packed.nbytes
+    # round 1 also released the sample count (once); round 2 the planned per-round figure; spent: the total
+    assert rows[1]["epsilon_spent"] == rows[1]["epsilon_round"] < rows[2]["epsilon_spent"]
+    assert rows[2]["epsilon_round"] == pytest.approx(planned.per_round, abs=1e-9)
+    assert rows[2]["epsilon_spent"] == pytest.approx(planned.total, abs=1e-9)
+    assert "training" not in rows[0] and "epsilon_spent" not in rows[0]  # the initial model: no round of its own
     with open(folder / "rounds.csv", newline="") as f:
         table = list(csv.DictReader(f))
     assert [int(r["round"]) for r in table] == [0, 1, 2]
-    assert float(table[1]["epsilon_spent"]) == pytest.approx(planned.total, abs=1e-9)
+    assert float(table[2]["epsilon_spent"]) == pytest.approx(planned.total, abs=1e-9)
     assert (folder / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -48,8 +48,8 @@ def test_a_round_redone_after_a_crash_starts_from_the_state_of_its_first_attempt
         assert all(np.array_equal(got[k], want[k]) for k in want)  # bit for bit: MOON's previous model too
     state = torch.load(sites / "site_0.pt", weights_only=True)
     assert state.keys() == final.keys() and all(torch.equal(state[k][w], final[k][w]) for k in final for w in final[k])
-    # only the state that round 2 started from is kept besides the latest
-    assert sorted(p.name for p in sites.iterdir()) == ["site_0.lock", "site_0.pt", "site_0.round2.train.pt"]
+    # only the state that the last round (OpenFL's 2, the third) started from is kept besides the latest
+    assert sorted(p.name for p in sites.iterdir()) == ["site_0.lock", "site_0.pt", "site_0.round3.train.pt"]
 
 
 HOLDER = """

@@ -83,14 +83,14 @@ def test_simulated_rounds_record_the_planned_history_and_it_survives_a_reload(tm
                        hyperparameters={"fedssc": {"min_class_samples": 2}},
                        privacy={"dp_sgd": {"noise_multiplier": 1.5}, "representations": {"noise_multiplier": 2.0}})
     fed = Federation(config)
-    rows = fed.run_round(0) + fed.run_round(1)
+    rows = fed.run_round(1) + fed.run_round(2)
     for site in fed.sites:
         n = len(site.data)
         planned = planned_epsilon(config.privacy, config.training, n=n, rounds=2)
         assert compact(history_of(site.state)) == compact(
             [[s, q, k * 2] for s, q, k in round_history(config.privacy, config.training, n)]
             + count_history(config.privacy))  # and the sample count, released once
-        assert compact(history_of(site.state, 1)) == round_history(config.privacy, config.training, n)
+        assert compact(history_of(site.state, 2)) == round_history(config.privacy, config.training, n)
         row = next(r for r in rows if r["site"] == site.name and r["round"] == 2)
         assert f'"dp_epsilon":{round(planned.total, 6)}' in row["extra"]
         # persisted as plain numbers: readable with weights_only=True

@@ -173,7 +173,7 @@ def test_every_plugin_reports_only_the_metrics_it_declares(algorithm):
 
     algo.run_task = spy
     for r in range(2):
-        federation.run_round(r)
+        federation.run_round(r + 1)
     for task, names in reported.items():
         assert names <= set(algo.task_metrics.get(task, ())), (task, names - set(algo.task_metrics.get(task, ())))
     ctx = federation.site_context(federation.sites[0], 2, 0)

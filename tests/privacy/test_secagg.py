@@ -96,7 +96,7 @@ def test_a_key_the_aggregator_swapped_is_refused_and_named():
     forged = SecAggSite("b", names, 2, 0, ec.generate_private_key(ec.SECP384R1())).advertise()
     adverts["b"] = {**adverts["b"], "s_pk": forged["s_pk"]}  # the aggregator's own key in b's place
     public = {n: k.public_key() for n, k in private.items()}
-    with pytest.raises(SecureAggregationError, match="site b's key-agreement keys for round 1 do not carry its "
+    with pytest.raises(SecureAggregationError, match="site b's key-agreement keys for round 0 do not carry its "
                                                      "signature"):
         sites["a"].share(adverts, public)
 

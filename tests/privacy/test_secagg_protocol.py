@@ -145,7 +145,7 @@ def test_a_dropped_site_that_comes_back_is_told_and_refused():
 def test_a_message_of_another_round_is_refused_and_never_restarts_the_round():
     lab = Lab(3, threshold=2)
     lab.send_adverts(skip=("site_2",))
-    with pytest.raises(SecureAggregationError, match="message of round 2 during round 1; refused"):
+    with pytest.raises(SecureAggregationError, match="message of round 1 during round 0; refused"):
         lab.relay.receive("site_2", 1, "advert", b"{}")
     assert lab.relay.round == 0 and set(lab.relay.received[0]) == {"site_0", "site_1"}  # nothing was reset
 
@@ -169,7 +169,7 @@ def test_a_masked_vector_of_the_wrong_length_is_refused():
     relay = SecAggRelay(["a", "b"], 2, 4, Quantizer.for_sites(10.0, 2, 32))
     relay.phase = 2
     relay.members = [["a", "b"]] * 3
-    with pytest.raises(SecureAggregationError, match="masked vector has 12 bytes where round 1 declares 16"):
+    with pytest.raises(SecureAggregationError, match="masked vector has 12 bytes where round 0 declares 16"):
         relay.receive("a", 0, "masked", b"\0" * 12)
 
 
@@ -378,7 +378,7 @@ def test_an_advert_replayed_from_another_round_or_run_is_refused(replayed_from):
     adverts["site_1"] = stale
     lab.answer = lambda site, kind: json.dumps(adverts).encode()
     lab.step("advert", "adverts", "boxes", sites=["site_0"])
-    assert "site site_1's key-agreement keys for round 5 do not carry its signature over this session" in lab.errors["site_0"]
+    assert "site site_1's key-agreement keys for round 4 do not carry its signature over this session" in lab.errors["site_0"]
 
 
 def test_consistency_signatures_replayed_from_another_round_are_not_counted():

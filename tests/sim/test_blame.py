@@ -31,7 +31,7 @@ def in_bound_attacker(federation, site_name, fraction):
 def run_until_stopped(federation, rounds):
     for r in range(rounds):
         try:
-            federation.run_round(r)
+            federation.run_round(r + 1)
         except RejectedUpload as exc:
             return r + 1, str(exc)
     return None, None
@@ -59,7 +59,7 @@ def test_under_exclude_every_record_names_the_attacker_never_the_honest_site(two
     causes = []
     for r in range(3):
         try:
-            rows = federation.run_round(r)
+            rows = federation.run_round(r + 1)
         except RejectedUpload as exc:  # every upload non-finite: the hint names the cause
             assert "site 'site_1' is the likely cause" in str(exc) and "site_0' is the likely" not in str(exc)
             break
@@ -80,7 +80,7 @@ def test_default_ratio_poison_blames_the_attacker_not_a_ratio_that_was_on(two):
 def test_honest_sites_are_never_named(tiny_config):
     federation = Federation(tiny_config.replace(clients=3, rounds=3, robustness={"max_update_ratio": 1.0}))
     for r in range(3):
-        rows = federation.run_round(r)
+        rows = federation.run_round(r + 1)
         assert not [row for row in rows if row["task"] in ("rejected", "likely_cause")]
     assert federation.screen.moves == []
     assert torch.isfinite(next(iter(federation.downlink.global_tensors.values()))).all()

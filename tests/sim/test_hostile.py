@@ -19,7 +19,7 @@ def hostile(federation, change):
     object.__setattr__(federation.algorithm, "run_task", patched)  # test only: past the built plugin's guard
 
 
-def scale_site_1(factor, at_round=1):
+def scale_site_1(factor, at_round=2):
     def change(name, round_num, result):
         if name == "site_1" and round_num == at_round:
             result.uploads = {k: v * factor for k, v in result.uploads.items()}
@@ -38,11 +38,11 @@ def three(tiny_config):
 def test_finite_poison_stops_the_run_naming_the_sender(three):
     federation = Federation(three)
     hostile(federation, scale_site_1(1e30))
-    federation.run_round(0)
+    federation.run_round(1)
     before = weights_of(federation)
     with pytest.raises(RejectedUpload, match=r"round 2: site 'site_1' uploaded a model update of norm .*max_update_ratio"
                                              r".*round 2 was aggregated without them and the federation stops") as info:
-        federation.run_round(1)
+        federation.run_round(2)
     # on_rejected: stop (as documented): the round is aggregated from the honest sites alone, recorded, then the run stops
     after = federation.downlink.global_tensors
     assert max(float(v.abs().max()) for v in after.values()) < 1e3  # the 1e30 upload was not averaged in
@@ -55,7 +55,7 @@ def test_excluded_poison_leaves_the_global_model_to_the_honest_sites(three):
     federation = Federation(config)
     hostile(federation, scale_site_1(1e30))
     for r in range(3):
-        rows = federation.run_round(r)
+        rows = federation.run_round(r + 1)
         assert [row["site"] for row in rows if row["task"] == "rejected"] == (["site_1"] if r == 1 else [])
     assert max(float(v.abs().max()) for v in federation.downlink.global_tensors.values()) < 1e3
 
@@ -65,16 +65,16 @@ def test_replayed_upload_is_rejected(three):
     kept = {}
 
     def replay(name, round_num, result):
-        if name == "site_1" and round_num == 0:
+        if name == "site_1" and round_num == 1:
             kept.update(result.uploads)
-        if name == "site_1" and round_num == 2:
+        if name == "site_1" and round_num == 3:
             result.uploads = dict(kept)
 
     hostile(federation, replay)
     for r in range(2):
-        federation.run_round(r)
+        federation.run_round(r + 1)
     with pytest.raises(RejectedUpload, match="site 'site_1' sent in round 3 exactly the upload it sent in round 1"):
-        federation.run_round(2)
+        federation.run_round(3)
 
 
 def test_median_keeps_a_boosted_update_out_where_the_mean_lets_it_in(three):
@@ -85,7 +85,7 @@ def test_median_keeps_a_boosted_update_out_where_the_mean_lets_it_in(three):
         uploads = {}
 
         def boost(name, round_num, result):  # site_1's update × 20 (and remember every honest upload)
-            if round_num == 0:
+            if round_num == 1:
                 if name == "site_1":
                     start = federation.downlink.global_tensors
                     result.uploads = {k: start[k] + 20 * (v - start[k]) if k in start else v
@@ -93,7 +93,7 @@ def test_median_keeps_a_boosted_update_out_where_the_mean_lets_it_in(three):
                 uploads[name] = {k: v.clone() for k, v in result.uploads.items()}
 
         hostile(federation, boost)
-        federation.run_round(0)
+        federation.run_round(1)
         results[rule] = (weights_of(federation), uploads)
     median, uploads = results["median"]
     mean, _ = results["mean"]
@@ -111,10 +111,10 @@ def test_when_every_upload_is_non_finite_the_global_model_is_named_not_the_sites
     federation = Federation(three)
 
     def all_nan(name, round_num, result):
-        if round_num == 1:
+        if round_num == 2:
             result.uploads = {k: torch.full_like(v, float("nan")) for k, v in result.uploads.items()}
 
     hostile(federation, all_nan)
-    federation.run_round(0)
+    federation.run_round(1)
     with pytest.raises(RejectedUpload, match="the global model they all started from is the likely cause"):
-        federation.run_round(1)
+        federation.run_round(2)

@@ -211,7 +211,7 @@ class FedPCL(SecureSum, UploadChecks, SharedFiles, PersonalEvaluation):
         features, head = self._embed(site, received)
         labels = site.data.y.to(site.device)
         protos, present, local_sets = received[GLOBAL_PROTOTYPES], received[PRESENT], received[LOCAL_SETS]
-        if not bool(present.any()):  # round 0: no shared prototypes yet; contrast with the site's own
+        if not bool(present.any()):  # the first round: no shared prototypes yet; contrast with the site's own
             with torch.no_grad():
                 own, counts = class_prototypes(F.normalize(head(features), dim=1), labels, protos.shape[0])
             protos, present, local_sets = own, (counts > 0).to(own.dtype), own[None]
@@ -333,7 +333,7 @@ class FedPCL(SecureSum, UploadChecks, SharedFiles, PersonalEvaluation):
     def evaluate_at_site(self, site: SiteContext, received: Mapping[str, torch.Tensor], test: Any) -> dict[str, float]:
         """The site's personal model on its own held-out split (already its own distribution):
         ``accuracy`` by nearest global prototype, ``local_accuracy`` by nearest own local prototype.
-        Before any prototype is shared (round 0) there is nothing to measure."""
+        Before any prototype is shared (the first round) there is nothing to measure."""
         if not bool(received[PRESENT].any()) or HEAD not in site.state:
             return {}
         global_pred, local_pred = self._predict(site, received, test)

@@ -201,9 +201,9 @@ class FedSiamDA(Algorithm):
         fallback = not any(v > 0 for v in xi.values())
         if fallback:
             logger.warning("round %d: no local model has a positive cosine with the first-pass average; "
-                           "dual aggregation fell back to the first pass", server.round_num + 1)
+                           "dual aggregation fell back to the first pass", server.round_num)
         else:
-            logger.info("round %d: dual aggregation weights ξ %s", server.round_num + 1,
+            logger.info("round %d: dual aggregation weights ξ %s", server.round_num,
                         ", ".join(f"{s}={v:.4f}" for s, v in xi.items()))
         metrics = {f"xi_{site}": value for site, value in xi.items()}
         metrics["dual_fallback"] = float(fallback)

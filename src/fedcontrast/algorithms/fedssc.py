@@ -81,10 +81,11 @@ class FedSSCHyperparameters:
             raise ValueError(f"class_reps must be one of {', '.join(CLASS_REP_RULES)}, got {self.class_reps!r}")
 
 
-def mu_glob_schedule(round_num: int, *, start: float, end: float, warmup_rounds: int,
+def mu_glob_schedule(t: int, *, start: float, end: float, warmup_rounds: int,
                      schedule: str = "linear") -> float:
-    """μ_glob(t): from ``start`` at round 0 to ``end`` at ``warmup_rounds`` and after."""
-    progress = min(max(round_num, 0), warmup_rounds) / warmup_rounds
+    """μ_glob(t), t the rounds completed before this one: ``start`` at t = 0 (the first round), ``end`` from
+    t = ``warmup_rounds`` on."""
+    progress = min(max(t, 0), warmup_rounds) / warmup_rounds
     if schedule == "constant":
         return start
     if schedule == "cosine":
@@ -135,8 +136,9 @@ class FedSSC(UploadChecks, Moon):
         return self.hp.class_reps == "pooled"
 
     def mu_glob(self, round_num: int) -> float:
+        """μ_glob in round ``round_num`` (counted from 1): the schedule at t = the rounds before it."""
         hp = self.hp
-        return mu_glob_schedule(round_num, start=hp.mu_glob_start, end=hp.mu_glob_end,
+        return mu_glob_schedule(round_num - 1, start=hp.mu_glob_start, end=hp.mu_glob_end,
                                 warmup_rounds=hp.warmup_rounds, schedule=hp.schedule)
 
     def validate_privacy(self, privacy) -> None:

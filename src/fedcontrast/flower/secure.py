@@ -77,7 +77,7 @@ def begin_site_round(site: Any, round_num: int, uploads: dict[str, Any], weight:
         vector = checked_vector(site.name, site.algorithm, uploads, weight, secure,
                                 site.algorithm.upload_specs(site.model, site.shape["num_classes"]))
     except InvalidUploadError as exc:
-        logger.error("%s, round %d: %s; this site withdraws from the round's secure sum", site.name, round_num + 1, exc)
+        logger.error("%s, round %d: %s; this site withdraws from the round's secure sum", site.name, round_num, exc)
         return withdrawal(str(exc))
     policy = site.data.site_policy
     peers = PinnedKeys(registered_key, getattr(policy, "peers", None),
@@ -96,7 +96,7 @@ def site_step(site: Any, content: dict[str, Any]) -> dict[str, Any]:
     round_num, phase = int(task["round"]), str(task["phase"])
     steps = _SESSIONS.get((site.run_id, site.name, round_num))
     if steps is None or phase not in dict(PHASES):
-        raise FedContrastError(f"no secure aggregation of round {round_num + 1} is under way at this site (its worker "
+        raise FedContrastError(f"no secure aggregation of round {round_num} is under way at this site (its worker "
                                "restarted?), or the phase is unknown; refused")
     try:
         payload = getattr(steps, phase)(bytes(content["secagg"]["payload"]))
@@ -107,7 +107,7 @@ def site_step(site: Any, content: dict[str, Any]) -> dict[str, Any]:
     if phase == "boxes" and isinstance(peers, PinnedKeys) and peers.unpinned:
         logger.warning("%s, round %d: the keys of %s came from the operator's ServerApp with nothing of this site's to "
                        "check them against: pin them in its policy (peers:, `fedcontrast site roster`)", site.name,
-                       round_num + 1, ", ".join(sorted(peers.unpinned)))
+                       round_num, ", ".join(sorted(peers.unpinned)))
     if phase == "reveal":
         del _SESSIONS[(site.run_id, site.name, round_num)]
     return {"secagg": {"payload": payload}}
@@ -144,16 +144,16 @@ def secure_round(server: Any, round_num: int, adverts: dict[str, bytes], site_ke
         members = relay.members[relay.phase]
         messages = {s: server.message(s, SECAGG_MESSAGE, {
             "task": ConfigRecord({"round": round_num, "phase": phase}),
-            "secagg": ConfigRecord({"payload": relay.answer(s, round_num, answer)})}, round_num + 1) for s in members}
+            "secagg": ConfigRecord({"payload": relay.answer(s, round_num, answer)})}, round_num) for s in members}
         replies = server.exchange(messages, server.round_timeout,
-                                  f"round {round_num + 1}'s secure aggregation ({phase})", drop=True)
+                                  f"round {round_num}'s secure aggregation ({phase})", drop=True)
         for site, reply in replies.items():
             relay.receive(site, round_num, phase, bytes(reply.content["secagg"]["payload"]))
         _close_without_the_silent(server, relay, PHASES.index((phase, answer)) + 1)
     for site, why in sorted(relay.blamed.items()):
-        say(f"round {round_num + 1}: site {site} sent a bad secure-aggregation share: {why}")
+        say(f"round {round_num}: site {site} sent a bad secure-aggregation share: {why}")
     sent = [relay.bytes_from.get(s, 0) for s in relay.survivors]
-    say(f"round {round_num + 1}: secure sum of {', '.join(relay.survivors)} (threshold {relay.threshold}; "
+    say(f"round {round_num}: secure sum of {', '.join(relay.survivors)} (threshold {relay.threshold}; "
         f"{sum(sent) / max(1, len(sent)):.0f} bytes per site; unmasking {relay.unmask_cpu_s:.3f} s of CPU)")
     return relay.total(round_num)
 
@@ -167,4 +167,4 @@ def _close_without_the_silent(server: Any, relay: Any, phase: int) -> None:
 
 
 def say_withdrawn(site: str, round_num: int, reason: Any) -> None:
-    say(f"round {round_num + 1}: site {site} takes no part in the secure sum: {str(reason)[:500]}")
+    say(f"round {round_num}: site {site} takes no part in the secure sum: {str(reason)[:500]}")

@@ -174,17 +174,17 @@ class FlowerServer:
         start = time.perf_counter()
         if self.start_round:
             say(f"resuming run {self.run_label} after round {self.start_round} of {self.config.rounds}")
-        for round_num in range(self.start_round, self.config.rounds):
+        for round_num in range(self.start_round + 1, self.config.rounds + 1):  # rounds count from 1
             r0 = time.perf_counter()
             try:
                 self.run_round(round_num)
             finally:  # a round that stops the run (on_rejected: stop) is recorded first
                 write_metrics_csv(self.out / "metrics.csv", self.rows)
-            runs.save(self.out, self.config, self.run_label, round_num + 1, self.downlink, self.core.state_dict(),
+            runs.save(self.out, self.config, self.run_label, round_num, self.downlink, self.core.state_dict(),
                       self.rows)
-            acc = [r["accuracy"] for r in self.rows if r["site"] == GLOBAL_SITE and r["round"] == round_num]
-            say(f"round {round_num + 1}/{self.config.rounds} done in {time.perf_counter() - r0:.1f} s"
-                + (f"; sites' held-out accuracy of the model after round {round_num}: {acc[0]:.4f}" if acc else ""))
+            acc = [r["accuracy"] for r in self.rows if r["site"] == GLOBAL_SITE and r["round"] == round_num - 1]
+            say(f"round {round_num}/{self.config.rounds} done in {time.perf_counter() - r0:.1f} s"
+                + (f"; sites' held-out accuracy of the model after round {round_num - 1}: {acc[0]:.4f}" if acc else ""))
         self.final_evaluation()
         write_metrics_csv(self.out / "metrics.csv", self.rows)
         summary = build_summary(self.rows, config=self.config.to_dict(), wall_time_s=time.perf_counter() - t0,
@@ -202,15 +202,15 @@ class FlowerServer:
         app = flwr_app()
         task = app.ConfigRecord({"round": round_num, "run": self.run_label})
         messages = {s: self.message(s, "train", {"task": task, "received": to_array_record(self.downlink.for_site(s))},
-                                    round_num + 1) for s in self.sites}
+                                    round_num) for s in self.sites}
         self.absent = {}
-        replies = self.exchange(messages, self.round_timeout, f"round {round_num + 1}", drop=True)
+        replies = self.exchange(messages, self.round_timeout, f"round {round_num}", drop=True)
         uploads, weights = {}, {}
         evaluations = {}
         for site in replies:
             outcome = replies[site].content["outcome"]
             for task_name, metrics in json.loads(str(outcome["metrics"])).items():
-                self.rows.append(metric_row(round_num + 1, site, task_name, 0, metrics))
+                self.rows.append(metric_row(round_num, site, task_name, 0, metrics))
             evaluations[site] = json.loads(str(outcome["evaluation"]))
             if self.relay is not None:  # its keys, not its uploads: they are summed securely below
                 continue
@@ -224,14 +224,14 @@ class FlowerServer:
         result = self.core.aggregate(round_num, uploads, weights, previous)  # validation, screen, blame: the core's
         self.downlink = result.downlink
         if result.note:
-            say(f"round {round_num + 1} aggregated without rejected upload(s): {result.note}")
-        self.rows.extend(metric_row(round_num + 1, s, "rejected", 0, {}) for s in result.excluded)
-        absent = {s: f"round {round_num + 1}: {why}" for s, why in self.absent.items()}  # silent: not rejected
+            say(f"round {round_num} aggregated without rejected upload(s): {result.note}")
+        self.rows.extend(metric_row(round_num, s, "rejected", 0, {}) for s in result.excluded)
+        absent = {s: f"round {round_num}: {why}" for s, why in self.absent.items()}  # silent: not rejected
         result.excluded = dict(sorted({**result.excluded, **absent}.items()))
         from ..jsonl import append_jsonl
 
         append_jsonl(self.out / ROUNDS_FILE, {  # the round's record, whole on disk (as the OpenFL engine's)
-            "round": round_num + 1, "time": time.time(),
+            "round": round_num, "time": time.time(),
             "sites": {s: {"weight": weights[s], "training": json.loads(str(replies[s].content["outcome"]["metrics"])),
                           "evaluation_of_received": evaluations[s]} for s in replies},
             "excluded": result.excluded})
@@ -247,12 +247,12 @@ class FlowerServer:
         total = secure_round(self, round_num, adverts, self.site_keys)
         relay = self.relay
         assert relay is not None  # a secure round: the run has a relay
-        gone = {s: f"round {round_num + 1}: {why}" for s, why in self.absent.items()}
+        gone = {s: f"round {round_num}: {why}" for s, why in self.absent.items()}
         result = self.core.aggregate_secure(round_num, total, previous,
                                             rejected={**gone, **relay.withdrawn, **relay.blamed})
         self.downlink = result.downlink
         append_jsonl(self.out / ROUNDS_FILE, {
-            "round": round_num + 1, "time": time.time(), "secure_sum_of": relay.survivors,
+            "round": round_num, "time": time.time(), "secure_sum_of": relay.survivors,
             "secure_bytes": dict(relay.bytes_from),
             "sites": {s: {"training": json.loads(str(replies[s].content["outcome"]["metrics"])),
                           "evaluation_of_received": evaluations[s]} for s in replies},
@@ -260,8 +260,10 @@ class FlowerServer:
 
     def evaluation_rows(self, round_num: int, evaluations: dict[str, dict[str, float]]) -> None:
         """Each site's held-out score of what it received at the start of ``round_num`` (the model
-        after ``round_num`` rounds), and their weighted mean as the ``global`` row of that round."""
-        if round_num == 0:
+        after round ``round_num - 1``), and their weighted mean, as rows of round ``round_num - 1``
+        (whose model they score; none for the initial model)."""
+        after = round_num - 1
+        if after == 0:
             return
         total, weighted = 0.0, 0.0
         for site in self.sites:
@@ -269,25 +271,25 @@ class FlowerServer:
             if not measured:
                 continue  # withheld by the plan's DP or the site's policy
             samples = float(measured.get("samples", 0.0))
-            self.rows.append(metric_row(round_num, site, "evaluate", int(samples),
+            self.rows.append(metric_row(after, site, "evaluate", int(samples),
                                         {k: v for k, v in measured.items() if k != "samples"}))
             if "accuracy" in measured and samples > 0:
                 total += samples
                 weighted += samples * float(measured["accuracy"])
         if total > 0:
-            self.rows.append(metric_row(round_num, GLOBAL_SITE, "evaluate", int(total),
+            self.rows.append(metric_row(after, GLOBAL_SITE, "evaluate", int(total),
                                         {"accuracy": weighted / total, **self.downlink.metrics}))
 
     def final_evaluation(self) -> None:
         """The final model goes to every site, which scores it and keeps it (``site_report/``)."""
         app = flwr_app()
         rounds = self.config.rounds
-        task = app.ConfigRecord({"round": rounds, "run": self.run_label})
+        task = app.ConfigRecord({"round": rounds + 1, "run": self.run_label})  # evaluation only, after the last
         messages = {s: self.message(s, "evaluate",
                                     {"task": task, "received": to_array_record(self.downlink.for_site(s))},
                                     rounds + 1) for s in self.sites}
         replies = self.exchange(messages, self.round_timeout, "final evaluation", drop=True)
-        self.evaluation_rows(rounds, {s: json.loads(str(r.content["outcome"]["evaluation"]))
+        self.evaluation_rows(rounds + 1, {s: json.loads(str(r.content["outcome"]["evaluation"]))
                                       for s, r in replies.items()})
 
 

@@ -135,19 +135,19 @@ class SiteRuntime:
 
     def evaluate(self, round_num: int, received: dict[str, torch.Tensor], state: dict[str, Any],
                  nbytes: int) -> dict[str, float]:
-        """What it received at the start of ``round_num`` on its own held-out split (its report's row)."""
+        """What it received at the start of ``round_num`` (the model after round ``round_num - 1``; the
+        final model when ``round_num`` is ``rounds + 1``, the evaluation after the last round) on its
+        own held-out split: its report's row ``round_num - 1``, now complete."""
         site = self.context(round_num, task_seed(self.config, round_num, self.index, EVALUATION_STREAM), state)
-        final = snapshot(self.model, received) if round_num >= self.config.rounds else None
+        final = snapshot(self.model, received) if round_num > self.config.rounds else None
         test = self.data.test
         assert test is not None  # a site's data: its training and held-out splits
         measured = self.algorithm.evaluate_at_site(site, received, test)
-        self.report.evaluated(round_num, measured, len(test), nbytes, 0)
+        self.report.evaluated(round_num - 1, measured, len(test), 0)
         if final is not None:
             write_final_model(self.report.folder, site=site, config=self.config, shape=self.shape, model=final,
                               received=received, metrics=measured)
-            self.report.finish(round_num)
-        logger.info("%s, round %d: what it received scores %.4f on its %d held-out images", self.name, round_num,
-                    measured.get("accuracy", float("nan")), len(test))
+        self.report.finish(round_num - 1)
         return {**measured, "samples": float(len(test))} if self.releases.evaluation_metrics else {}
 
     def train(self, round_num: int, received: dict[str, torch.Tensor], state: dict[str, Any], nbytes: int):
@@ -164,7 +164,6 @@ class SiteRuntime:
             uploads.update(done.uploads)
             state = site.state
             self.report.trained(round_num, task, done.result.metrics, nbytes, done.bytes_sent, done.epsilon)
-        self.report.finish(round_num)
         return uploads, float(weight), metrics, state
 
 

@@ -105,6 +105,9 @@ class PluginAggregation(AggregationFunction):
         return {k: v.to(self.server.device) for k, v in tensors.items()}
 
     def _aggregate_round(self, db, fl_round: int, packed: dict[str, np.ndarray]) -> np.ndarray:
+        """OpenFL's round ``fl_round`` (counted from 0, as its tensor database keys it) is round
+        ``fl_round + 1`` for everything of fedcontrast: the round core, records and sentences."""
+        round_num = fl_round + 1
         if self.config.secure_aggregation is not None:
             return self._aggregate_secure_sum(db, fl_round)
         sites = tuple(sorted(packed))
@@ -115,16 +118,16 @@ class PluginAggregation(AggregationFunction):
                 uploads = unpack(packed[site], self.specs, sender=f"site {site!r}")
                 unpacked[site] = {k: v.to(self.server.device) for k, v in uploads.items()}
             except InvalidUploadError as exc:
-                logger.error("round %d: %s", fl_round, exc)
-                rejected[site] = f"round {fl_round + 1}: {exc}"
+                logger.error("round %d: %s", round_num, exc)
+                rejected[site] = f"round {round_num}: {exc}"
         if not self.digests_loaded and PERSONAL_DIR is not None and digests_path(PERSONAL_DIR).exists():
             self.screen.digests = json.loads(digests_path(PERSONAL_DIR).read_text())  # a restarted aggregator
         self.digests_loaded = True
         previous = self.received_downlink(db, fl_round)
         try:  # validation, the screen (bounds, the plugin's checks, replays, clipping), blame: the core's
-            outcome = self.core.aggregate(fl_round, unpacked, weights, previous, rejected=rejected)
+            outcome = self.core.aggregate(round_num, unpacked, weights, previous, rejected=rejected)
         except RejectedUpload as exc:  # nothing left to aggregate
-            raise AggregationFailure(f"round {fl_round + 1}: {exc}") from None
+            raise AggregationFailure(f"round {round_num}: {exc}") from None
         EXCLUDED.update(outcome.excluded)
         if outcome.stop:  # on_rejected: stop — aggregated without them; the aggregator stops after this round
             REJECTED.append(outcome.stop)
@@ -138,7 +141,8 @@ class PluginAggregation(AggregationFunction):
         return self._store_downlink(db, fl_round, outcome.downlink)
 
     def _store_downlink(self, db, fl_round: int, downlink) -> np.ndarray:
-        """Per-site downlinks into the database (and a file, for a restart); the packed global one."""
+        """Per-site downlinks into the database (and a file, for a restart), keyed as OpenFL keys the
+        next round (``fl_round + 1``, counted from 0); the packed global one."""
         if downlink.personal:
             origin = aggregator_origin(db)
             for site, tensors in downlink.personal.items():
@@ -153,15 +157,16 @@ class PluginAggregation(AggregationFunction):
         plugin's :meth:`~fedcontrast.algorithms.Algorithm.aggregate_secure`); the aggregator saw no upload alone."""
         if RELAY is None:
             raise AggregationFailure("secure aggregation is on but the aggregator has no relay")
-        outcome = self.core.aggregate_secure(fl_round, RELAY.total(fl_round), self.received_downlink(db, fl_round),
+        round_num = fl_round + 1  # fedcontrast's count (OpenFL's database counts from 0)
+        outcome = self.core.aggregate_secure(round_num, RELAY.total(round_num), self.received_downlink(db, fl_round),
                                              rejected={**RELAY.withdrawn, **RELAY.blamed})
         EXCLUDED.update(outcome.excluded)
-        logger.info("round %d: aggregated the secure sum of %s (unmasking: %.3f s of CPU)", fl_round,
+        logger.info("round %d: aggregated the secure sum of %s (unmasking: %.3f s of CPU)", round_num,
                     ", ".join(RELAY.survivors), RELAY.unmask_cpu_s)
         for site, why in sorted(RELAY.blamed.items()):
-            logger.warning("round %d: site %s sent a bad secure-aggregation share: %s", fl_round, site, why)
+            logger.warning("round %d: site %s sent a bad secure-aggregation share: %s", round_num, site, why)
         for site, why in sorted(RELAY.withdrawn.items()):
-            logger.warning("round %d: site %s took no part in the secure sum: %s", fl_round, site, why)
+            logger.warning("round %d: site %s took no part in the secure sum: %s", round_num, site, why)
         return self._store_downlink(db, fl_round, outcome.downlink)
 
 

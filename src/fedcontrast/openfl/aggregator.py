@@ -193,7 +193,7 @@ class SafeAggregator(SecureRounds, Aggregator):
             with self.lock:
                 self.absent.add(collaborator_name)
                 self._fail(f"collaborator {collaborator_name} reported that its task {task_name!r} failed in round "
-                           f"{round_number}; the reason is in that site's own log")
+                           f"{round_number + 1}; the reason is in that site's own log")
             return
         notice = self.stop_notice(collaborator_name)
         if notice is not None:  # the federation stopped before this upload came: not taken; the sender is told why
@@ -244,7 +244,7 @@ class SafeAggregator(SecureRounds, Aggregator):
                 value = None if value is None else np.asarray(value, dtype=float)
                 if value is None or value.size != 1 or not np.isfinite(value).all():
                     logger.warning("round %d: site %s sent %s = %s, not a finite number; left out of its average",
-                                   round_number, site, tensor_key.tensor_name, value)
+                                   round_number + 1, site, tensor_key.tensor_name, value)
                     continue
                 name, origin, fl_round, report, tags = tensor_key
                 overall = TensorKey(name, origin, fl_round, report, change_tags(tags, remove_field=site))
@@ -269,7 +269,7 @@ class SafeAggregator(SecureRounds, Aggregator):
         try:
             super()._end_of_round_check()
         except Exception as exc:  # raised inside an aggregation function or a callback
-            self._fail(f"round {round_number} could not be aggregated: {type(exc).__name__}: {exc}")
+            self._fail(f"round {round_number + 1} could not be aggregated: {type(exc).__name__}: {exc}")
             logger.exception("aggregation failure")
             return
         if self.round_number != round_number:  # the round ended: the next one's clock starts
@@ -299,7 +299,7 @@ class SafeAggregator(SecureRounds, Aggregator):
                 done = [c for c in self.authorized_cols if c in self.collaborators_done]
                 missing = [c for c in self.authorized_cols if c not in done]
                 label = "the evaluation round" if self.round_number == self.rounds_to_train - 1 else \
-                    f"round {self.round_number}"
+                    f"round {self.round_number + 1}"
                 if self.min_sites is not None and done and len(done) >= self.min_sites:
                     logger.warning("%s: no answer from %s within %.0f s; aggregated without them (min_sites %d)",
                                    label, ", ".join(missing), self.round_timeout, self.min_sites)

@@ -279,5 +279,5 @@ class SafeCollaborator(Collaborator):
             # failure is what it reports (a gone aggregator's round timeout covers the rest)
             logger.debug("could not tell the aggregator about the failure", exc_info=True)
         reason = str(exc) if isinstance(exc, FedContrastError) else f"{type(exc).__name__}: {exc}"
-        raise CollaboratorStopped(f"fedcontrast collaborator: error: task {name!r} of round {round_number} failed: "
+        raise CollaboratorStopped(f"fedcontrast collaborator: error: task {name!r} of round {round_number + 1} failed: "
                                   f"{reason}{where}") from None

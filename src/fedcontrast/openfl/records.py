@@ -51,8 +51,8 @@ def site_metrics(db, round_number: int, sites: list[str], tasks: list[str]) -> d
         site = owners.pop()
         value = float(np.asarray(array))
         if not np.isfinite(value):
-            logger.warning("round %d: site %s reported %s = %s; left out of the round's record", round_number, site,
-                           name, value)
+            logger.warning("round %d: site %s reported %s = %s; left out of the round's record", round_number + 1,
+                           site, name, value)
             continue
         if name == WEIGHT_METRIC:
             out.setdefault(site, {}).setdefault("", {})["samples"] = value
@@ -228,8 +228,11 @@ class RoundReport(Callback):
         self._export_model(round_num)
         self.exported = round_num
 
-    def _export_model(self, round_num: int) -> None:
-        tensors = self.tensor_db.get_tensors_by_round_and_tags(round_num + 1, ("model",))
+    def _export_model(self, fl_round: int) -> None:
+        """The record and model of OpenFL's round ``fl_round`` (counted from 0): round ``fl_round + 1``."""
+        round_num = fl_round + 1
+        # OpenFL keys the new model by the next round
+        tensors = self.tensor_db.get_tensors_by_round_and_tags(fl_round + 1, ("model",))
         packed = next((v for k, v in tensors.items() if k.tensor_name == GLOBAL_PACKED), None)
         if packed is None:  # the final, evaluation-only round makes no model
             return
@@ -238,7 +241,7 @@ class RoundReport(Callback):
         if any(name.startswith(WEIGHT_PREFIX) for name in weights):
             load_weights(self.model, weights)
             atomic_torch_save(self.model.state_dict(), self.out_dir / FINAL_MODEL)
-        record: dict[str, Any] = {"round": round_num + 1, "rounds": self.rounds, "trained_at": time.time()}
+        record: dict[str, Any] = {"round": round_num, "rounds": self.rounds, "trained_at": time.time()}
         if self.absent:
             record["absent"] = list(self.absent)
         if aggregation.EXCLUDED:  # uploads the aggregator did not take, with the reason
@@ -251,22 +254,22 @@ class RoundReport(Callback):
                 record.update(local_model_accuracy(self.model, aggregation.LOCAL_MODELS, self.test, self.server.device))
                 load_weights(self.model, weights)
         aggregation.LOCAL_MODELS.clear()
-        training = site_metrics(self.tensor_db.tensor_db, round_num, self.sites, self.tasks)
+        training = site_metrics(self.tensor_db.tensor_db, fl_round, self.sites, self.tasks)
         record["sites"] = {site: {"samples": m.get("", {}).get("samples"),
                                   "training": {f"{t}_{k}": v for t in self.algorithm.tasks
                                                for k, v in m.get(t, {}).items()}}
                            for site, m in sorted(training.items())}
-        withheld = self.withheld(round_num, self.algorithm.tasks)
+        withheld = self.withheld(fl_round, self.algorithm.tasks)
         if withheld:  # sites may release different metrics (their policies): who kept which
             record["withheld"] = withheld
         if self.no_test is not None:
             record["no_global_accuracy"] = self.no_test
-        self.pending = record = json_safe(record, f"round {round_num + 1}")
+        self.pending = record = json_safe(record, f"round {round_num}")
         write_json(self.out_dir / PENDING_FILE, record)  # atomic: a kill leaves the previous one
         notes = [f"global test accuracy {record['accuracy']:.4f}" if record.get("accuracy") is not None else
                  f"no global test accuracy: {self.no_test}" if self.no_test is not None else "",
                  describe_withheld(withheld)]
-        logger.info("round %d/%d aggregated%s", round_num + 1, self.rounds, "".join(f"; {n}" for n in notes if n))
+        logger.info("round %d/%d aggregated%s", round_num, self.rounds, "".join(f"; {n}" for n in notes if n))
 
     def evaluations_complete(self, round_num: int, sites: list[str]) -> bool:
         """Every one of ``sites`` has sent its evaluation of round ``round_num`` (its metrics, or none

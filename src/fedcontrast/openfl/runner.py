@@ -124,7 +124,9 @@ class PluginTaskRunner(TaskRunner):
     def run_site_evaluation(self, col_name: str, round_num: int, input_tensor_dict: dict[str, np.ndarray],
                             **kwargs: Any):
         """The engine's ``evaluate`` task: the plugin's :meth:`~Algorithm.evaluate_at_site` on this
-        site's held-out split, for what the site received this round. Metrics only; state unchanged."""
+        site's held-out split, for what the site received at the start of the round (the model after the
+        previous one). Metrics only; state unchanged. ``round_num`` is OpenFL's, counted from 0."""
+        fl_round, round_num = round_num, round_num + 1  # fedcontrast counts rounds from 1
         loader = self.data_loader
         index = self.site_index(col_name)
         site = SiteContext(name=col_name, data=loader.train, model=self.model, training=self.config.training,
@@ -132,26 +134,28 @@ class PluginTaskRunner(TaskRunner):
                            device=self.device, state=self._round_state(col_name, round_num), public=loader.public,
                            index=index)
         received = self._received(input_tensor_dict)
-        final = snapshot(self.model, received) if round_num >= self.config.rounds else None  # the final model
+        final = snapshot(self.model, received) if round_num > self.config.rounds else None  # the final model
         measured = self.algorithm.evaluate_at_site(site, received, loader.test)
         metrics = {**measured, EVAL_SAMPLES: float(len(loader.test))}
         if "accuracy" in metrics:
-            logger.info("%s, round %d: what it received scores %.4f on its %d held-out images", col_name, round_num,
+            logger.info("%s: the model after round %d scores %.4f on its %d held-out images", col_name, round_num - 1,
                         metrics["accuracy"], len(loader.test))
         out = {}
         if self.releases.evaluation_metrics:  # else kept on the site (the log above, its report); nothing leaves
-            out = {TensorKey(f"{EVALUATE_TASK}_{key}", col_name, round_num, True, ("metric",)): np.array(value)
+            out = {TensorKey(f"{EVALUATE_TASK}_{key}", col_name, fl_round, True, ("metric",)): np.array(value)
                    for key, value in metrics.items()}
         report = self._report(col_name)
-        report.evaluated(round_num, measured, len(loader.test), _nbytes(input_tensor_dict), _nbytes(out))
+        report.evaluated(round_num - 1, measured, len(loader.test), _nbytes(out))
         if final is not None:  # the evaluation-only round after the last training round
             write_final_model(report.folder, site=site, config=self.config, shape=loader.shape, model=final,
                               received=received, metrics=measured)
-            report.finish(round_num)
+        report.finish(round_num - 1)
         return out, {}
 
     def run_plugin_task(self, task: str, col_name: str, round_num: int,
                         input_tensor_dict: dict[str, np.ndarray], **kwargs: Any):
+        """A plugin task of the round (``round_num`` is OpenFL's, counted from 0)."""
+        fl_round, round_num = round_num, round_num + 1  # fedcontrast counts rounds from 1
         loader = self.data_loader
         index = self.site_index(col_name)
         state = self._task_state(col_name, round_num, task)
@@ -179,20 +183,18 @@ class PluginTaskRunner(TaskRunner):
             if missing:
                 raise ValueError(f"{self.algorithm.name} did not produce its declared upload(s) {missing[:3]}")
             if self.config.secure_aggregation is not None:  # the aggregator gets only the sum (openfl/secure.py)
-                uploads[TensorKey(UPLOAD_PACKED, col_name, round_num, False, ("trained",))] = \
+                uploads[TensorKey(UPLOAD_PACKED, col_name, fl_round, False, ("trained",))] = \
                     self._secure_upload(col_name, round_num, pending, weight)
             else:
-                uploads[TensorKey(UPLOAD_PACKED, col_name, round_num, False, ("trained",))] = \
+                uploads[TensorKey(UPLOAD_PACKED, col_name, fl_round, False, ("trained",))] = \
                     pack(pending, self.upload_specs)
-                uploads[TensorKey(WEIGHT_METRIC, col_name, round_num, True, ("metric",))] = np.array(weight)
+                uploads[TensorKey(WEIGHT_METRIC, col_name, fl_round, True, ("metric",))] = np.array(weight)
             del self._pending[col_name]
         for key, value in metrics.items():
-            uploads[TensorKey(f"{task}_{key}", col_name, round_num, True, ("metric",))] = np.array(value)
+            uploads[TensorKey(f"{task}_{key}", col_name, fl_round, True, ("metric",))] = np.array(value)
         report = self._report(col_name)  # everything the site measured, whatever left it
         report.trained(round_num, task, result.metrics, _nbytes(input_tensor_dict), _nbytes(uploads),
                        epsilon)
-        if task == self.algorithm.tasks[-1]:
-            report.finish(round_num)
         return uploads, {}
 
     def _secure_upload(self, col_name: str, round_num: int, uploads: dict[str, torch.Tensor], weight: float):

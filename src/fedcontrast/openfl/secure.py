@@ -144,20 +144,21 @@ class OpenFLChannel:
 
     def run(self, site: str, round_num: int, vector: np.ndarray | None, config: RunConfig,
             reason: str = "") -> dict[str, float]:
-        """This site's part of round ``round_num``'s secure sum, with ``vector`` (None: it withdraws,
-        giving ``reason``)."""
+        """This site's part of round ``round_num``'s secure sum (counted from 1; OpenFL's own round
+        number, counted from 0, is ``round_num - 1``), with ``vector`` (None: it withdraws, giving ``reason``)."""
+        fl_round = round_num - 1
         settings = config.secure_aggregation
         assert settings is not None  # a secure round only in a plan with secure_aggregation
         sites = site_names(config)
         col = self.collaborator
 
         def send(kind: str, payload: bytes) -> None:
-            key = TensorKey(SECAGG_TENSOR, site, round_num, False, ())
-            col.client.send_local_task_results(round_num, f"{SECAGG_TASK}:{kind}", 0,
+            key = TensorKey(SECAGG_TENSOR, site, fl_round, False, ())
+            col.client.send_local_task_results(fl_round, f"{SECAGG_TASK}:{kind}", 0,
                                                [col.nparray_to_named_tensor(key, to_words(payload))])
 
         def fetch(kind: str) -> bytes | None:
-            named = col.client.get_aggregated_tensor(f"{SECAGG_TENSOR}:{kind}", round_num, False, (), True)
+            named = col.client.get_aggregated_tensor(f"{SECAGG_TENSOR}:{kind}", fl_round, False, (), True)
             if not named.data_bytes:
                 return None
             return from_words(col.named_tensor_to_nparray(named), "the aggregator")
@@ -208,6 +209,8 @@ class SecureRounds:
         def _end_of_round_check(self) -> None: ...
 
     def secure_message(self, collaborator: str, round_number: int, task_name: str, named_tensors: Any) -> None:
+        """A site's secure-aggregation message of OpenFL's round ``round_number`` (counted from 0; the
+        relay and every sentence count from 1)."""
         kind = kind_of(task_name, SECAGG_TASK)
         assert kind is not None  # send_local_task_results sends only secure-aggregation tasks here
         with self.lock:
@@ -215,15 +218,17 @@ class SecureRounds:
             if notice is not None:
                 raise FederationStopped(notice)
             if self.relay is None or round_number != self.round_number:
-                raise FederationStopped(SECAGG_REFUSED + ("this federation has no secure aggregation"
-                                                          if self.relay is None else f"round {round_number} is over"))
-            if self.relay.round != round_number:  # the aggregator's round, checked above: never a message's own
-                self.relay.begin(round_number)
+                why = "this federation has no secure aggregation" if self.relay is None else \
+                    f"round {round_number + 1} is over"
+                raise FederationStopped(SECAGG_REFUSED + why)
+            if self.relay.round != round_number + 1:  # the aggregator's round, checked above: never a message's own
+                self.relay.begin(round_number + 1)
             if collaborator in self.relay.dropped:
                 raise FederationStopped(SECAGG_REFUSED + f"{collaborator} was dropped from round {round_number + 1}'s "
                                         f"secure aggregation ({self.relay.dropped[collaborator]})")
             try:
-                self.relay.receive(collaborator, round_number, kind, message_payload(self, collaborator, named_tensors))
+                payload = message_payload(self, collaborator, named_tensors)
+                self.relay.receive(collaborator, round_number + 1, kind, payload)
             except SecureAggregationError as exc:
                 self._fail(str(exc))
                 raise FederationStopped(self.stop_notice(collaborator)) from None
@@ -237,7 +242,7 @@ class SecureRounds:
         notice = self.stop_notice(requested_by)
         if notice is not None:
             raise FederationStopped(notice)
-        payload = self.relay.answer(requested_by, round_number, kind) if self.relay is not None else None
+        payload = self.relay.answer(requested_by, round_number + 1, kind) if self.relay is not None else None
         return answer_tensor(self, payload, tensor_name, round_number)
 
     def secure_deadline(self) -> bool:
@@ -247,8 +252,8 @@ class SecureRounds:
         relay = self.relay
         if relay is None or self.round_number >= self.rounds_to_train - 1:  # none, or the evaluation round
             return False
-        if relay.round != self.round_number:  # no site has reached the protocol in this round
-            relay.begin(self.round_number)
+        if relay.round != self.round_number + 1:  # no site has reached the protocol in this round
+            relay.begin(self.round_number + 1)
         if not relay.open:
             return False
         phase = PHASES[relay.phase]
@@ -259,7 +264,7 @@ class SecureRounds:
             self._fail(f"{exc} (the plan's round_timeout is {self.round_timeout:.0f} s)")
             return True
         logger.warning("round %d: no %s message from %s within %.0f s; the secure sum goes on without them "
-                       "(min_sites %s)", self.round_number, phase, ", ".join(dropped), self.round_timeout,
+                       "(min_sites %s)", self.round_number + 1, phase, ", ".join(dropped), self.round_timeout,
                        self.min_sites)
         self.absent |= set(dropped)
         self.round_started = time.monotonic()
@@ -269,7 +274,8 @@ class SecureRounds:
     def end_secure_round(self) -> None:
         """End the round once every site the relay kept has sent its results (those it dropped never will)."""
         relay = self.relay
-        if relay is None or relay.round != self.round_number or not relay.dropped or self.failure is not None:
+        if relay is None or relay.round != self.round_number + 1 or not relay.dropped \
+                or self.failure is not None:
             return
         live = [c for c in self.authorized_cols if c not in relay.dropped]
         if all(c in self.collaborators_done for c in live):

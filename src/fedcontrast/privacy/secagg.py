@@ -269,10 +269,10 @@ class SecAggSite:
         for site in self.sites:
             advert = adverts.get(site)
             if advert is None:
-                raise SecureAggregationError(f"site {site} sent no keys for round {self.round_num + 1}")
+                raise SecureAggregationError(f"site {site} sent no keys for round {self.round_num}")
             if site not in signing_keys or not verify(signing_keys[site], advert["signature"],
                                                       self._advert_bytes(site, advert)):
-                raise SecureAggregationError(f"site {site}'s key-agreement keys for round {self.round_num + 1} do not "
+                raise SecureAggregationError(f"site {site}'s key-agreement keys for round {self.round_num} do not "
                                              "carry its signature over this session, round and threshold: refused "
                                              "(keys swapped, forged or replayed on the way)")
             self.peers[site] = advert
@@ -321,7 +321,7 @@ class SecAggSite:
         """This site's signature over the survivor set it was told; it signs one set per round."""
         if self.signed is not None and sorted(self.signed) != sorted(survivors):
             raise SecureAggregationError(f"site {self.name} was asked to sign a second survivor set in round "
-                                         f"{self.round_num + 1}: refused")
+                                         f"{self.round_num}: refused")
         self.signed = sorted(survivors)
         return sign(self.signing_key, self._consistency_bytes(self.name, survivors))
 
@@ -329,14 +329,14 @@ class SecAggSite:
         """The members of the signed survivor set whose signatures over that same set verify; refused
         with fewer than the threshold (sites were told different sets, or signatures were forged)."""
         if self.signed is None:
-            raise SecureAggregationError(f"site {self.name} has signed no survivor set in round {self.round_num + 1}")
+            raise SecureAggregationError(f"site {self.name} has signed no survivor set in round {self.round_num}")
         valid = [s for s in self.signed if s in signatures and s in signing_keys
                  and verify(signing_keys[s], signatures[s], self._consistency_bytes(s, self.signed))]
         if len(valid) < self.threshold:
             bad = sorted(s for s in signatures if s not in valid)
             raise SecureAggregationError(
                 f"only {len(valid)} of the sites told that {', '.join(self.signed)} survived round "
-                f"{self.round_num + 1} signed that same set, fewer than the threshold {self.threshold}"
+                f"{self.round_num} signed that same set, fewer than the threshold {self.threshold}"
                 + (f" (no valid signature from {', '.join(bad)})" if bad else "")
                 + ": the aggregator may have told sites different survivor sets; nothing is revealed")
         return valid
@@ -348,7 +348,7 @@ class SecAggSite:
             raise SecureAggregationError(f"the aggregator asked site {self.name} to reveal both masks of "
                                          f"{', '.join(sorted(set(survivors) & set(dropped)))}: refused")
         if len(survivors) < self.threshold:
-            raise SecureAggregationError(f"only {len(survivors)} sites survived round {self.round_num + 1}, fewer than "
+            raise SecureAggregationError(f"only {len(survivors)} sites survived round {self.round_num}, fewer than "
                                          f"the threshold {self.threshold}: nothing is revealed")
         out = {}
         for site in survivors:

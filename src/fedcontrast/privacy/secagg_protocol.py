@@ -186,7 +186,7 @@ class SecAggSteps:
         return self.site.name
 
     def _round(self) -> str:
-        return f"round {self.site.round_num + 1}"
+        return f"round {self.site.round_num}"
 
     def _members(self, names: list[str], within: list[str], what: str) -> list[str]:
         """``names`` (the relay's set) checked: within the previous set, holding this site, at least the threshold."""

@@ -166,19 +166,19 @@ class SecAggRelay:
         with self.lock:
             if round_num != self.round:
                 raise SecureAggregationError(f"site {site} sent a secure-aggregation {kind} message of round "
-                                             f"{round_num + 1} during round {self.round + 1}; refused")
+                                             f"{round_num} during round {self.round}; refused")
             if site in self.dropped:
-                raise SecureAggregationError(f"site {site} was dropped from round {round_num + 1}'s secure aggregation "
+                raise SecureAggregationError(f"site {site} was dropped from round {round_num}'s secure aggregation "
                                              f"({self.dropped[site]}); its {kind} message is refused")
             if kind not in PHASES or PHASES.index(kind) != self.phase:
                 expected = PHASES[self.phase] if self.open else "nothing"
                 raise SecureAggregationError(f"site {site} sent a secure-aggregation {kind} message in round "
-                                             f"{round_num + 1} where {expected} was expected; refused")
+                                             f"{round_num} where {expected} was expected; refused")
             if site not in self.members[self.phase]:
-                raise SecureAggregationError(f"site {site} is not a member of round {round_num + 1}'s secure "
+                raise SecureAggregationError(f"site {site} is not a member of round {round_num}'s secure "
                                              "aggregation")
             if site in self.received[self.phase]:
-                raise SecureAggregationError(f"site {site} sent its {kind} message of round {round_num + 1} twice")
+                raise SecureAggregationError(f"site {site} sent its {kind} message of round {round_num} twice")
             message = getattr(self, f"_check_{kind}")(site, payload)
             self.bytes_from[site] = self.bytes_from.get(site, 0) + len(payload)
             if kind == "advert" and "withdraw" in message:
@@ -204,7 +204,7 @@ class SecAggRelay:
             if len(present) < needed:
                 silent = f" (no answer from {', '.join(missing)})" if missing else ""
                 raise SecureAggregationError(
-                    f"round {self.round + 1}'s secure aggregation: only {len(present)} of {len(expected)} sites sent "
+                    f"round {self.round}'s secure aggregation: only {len(present)} of {len(expected)} sites sent "
                     f"their {PHASES[self.phase]} message in time{silent}{self._withdrawals()}, fewer than the "
                     f"{needed} needed; the round ends without a sum")
             for site in missing:
@@ -221,7 +221,7 @@ class SecAggRelay:
             if round_num != self.round or kind not in ANSWERS:
                 return None
             if site in self.dropped:
-                return json.dumps({"dropped": f"this site was dropped from round {round_num + 1}'s secure aggregation "
+                return json.dumps({"dropped": f"this site was dropped from round {round_num}'s secure aggregation "
                                               f"({self.dropped[site]})"}).encode()
             if self.phase < ANSWERS[kind]:
                 return None
@@ -238,7 +238,7 @@ class SecAggRelay:
         """The sum of the survivors' vectors of ``round_num`` (float64), once unmasked."""
         with self.lock:
             if round_num != self.round or self.sum is None:
-                raise SecureAggregationError(f"round {round_num + 1}'s secure sum is not complete: the sites' messages "
+                raise SecureAggregationError(f"round {round_num}'s secure sum is not complete: the sites' messages "
                                              f"stopped at the {PHASES[min(self.phase, len(PHASES) - 1)]} phase")
             return self.sum
 
@@ -252,7 +252,7 @@ class SecAggRelay:
         present = [s for s in self.members[self.phase] if s in self.received[self.phase]]
         needed = max(self.threshold, self.at_least)
         if len(present) < needed:
-            raise SecureAggregationError(f"round {self.round + 1}'s secure aggregation: {len(present)} sites left"
+            raise SecureAggregationError(f"round {self.round}'s secure aggregation: {len(present)} sites left"
                                          f"{self._withdrawals()}, fewer than the {needed} needed; the round ends "
                                          "without a sum")
         self.members.append(present)
@@ -295,7 +295,7 @@ class SecAggRelay:
         size = self.words * self.quantizer.bits // 8
         if len(payload) != size:
             raise SecureAggregationError(f"site {site}'s masked vector has {len(payload)} bytes where round "
-                                         f"{self.round + 1} declares {size}; refused")
+                                         f"{self.round} declares {size}; refused")
         return np.frombuffer(payload, dtype=self.quantizer.unsigned).copy()
 
     def _check_consistency(self, site: str, payload: bytes) -> str:

@@ -268,13 +268,13 @@ class UploadScreen:
         return out, ""
 
     def settle(self, round_num: int, rejected: Mapping[str, str], accepted: Mapping) -> str | None:
-        """What the engines do with the round's rejections (round_num 0-based, as the engines count):
+        """What the engines do with the round's rejections (round_num counted from 1, as everywhere):
         with ``on_rejected: stop``, or nothing left to aggregate, raise :class:`RejectedUpload` naming
         them (and the likely cause); else return their reasons, for the engine to report as it goes on
         without them. None when nothing was rejected."""
         if not rejected:
             return None
-        rejected, hint = self.explain(round_num + 1, rejected, bool(accepted))
+        rejected, hint = self.explain(round_num, rejected, bool(accepted))
         reasons = "; ".join(rejected[s] for s in sorted(rejected))
         if self.config.on_rejected == "stop" or not accepted:
             raise RejectedUpload(reasons + ("" if accepted else "; no upload left to aggregate" + hint))

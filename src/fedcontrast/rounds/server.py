@@ -5,7 +5,8 @@ clipping), decide what to do with the rejected ones (``robustness.on_rejected``)
 the screen (blame), or take the secure sum's downlink. An engine hands in what arrived and gets the
 downlink and what was excluded, with the reasons, to carry and record.
 
-Rounds are 0-based in code (``round_num``); every sentence and record says ``round_num + 1``.
+Rounds are numbered 1 … ``rounds`` in code, records and logs alike (``round_num``); 0 is the initial
+model, before the first round. An engine that counts from 0 (OpenFL) converts once, where it calls in.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class RoundOutcome:
 
     def stopped(self, round_num: int) -> RejectedUpload:
         """The sentence an engine stops with, once it recorded the round."""
-        return RejectedUpload(f"rejected upload(s): {self.stop}; round {round_num + 1} was aggregated without them "
+        return RejectedUpload(f"rejected upload(s): {self.stop}; round {round_num} was aggregated without them "
                               "and the federation stops so that the operator can look at the sender "
                               "(robustness.on_rejected: stop)")
 
@@ -93,11 +94,11 @@ class AggregatorRound:
         valid, invalid = self.validate(round_num, uploads, weights)
         rejected = {**(rejected or {}), **invalid}
         self.begin(round_num, previous)
-        accepted, kept, refused = self.screen.screen(round_num + 1, valid, weights, previous)
+        accepted, kept, refused = self.screen.screen(round_num, valid, weights, previous)
         rejected.update(refused)
         excluded, note = self._settle(round_num, rejected, accepted)
         downlink, blamed = self.screen.aggregate(lambda u, w: self.algorithm.aggregate(u, w, self.server),
-                                                 accepted, kept, self.server.state, round_num + 1)
+                                                 accepted, kept, self.server.state, round_num)
         blamed_excluded, blamed_note = self._settle(round_num, blamed, accepted)
         excluded.update(blamed_excluded)
         notes = "; ".join(n for n in (note, blamed_note) if n) or None
@@ -116,7 +117,7 @@ class AggregatorRound:
                     raise InvalidUploadError(f"site {site!r} sent no aggregation weight; rejected")
                 validate_uploads(site, upload, self.specs)
             except InvalidUploadError as exc:
-                rejected[site] = f"round {round_num + 1}: {exc}"
+                rejected[site] = f"round {round_num}: {exc}"
                 continue
             valid[site] = upload
         return valid, rejected
@@ -144,7 +145,7 @@ class AggregatorRound:
         reasons in one line; raises :class:`RejectedUpload` when nothing is left to aggregate."""
         if not rejected:
             return {}, None
-        explained, hint = self.screen.explain(round_num + 1, rejected, bool(accepted))
+        explained, hint = self.screen.explain(round_num, rejected, bool(accepted))
         reasons = "; ".join(explained[s] for s in sorted(explained))
         if not accepted:
             raise RejectedUpload(reasons + "; no upload left to aggregate" + hint)

@@ -84,7 +84,7 @@ class Federation:
         report the linear-probe accuracy of the global model's encoder (``probe_accuracy``)."""
         self.config = config
         self.executor: Any = SequentialExecutor()  # who trains a round's sites (run_simulation sets the run's)
-        self.last_round: int | None = None  # the last round (0-based) this process will run: none sent beyond
+        self.last_round: int | None = None  # the last round this process will run: none sent beyond
         self.ahead: tuple[int, Any] | None = None  # (round, the executor's handle) of sites sent ahead
         self.device = resolve_device(config.device)
         splits = self.splits = load_splits(config)
@@ -175,7 +175,7 @@ class Federation:
             weight = done.weight  # the count as a deployment releases it: noised once under DP
             merged.update({k: v.to(self.device) for k, v in done.uploads.items()})
             measured = {**done.result.metrics, **done.epsilon}  # a simulation records everything a site measured
-            rows.append(metric_row(round_num + 1, site.name, task, len(site.data), measured, done.bytes_sent,
+            rows.append(metric_row(round_num, site.name, task, len(site.data), measured, done.bytes_sent,
                                    down if t == 0 else 0))
         return SiteOutcome(merged, weight, rows, site.state)
 
@@ -216,7 +216,7 @@ class Federation:
         assert self.core.sum_layout is not None  # secure aggregation is on
         total, cost = secure_terms_sum(self.algorithm, uploads, weights, self.config.secure_aggregation, round_num,
                                        self.core.sum_layout, session=session)
-        rows.append(metric_row(round_num + 1, "aggregator", "secure_aggregation", len(uploads),
+        rows.append(metric_row(round_num, "aggregator", "secure_aggregation", len(uploads),
                                {"bytes_per_site": cost.bytes_per_site,
                                 "plain_bytes_per_site": cost.plain_bytes_per_site, "threshold": cost.threshold,
                                 "site_cpu_s": cost.site_seconds, "aggregator_cpu_s": cost.aggregator_seconds}))
@@ -227,7 +227,9 @@ class Federation:
         return {k: v.to(self.device) for k, v in self.downlink.for_site(site.name).items()}
 
     def run_round(self, round_num: int) -> list[dict[str, Any]]:
-        """Run round ``round_num`` (0-based); returns its metrics rows (``round`` is 1-based)."""
+        """Run round ``round_num`` (1 … rounds); returns its metrics rows."""
+        if round_num < 1:
+            raise ValueError(f"round {round_num}: rounds count from 1 (0 is the initial model)")
         cfg = self.config
         uploads: dict[str, dict[str, torch.Tensor]] = {}
         weights: dict[str, float] = {}
@@ -254,13 +256,13 @@ class Federation:
             outcome = self.core.aggregate(round_num, uploads, weights, received)
         self.downlink = outcome.downlink
         if outcome.note:
-            logger.warning("round %d aggregated without rejected upload(s): %s", round_num + 1, outcome.note)
+            logger.warning("round %d aggregated without rejected upload(s): %s", round_num, outcome.note)
         self._send_ahead(round_num + 1)
-        rows.extend(metric_row(round_num + 1, site, "rejected", 0, {}) for site in outcome.excluded)
-        rows.extend(metric_row(round_num + 1, site, "likely_cause", 0,
+        rows.extend(metric_row(round_num, site, "rejected", 0, {}) for site in outcome.excluded)
+        rows.extend(metric_row(round_num, site, "likely_cause", 0,
                                {"moved_round": m.round, "update_ratio": m.update_ratio, "spread": m.spread,
                                 "share": m.share, "move_ratio": m.move_ratio})
-                    for site, m in sorted(self.screen.causes.get(round_num + 1, {}).items()))
+                    for site, m in sorted(self.screen.causes.get(round_num, {}).items()))
         uploads = outcome.accepted if cfg.secure_aggregation is None else uploads
         evaluation = self.algorithm.evaluate(self.downlink, self.server, self.test)
         if isinstance(self.algorithm, PersonalEvaluation):  # the capability: each site's own model
@@ -271,7 +273,7 @@ class Federation:
             load_weights(self.server.model, self.downlink.global_tensors)
             evaluation.update(linear_probe(self.server.model.encoder, self.splits.train, self.test, self.device,
                                            module=self.server.model))
-        rows.append(metric_row(round_num + 1, GLOBAL_SITE, "evaluate", len(self.test),
+        rows.append(metric_row(round_num, GLOBAL_SITE, "evaluate", len(self.test),
                                {**evaluation, **self.downlink.metrics}))
         if outcome.stop:  # on_rejected: stop — the round was aggregated without them; the run stops here
             raise RoundStopped(str(outcome.stopped(round_num)), rows)

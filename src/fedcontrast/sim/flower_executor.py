@@ -141,14 +141,14 @@ class FlowerExecutor:
                 "received": to_array_record(federation.downlink.for_site(site.name)),
                 "state": app.ConfigRecord({"state": to_bytes(site.state)})})
             messages.append(app.Message(content, dst_node_id=self.nodes[site.index % len(self.nodes)],
-                                        message_type=MESSAGE_TYPE, group_id=str(round_num + 1)))
+                                        message_type=MESSAGE_TYPE, group_id=str(round_num)))
         ids, replies = self._exchange(messages)
         site_of = dict(zip(ids, sites))  # message id → site
         outcomes: dict[str, Any] = {}
         for reply in replies:
             if reply.has_error():
                 site = site_of.get(reply.metadata.reply_to_message_id)
-                raise SiteFailed(f"site {site.name if site else '?'}'s round {round_num + 1} failed on its Flower "
+                raise SiteFailed(f"site {site.name if site else '?'}'s round {round_num} failed on its Flower "
                                  f"node: {reply.error.reason}")
             record = reply.content["outcome"]
             outcomes[record["site"]] = SiteOutcome(from_array_record(reply.content["uploads"], federation.device),
@@ -156,7 +156,7 @@ class FlowerExecutor:
                                                    from_bytes(record["state"]))
         missing = sorted(s.name for s in sites if s.name not in outcomes)
         if missing:
-            raise SiteFailed(f"no reply from site(s) {', '.join(missing)} in round {round_num + 1} within "
+            raise SiteFailed(f"no reply from site(s) {', '.join(missing)} in round {round_num} within "
                              f"{self.timeout or 0:g} s; the run stops here, every finished round is kept")
         return outcomes
 

@@ -283,7 +283,7 @@ class RayExecutor:
                 ray.exceptions.ObjectLostError) as exc:
             if len(group) > 1 or ref not in self.isolated:
                 raise _WorkerDied from None
-            raise SiteTaskFailed(f"site {group[0].name}'s task of round {round_num + 1} failed twice on the Ray "
+            raise SiteTaskFailed(f"site {group[0].name}'s task of round {round_num} failed twice on the Ray "
                                  f"cluster (its worker died: {type(exc).__name__}); the run stops here, every "
                                  "finished round is kept: continue with --resume") from None
 

@@ -78,7 +78,7 @@ def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = Fal
     ckpt_path = run_dir / "checkpoint.pt"
     if resume and not ckpt_path.exists():
         results = [n for n in RESULT_FILES if (run_dir / n).exists()]
-        if results:  # starting again from round 0 would overwrite them
+        if results:  # starting again from the first round would overwrite them
             raise CheckpointError(f"cannot resume {run_dir}: it holds results ({', '.join(results)}) but no "
                                   "checkpoint.pt to continue from; they were left untouched: start afresh with "
                                   "another --name, or replace them with --overwrite instead of --resume")
@@ -123,11 +123,11 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
 
     tb = TensorBoardLog(run_dir / "tensorboard", purge_step=start + 1 if start else None)
     end = config.rounds if stop_after is None else min(config.rounds, stop_after)
-    federation.last_round = end - 1
+    federation.last_round = end
     if progress is not None:
         progress(start, config.rounds, None)
     try:
-        for r in range(start, end):
+        for r in range(start + 1, end + 1):  # rounds count from 1
             t0 = time.perf_counter()
             stopped: RoundStopped | None = None
             try:
@@ -136,18 +136,18 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
                 stopped, new_rows = exc, exc.rows
             elapsed += time.perf_counter() - t0
             rows.extend(new_rows)
-            save_checkpoint(ckpt_path, {"config": config.to_dict(), "rounds_done": r + 1, "rows": rows,
+            save_checkpoint(ckpt_path, {"config": config.to_dict(), "rounds_done": r, "rows": rows,
                                         "elapsed": elapsed, "federation": federation.state_dict()})
             write_metrics_csv(run_dir / "metrics.csv", rows)
             write_json(run_dir / "summary.json", build_summary(rows, config=config.to_dict(),
                                                                wall_time_s=elapsed, rounds_total=config.rounds))
             glob = next(row for row in new_rows if row["site"] == GLOBAL_SITE)
             sites = [row for row in new_rows if row["site"] != GLOBAL_SITE]
-            tb.scalars(r + 1, {"test/accuracy": glob["accuracy"], "test/loss": glob["loss"],
+            tb.scalars(r, {"test/accuracy": glob["accuracy"], "test/loss": glob["loss"],
                                "train/loss": sum(s["loss"] for s in sites) / max(len(sites), 1),
                                "bytes/uploaded": sum(s["bytes_uploaded"] for s in sites)})
             if progress is not None:
-                progress(r + 1, config.rounds, glob)
+                progress(r, config.rounds, glob)
             if stopped is not None:
                 raise stopped
     except BaseException:  # a kill or a full disk: report that, not a second failure of the outputs below

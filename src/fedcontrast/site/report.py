@@ -3,11 +3,12 @@
 Each collaborator keeps ``site_report/<name>/`` next to its state folder (``local_state/`` in a
 workspace made by ``fedcontrast workspace create``):
 
-* ``rounds.jsonl`` and ``rounds.csv``: one row per round ``r`` (0 … ``rounds``): what the site received
-  at the start of round ``r`` (the model after ``r`` training rounds) scored on its own held-out split
-  (``accuracy``; ``personal_accuracy`` where the plugin has a personal model), then what it did in
-  round ``r``: its training metrics, the bytes it received and sent, its ε for the round and spent so
-  far, against its policy's budget. The last row (the evaluation-only round) scores the final model.
+* ``rounds.jsonl`` and ``rounds.csv``: one row per round ``r`` (0 … ``rounds``; rounds count from 1, 0
+  is the initial model): what the site did in round ``r`` (its training metrics, the bytes it
+  received and sent, its ε for the round and spent so far, against its policy's budget), and how the
+  model after round ``r`` scored on its own held-out split when it came back (``accuracy``;
+  ``personal_accuracy`` where the plugin has a personal model) — at the start of round ``r + 1``, or
+  in the evaluation after the last round for the final model. Row 0 scores the initial model.
   Rows are keyed by round: a restarted collaborator updates its rows, it does not repeat them.
 * ``accuracy.png``: that accuracy per round;
 * the final round's model: ``final_model.pt`` (a torch ``state_dict`` of the run's model, where the
@@ -78,21 +79,20 @@ class SiteReport:
     def row(self, round_num: int) -> dict[str, Any]:
         return self.rows.setdefault(round_num, {"round": round_num, "rounds": self.rounds})
 
-    def evaluated(self, round_num: int, metrics: dict[str, float], samples: int, received_bytes: int,
-                  sent_bytes: int) -> None:
-        """The ``evaluate`` task's result: what the site received at the start of ``round_num``."""
-        row = self.row(round_num)
+    def evaluated(self, after: int, metrics: dict[str, float], samples: int, sent_bytes: int) -> None:
+        """The ``evaluate`` task's result: the model after round ``after`` (what the site received at
+        the start of round ``after + 1``, or after the last round), scored on its held-out split."""
+        row = self.row(after)
         row["evaluation"] = {k: _number(v) for k, v in sorted(metrics.items())}
         row["accuracy"] = row["evaluation"].get("accuracy")
         row["personal_accuracy"] = row["evaluation"].get("local_accuracy")
         row["held_out_samples"] = samples
-        row["bytes_received"] = received_bytes  # one downlink per round, whichever task fetched it
         row.setdefault("bytes_sent_by_task", {})["evaluate"] = sent_bytes
         self._write()
 
     def trained(self, round_num: int, task: str, metrics: dict[str, float], received_bytes: int, sent_bytes: int,
                 epsilon: dict[str, float]) -> None:
-        """A plugin task's result (a redone task replaces its first attempt's figures)."""
+        """A plugin task's result in round ``round_num`` (a redone task replaces its first attempt's figures)."""
         row = self.row(round_num)
         row.setdefault("training", {}).update({f"{task}_{k}": _number(v) for k, v in sorted(metrics.items())})
         row["bytes_received"] = received_bytes
@@ -103,7 +103,7 @@ class SiteReport:
         self._write()
 
     def finish(self, round_num: int) -> None:
-        """The round's row is complete: the plot, and one line in the collaborator's log."""
+        """Round ``round_num``'s row is complete (its model scored): the plot, and one line in the log."""
         row = self.row(round_num)
         curves = {"what it received": [self.rows.get(r, {}).get("accuracy") for r in range(1, self.rounds + 1)]}
         if any(r.get("personal_accuracy") is not None for r in self.rows.values()):
@@ -134,7 +134,8 @@ class SiteReport:
 
 def format_row(row: dict[str, Any], site: str) -> str:
     """One line: ``hosp1, round 2/2 (final model): held-out accuracy 0.8123 …``."""
-    label = "final model" if row["round"] >= row["rounds"] else f"model after {row['round']} training round(s)"
+    r = row["round"]
+    label = "final model" if r >= row["rounds"] else "initial model" if r == 0 else f"model after round {r}"
     parts = []
     if row.get("accuracy") is not None:
         personal = row.get("personal_accuracy")
@@ -161,7 +162,7 @@ def write_final_model(folder: str | Path, *, site: SiteContext, config: RunConfi
     atomic_torch_save({k: v.detach().cpu() for k, v in received.items()}, folder / FINAL_RECEIVED)
     atomic_torch_save(_to_cpu(site.state), folder / FINAL_STATE)
     atomic_write_text(folder / CONFIG_FILE, yaml.safe_dump(config.to_dict(), sort_keys=False))
-    info = {"site": site.name, "round": site.round_num, "algorithm": config.algorithm, "model": config.model,
+    info = {"site": site.name, "round": site.round_num - 1, "algorithm": config.algorithm, "model": config.model,
             "model_shape": dict(shape), "index": site.index, "seed": site.seed, "files": files,
             "evaluation": {k: _number(v) for k, v in sorted(metrics.items())}}
     atomic_write_text(folder / FINAL_INFO, json.dumps(info, indent=2) + "\n")
