@@ -137,22 +137,14 @@ def _fresh_aggregation():
     ``SingletonABCMeta``) built anew; the process's own put back afterwards."""
     from .openfl import aggregation as module
 
-    kept = (module.PERSONAL_DIR, list(module.REJECTED), dict(module.EXCLUDED), dict(module.LOCAL_MODELS))
+    kept = module.LINK
     instances = type(module.PluginAggregation)._instances  # type: ignore[attr-defined]  # OpenFL's singleton metaclass
     earlier = instances.pop(module.PluginAggregation, None)
-    module.PERSONAL_DIR = None
-    module.REJECTED.clear()
-    module.EXCLUDED.clear()
-    module.LOCAL_MODELS.clear()
+    module.LINK = module.AggregatorLink()
     try:
         yield module.PluginAggregation
     finally:
-        module.PERSONAL_DIR = kept[0]
-        module.REJECTED[:] = kept[1]
-        module.EXCLUDED.clear()
-        module.EXCLUDED.update(kept[2])
-        module.LOCAL_MODELS.clear()
-        module.LOCAL_MODELS.update(kept[3])
+        module.LINK = kept
         instances.pop(module.PluginAggregation, None)
         if earlier is not None:
             instances[module.PluginAggregation] = earlier

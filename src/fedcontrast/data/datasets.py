@@ -62,6 +62,13 @@ class ArrayDataset:
         index = torch.as_tensor(np.asarray(indices), dtype=torch.int64, device=self.x.device)
         return ArrayDataset(self.x[index], self.y[index], self.num_classes)
 
+    def to(self, device: torch.device | str) -> ArrayDataset:
+        """The same samples on ``device`` (itself when they are there already)."""
+        device = torch.device(device)
+        if self.x.device == device and self.y.device == device:
+            return self
+        return ArrayDataset(self.x.to(device), self.y.to(device), self.num_classes)
+
     @property
     def in_channels(self) -> int:
         return int(self.x.shape[1])

@@ -49,8 +49,8 @@ from ..construction import (
 )
 from ..devices import resolve_device
 from ..errors import FedContrastError, SiteRefusal
-from ..rounds import run_site_task
-from ..site.report import REPORT_DIR, SiteReport, snapshot, write_final_model
+from ..rounds import evaluate_site, run_site_task
+from ..site.report import REPORT_DIR, SiteReport
 from .records import plan_pins
 
 logger = logging.getLogger("fedcontrast.flower.site")
@@ -139,15 +139,10 @@ class SiteRuntime:
         final model when ``round_num`` is ``rounds + 1``, the evaluation after the last round) on its
         own held-out split: its report's row ``round_num - 1``, now complete."""
         site = self.context(round_num, task_seed(self.config, round_num, self.index, EVALUATION_STREAM), state)
-        final = snapshot(self.model, received) if round_num > self.config.rounds else None
         test = self.data.test
         assert test is not None  # a site's data: its training and held-out splits
-        measured = self.algorithm.evaluate_at_site(site, received, test)
-        self.report.evaluated(round_num - 1, measured, len(test), 0)
-        if final is not None:
-            write_final_model(self.report.folder, site=site, config=self.config, shape=self.shape, model=final,
-                              received=received, metrics=measured)
-        self.report.finish(round_num - 1)
+        measured = evaluate_site(self.algorithm, site, received, test, self.report, config=self.config,  # the core's
+                                 shape=self.shape)
         return {**measured, "samples": float(len(test))} if self.releases.evaluation_metrics else {}
 
     def train(self, round_num: int, received: dict[str, torch.Tensor], state: dict[str, Any], nbytes: int):

@@ -39,20 +39,30 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Sites whose upload was rejected in the current round; the aggregator reads and clears this after
-# the round (see components.SafeAggregator) and stops the federation, naming them.
-REJECTED: list[str] = []
-# Every upload rejected in the current round, site → reason (whatever robustness.on_rejected says);
-# components.RoundReport writes them into the round's record and clears them.
-EXCLUDED: dict[str, str] = {}
-# Where per-site downlinks are saved for a restarted aggregator (set by components.SafeAggregator).
-PERSONAL_DIR: str | None = None
-# The round's uploaded local models (site → model.* tensors) of a plugin that asks for local-model
-# evaluation; components.RoundReport evaluates and clears them after the round.
-LOCAL_MODELS: dict[str, dict[str, torch.Tensor]] = {}
-# Under secure aggregation: the aggregator's relay (openfl/secure.py), which holds the round's unmasked
-# sum; the sites' uploads are placeholders. Set by components.SafeAggregator.
-RELAY: SecAggRelay | None = None
+@dataclasses.dataclass
+class AggregatorLink:
+    """What OpenFL's aggregator (openfl/aggregator.py) and the aggregation function it builds on its
+    own from the plan (:class:`PluginAggregation`, a singleton) share within one aggregator process;
+    the aggregator opens a fresh one when it starts (:func:`open_link`)."""
+
+    report_dir: str | None = None  # where per-site downlinks and upload digests are kept for a restart
+    relay: SecAggRelay | None = None  # under secure aggregation: the relay holding the round's unmasked sum
+    # under on_rejected: stop, why the federation stops after this round (the aggregator reads and clears it)
+    stop: list[str] = dataclasses.field(default_factory=list)
+    # every upload the round left out, site → reason (the round's record takes and clears them)
+    excluded: dict[str, str] = dataclasses.field(default_factory=dict)
+    # the round's uploaded local models (site → model.* tensors) of a plugin asking for their evaluation
+    local_models: dict[str, dict[str, torch.Tensor]] = dataclasses.field(default_factory=dict)
+
+
+LINK = AggregatorLink()
+
+
+def open_link(report_dir: str | None, relay: SecAggRelay | None) -> AggregatorLink:
+    """A fresh link for the aggregator starting in this process."""
+    global LINK
+    LINK = AggregatorLink(report_dir, relay)
+    return LINK
 
 
 class AggregationFailure(FedContrastError):
@@ -78,7 +88,8 @@ class PluginAggregation(AggregationFunction):
         device = resolve_device(self.config.device)
         public = None
         if get_algorithm(self.config.algorithm).requires_public:  # e.g. FLESD distils on the public set here
-            public = _to_device(load_public(self.config), device)  # the plan's public folder (fingerprint checked)
+            public = load_public(self.config)  # the plan's public folder (fingerprint checked)
+            public = public.to(device) if public is not None else None
         self.core = AggregatorRound(self.config, shape, public=public, device=device)  # fedcontrast.rounds
         self.algorithm, self.server, self.specs = self.core.algorithm, self.core.server, self.core.specs
         self.sum_layout, self.screen = self.core.sum_layout, self.core.screen
@@ -92,8 +103,8 @@ class PluginAggregation(AggregationFunction):
         return self._aggregate_round(tensor_db, fl_round, {lt.col_name: lt.tensor for lt in local_tensors})
 
     def _save_digests(self) -> None:
-        if PERSONAL_DIR is not None and self.config.robustness.reject_replays:  # nothing hashed otherwise
-            write_json(digests_path(PERSONAL_DIR), self.screen.digests)
+        if LINK.report_dir is not None and self.config.robustness.reject_replays:  # nothing hashed otherwise
+            write_json(digests_path(LINK.report_dir), self.screen.digests)
 
     def received_downlink(self, db, fl_round: int) -> dict[str, torch.Tensor] | None:
         """The global downlink the sites received for ``fl_round`` (OpenFL's stored model of that
@@ -120,23 +131,24 @@ class PluginAggregation(AggregationFunction):
             except InvalidUploadError as exc:
                 logger.error("round %d: %s", round_num, exc)
                 rejected[site] = f"round {round_num}: {exc}"
-        if not self.digests_loaded and PERSONAL_DIR is not None and digests_path(PERSONAL_DIR).exists():
-            self.screen.digests = json.loads(digests_path(PERSONAL_DIR).read_text())  # a restarted aggregator
+        kept = LINK.report_dir
+        if not self.digests_loaded and kept is not None and digests_path(kept).exists():
+            self.screen.digests = json.loads(digests_path(kept).read_text())  # a restarted aggregator
         self.digests_loaded = True
         previous = self.received_downlink(db, fl_round)
         try:  # validation, the screen (bounds, the plugin's checks, replays, clipping), blame: the core's
             outcome = self.core.aggregate(round_num, unpacked, weights, previous, rejected=rejected)
         except RejectedUpload as exc:  # nothing left to aggregate
             raise AggregationFailure(f"round {round_num}: {exc}") from None
-        EXCLUDED.update(outcome.excluded)
+        LINK.excluded.update(outcome.excluded)
         if outcome.stop:  # on_rejected: stop — aggregated without them; the aggregator stops after this round
-            REJECTED.append(outcome.stop)
+            LINK.stop.append(outcome.stop)
         elif outcome.note:
             logger.warning("aggregated without rejected upload(s): %s", outcome.note)
         self._save_digests()
         if self.algorithm.evaluates_local_models:
-            LOCAL_MODELS.clear()
-            LOCAL_MODELS.update({site: {k: v for k, v in up.items() if k.startswith(WEIGHT_PREFIX)}
+            LINK.local_models.clear()
+            LINK.local_models.update({site: {k: v for k, v in up.items() if k.startswith(WEIGHT_PREFIX)}
                                  for site, up in outcome.accepted.items()})
         return self._store_downlink(db, fl_round, outcome.downlink)
 
@@ -148,31 +160,27 @@ class PluginAggregation(AggregationFunction):
             for site, tensors in downlink.personal.items():
                 db.store(tensor_name=PERSONAL_PACKED, origin=origin, fl_round=fl_round + 1, tags=(site, PERSONAL_TAG),
                          nparray=pack(tensors, self.personal_specs))
-            if PERSONAL_DIR is not None:
-                save_personal(PERSONAL_DIR, fl_round + 1, downlink.personal)
+            if LINK.report_dir is not None:
+                save_personal(LINK.report_dir, fl_round + 1, downlink.personal)
         return pack(downlink.global_tensors, self.global_specs)
 
     def _aggregate_secure_sum(self, db, fl_round: int) -> np.ndarray:
         """The downlink from the relay's unmasked sum of the survivors' secure-sum terms (the
         plugin's :meth:`~fedcontrast.algorithms.Algorithm.aggregate_secure`); the aggregator saw no upload alone."""
-        if RELAY is None:
+        relay = LINK.relay
+        if relay is None:
             raise AggregationFailure("secure aggregation is on but the aggregator has no relay")
         round_num = fl_round + 1  # fedcontrast's count (OpenFL's database counts from 0)
-        outcome = self.core.aggregate_secure(round_num, RELAY.total(round_num), self.received_downlink(db, fl_round),
-                                             rejected={**RELAY.withdrawn, **RELAY.blamed})
-        EXCLUDED.update(outcome.excluded)
+        outcome = self.core.aggregate_secure(round_num, relay.total(round_num), self.received_downlink(db, fl_round),
+                                             rejected={**relay.withdrawn, **relay.blamed})
+        LINK.excluded.update(outcome.excluded)
         logger.info("round %d: aggregated the secure sum of %s (unmasking: %.3f s of CPU)", round_num,
-                    ", ".join(RELAY.survivors), RELAY.unmask_cpu_s)
-        for site, why in sorted(RELAY.blamed.items()):
+                    ", ".join(relay.survivors), relay.unmask_cpu_s)
+        for site, why in sorted(relay.blamed.items()):
             logger.warning("round %d: site %s sent a bad secure-aggregation share: %s", round_num, site, why)
-        for site, why in sorted(RELAY.withdrawn.items()):
+        for site, why in sorted(relay.withdrawn.items()):
             logger.warning("round %d: site %s took no part in the secure sum: %s", round_num, site, why)
         return self._store_downlink(db, fl_round, outcome.downlink)
-
-
-def _to_device(data, device):
-    return data if data is None or device.type == "cpu" else dataclasses.replace(data, x=data.x.to(device),
-                                                                                  y=data.y.to(device))
 
 
 def aggregator_origin(db) -> str:

@@ -106,7 +106,6 @@ class SafeAggregator(SecureRounds, Aggregator):
             secure = config.secure_aggregation
             self.relay = None if secure is None else relay_for(site_names(config), secure, SumLayout.of(
                 *declared_uploads(config, model_shape or {}, kwargs.get("assigner")), secure))
-            aggregation.RELAY = self.relay
         except FedContrastError as exc:
             print(f"fedcontrast aggregator: error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
@@ -120,7 +119,7 @@ class SafeAggregator(SecureRounds, Aggregator):
         callbacks.append(self.report)
         # Set before super(): recovery may replay a whole round (its uploads were saved, its end was not).
         self.lock = threading.RLock()  # the straggler timer, the watchdog and task results share it
-        aggregation.PERSONAL_DIR = report_dir
+        self.link = aggregation.open_link(report_dir, self.relay)  # shared with the aggregation function
         self.round_started, self.round_open, self.quit_since = time.monotonic(), False, None
         try:
             # rounds_to_train + the evaluation round
@@ -275,9 +274,9 @@ class SafeAggregator(SecureRounds, Aggregator):
         if self.round_number != round_number:  # the round ended: the next one's clock starts
             self.absent = set(missing)
             self.round_started, self.round_open = time.monotonic(), False
-        if aggregation.REJECTED:
-            reasons = "; ".join(aggregation.REJECTED)
-            aggregation.REJECTED.clear()
+        if self.link.stop:
+            reasons = "; ".join(self.link.stop)
+            self.link.stop.clear()
             self._fail(f"rejected upload(s): {reasons}; the round was aggregated without them and the federation "
                        "stops so that the operator can look at the sender (robustness.on_rejected: stop)")
 

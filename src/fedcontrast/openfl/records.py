@@ -244,16 +244,17 @@ class RoundReport(Callback):
         record: dict[str, Any] = {"round": round_num, "rounds": self.rounds, "trained_at": time.time()}
         if self.absent:
             record["absent"] = list(self.absent)
-        if aggregation.EXCLUDED:  # uploads the aggregator did not take, with the reason
-            record["rejected"] = dict(sorted(aggregation.EXCLUDED.items()))
-            aggregation.EXCLUDED.clear()
+        link = aggregation.LINK
+        if link.excluded:  # uploads the aggregator did not take, with the reason
+            record["rejected"] = dict(sorted(link.excluded.items()))
+            link.excluded.clear()
         if self.test is not None:
             record.update(self.algorithm.evaluate(Downlink(weights), self.server, self.test))
-            if aggregation.LOCAL_MODELS:  # the sites' local models (the aggregator does not know their label
+            if link.local_models:  # the sites' local models (the aggregator does not know their label
                 # distributions, so only the balanced accuracy; the simulator also reports the weighted one)
-                record.update(local_model_accuracy(self.model, aggregation.LOCAL_MODELS, self.test, self.server.device))
+                record.update(local_model_accuracy(self.model, link.local_models, self.test, self.server.device))
                 load_weights(self.model, weights)
-        aggregation.LOCAL_MODELS.clear()
+        link.local_models.clear()
         training = site_metrics(self.tensor_db.tensor_db, fl_round, self.sites, self.tasks)
         record["sites"] = {site: {"samples": m.get("", {}).get("samples"),
                                   "training": {f"{t}_{k}": v for t in self.algorithm.tasks

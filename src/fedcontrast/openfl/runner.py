@@ -28,8 +28,8 @@ from ..construction import (
 )
 from ..devices import resolve_device
 from ..errors import CheckpointError, ConfigError, FedContrastError
-from ..rounds import run_site_task
-from ..site.report import REPORT_DIR, SiteReport, snapshot, write_final_model
+from ..rounds import evaluate_site, run_site_task
+from ..site.report import REPORT_DIR, SiteReport
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, UPLOAD_PACKED, pack, unpack
 from .plan import EVALUATE_TASK
 
@@ -134,22 +134,14 @@ class PluginTaskRunner(TaskRunner):
                            device=self.device, state=self._round_state(col_name, round_num), public=loader.public,
                            index=index)
         received = self._received(input_tensor_dict)
-        final = snapshot(self.model, received) if round_num > self.config.rounds else None  # the final model
-        measured = self.algorithm.evaluate_at_site(site, received, loader.test)
-        metrics = {**measured, EVAL_SAMPLES: float(len(loader.test))}
-        if "accuracy" in metrics:
-            logger.info("%s: the model after round %d scores %.4f on its %d held-out images", col_name, round_num - 1,
-                        metrics["accuracy"], len(loader.test))
+        released = self.releases.evaluation_metrics  # else kept on the site (its log, its report); nothing leaves
+        measured = evaluate_site(self.algorithm, site, received, loader.test, self._report(col_name),
+                                 config=self.config, shape=loader.shape,  # fedcontrast.rounds
+                                 sent_bytes=lambda m: 8 * (len(m) + 1) if released else 0)  # float64 scalars
         out = {}
-        if self.releases.evaluation_metrics:  # else kept on the site (the log above, its report); nothing leaves
+        if released:
             out = {TensorKey(f"{EVALUATE_TASK}_{key}", col_name, fl_round, True, ("metric",)): np.array(value)
-                   for key, value in metrics.items()}
-        report = self._report(col_name)
-        report.evaluated(round_num - 1, measured, len(loader.test), _nbytes(out))
-        if final is not None:  # the evaluation-only round after the last training round
-            write_final_model(report.folder, site=site, config=self.config, shape=loader.shape, model=final,
-                              received=received, metrics=measured)
-        report.finish(round_num - 1)
+                   for key, value in {**measured, EVAL_SAMPLES: float(len(loader.test))}.items()}
         return out, {}
 
     def run_plugin_task(self, task: str, col_name: str, round_num: int,

@@ -1,12 +1,12 @@
 """A site's privacy: the mechanisms the plan turns on, their noise source, and the accountant state.
 
-The engine (simulator or OpenFL task runner) builds one :class:`SitePrivacy` per collaborator task
-and puts it into ``SiteContext.privacy``; plugins reach it only through ``site.class_sums(...)`` and
-``train_supervised(private=site.privacy)``.
+The engine (the simulator, an OpenFL collaborator or a Flower site) builds one :class:`SitePrivacy`
+per task and puts it into ``SiteContext.privacy``; plugins reach it only through
+``site.class_sums(...)`` and ``train_supervised(private=site.privacy)``.
 
 The history lives in ``site.state["privacy.history"]`` as ``[round, noise_multiplier, sample_rate,
-steps]`` lists: the engine persists the state per site (``local_state/sites/NAME.pt`` under OpenFL),
-so the cumulative ε survives restarts.
+steps]`` lists (rounds counted from 1): the engine persists the state per site
+(``local_state/sites/NAME.pt`` under OpenFL), so the cumulative ε survives restarts.
 
 Noise must be unpredictable to the aggregator: the plan (and its seed) is shared with it, so under
 OpenFL the generator is seeded from the operating system (``secrets``). The simulator passes a

@@ -1,9 +1,10 @@
 """What an aggregator accepts from a site, and robust ways to combine model weights.
 
 Cross-silo sites hold valid certificates, so a site that misbehaves — by bug or by intent — is
-authenticated and its upload arrives. Both engines (the simulator and the OpenFL aggregation
-function) pass every round's uploads through one :class:`UploadScreen` before the plugin aggregates
-them, configured by the plan's ``robustness`` section (:class:`~fedcontrast.config.RobustnessConfig`):
+authenticated and its upload arrives. The round core every engine carries
+(:class:`fedcontrast.rounds.AggregatorRound`: the simulator, OpenFL and Flower) passes every round's
+uploads through one :class:`UploadScreen` before the plugin aggregates them, configured by the plan's
+``robustness`` section (:class:`~fedcontrast.config.RobustnessConfig`):
 
 * the aggregation weight (a site's sample count) must be finite, ≥ 0 and within the plan's
   ``max_samples`` (one cap, or each site's count declared at enrolment; plus the noise allowance

@@ -1,17 +1,24 @@
 """A site's task, engine-free: what every engine's site did in its own copy before — run the plugin's
 task in its context, release the sample count as the plan's privacy says (noised once under DP, unless
 the site's policy publishes it exactly), keep the metrics that the plan and the site's policy let leave,
-and read ε so far. The engine builds the context (its data, model, device, state and DP noise source)
-and carries the uploads and released numbers."""
+and read ε so far; and the evaluation every round starts with (:func:`evaluate_site`). The engine builds
+the context (its data, model, device, state and DP noise source) and carries the uploads and released
+numbers."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ..algorithms import Algorithm, SiteContext, TaskResult
+from ..config import RunConfig
+from ..site.report import SiteReport, snapshot, write_final_model
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -49,3 +56,25 @@ def run_site_task(algorithm: Algorithm, site: SiteContext, task: str, received: 
     if releases.epsilon_metrics:
         released.update(epsilon)
     return SiteTask(task, result, weight, released, epsilon)
+
+
+def evaluate_site(algorithm: Algorithm, site: SiteContext, received: dict[str, torch.Tensor], test: Any,
+                  report: SiteReport, *, config: RunConfig, shape: dict[str, int],
+                  sent_bytes: Callable[[dict[str, float]], int] | None = None) -> dict[str, float]:
+    """What ``site`` received at the start of round ``site.round_num`` — the model after the round
+    before; the final model when ``site.round_num`` is ``rounds + 1``, the evaluation after the last
+    round — scored on its held-out split ``test``: its report's row of that model, now complete (and,
+    for the final model, the model and what loads it in its report folder); ``sent_bytes``: what the
+    engine sends of the measurement. Returns what it measured."""
+    after = site.round_num - 1
+    final = snapshot(site.model, received) if after >= config.rounds else None  # before the plugin loads others
+    measured = algorithm.evaluate_at_site(site, received, test)
+    report.evaluated(after, measured, len(test), sent_bytes(measured) if sent_bytes is not None else 0)
+    if final is not None:
+        write_final_model(report.folder, site=site, config=config, shape=shape, model=final, received=received,
+                          metrics=measured)
+    report.finish(after)
+    if "accuracy" in measured:
+        logger.info("%s: the model after round %d scores %.4f on its %d held-out images", site.name, after,
+                    measured["accuracy"], len(test))
+    return measured

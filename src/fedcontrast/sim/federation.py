@@ -7,7 +7,6 @@ drive the same plugin calls (``run_task``, ``aggregate``) across processes.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,7 +88,9 @@ class Federation:
         self.device = resolve_device(config.device)
         splits = self.splits = load_splits(config)
         parts = self.partition = partition(config, splits)
-        on_device = (lambda d: d) if self.device.type == "cpu" else (lambda d: _to_device(d, self.device))
+        def on_device(data):
+            return data.to(self.device)
+
         self.test = on_device(splits.test)
         self.public = on_device(splits.public) if splits.public is not None else None
         shape = {"in_channels": splits.in_channels, "image_size": splits.image_size, "num_classes": splits.num_classes}
@@ -298,10 +299,6 @@ def worker_federation(config: dict[str, Any]) -> Federation:
 def _mean_std(values: list[float]) -> tuple[float, float]:
     mean = sum(values) / len(values)
     return mean, (sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1)) ** 0.5
-
-
-def _to_device(data, device: torch.device):
-    return dataclasses.replace(data, x=data.x.to(device), y=data.y.to(device))
 
 
 class SequentialExecutor:
