@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 DEVICE_TESTS = ["tests/algorithms", "tests/losses", "tests/models", "tests/privacy", "tests/test_devices.py",
                 "tests/test_aggregation.py", "tests/test_dual_aggregation.py", "tests/test_linear_probe.py",
-                "tests/test_nearest_prototype.py", "tests/test_robust.py"]
+                "tests/test_nearest_prototype.py", "tests/robust/test_robust.py"]
 
 
 def main(argv: list[str] | None = None) -> int:
