@@ -22,7 +22,7 @@ from _results import machine, write_section
 
 from fedcontrast.algorithms import nbytes
 from fedcontrast.config import RunConfig
-from fedcontrast.deploy.pki import make_dev_pki
+from fedcontrast.openfl.pki import make_dev_pki
 from fedcontrast.openfl.launch import initialize_plan, run_federation
 from fedcontrast.openfl.plan import create_workspace
 from fedcontrast.sim import Federation, run_simulation

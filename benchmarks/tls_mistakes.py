@@ -23,7 +23,7 @@ from pathlib import Path
 
 from _results import machine, write_section
 
-from fedcontrast.deploy.pki import issue_for_key, write_certificate
+from fedcontrast.openfl.pki import issue_for_key, write_certificate
 from fedcontrast.lab.deployment import OPERATOR, CrossSiloLab
 from fedcontrast.lab.netns import netns_unavailable
 from fedcontrast.openfl.launch import failure_reason

@@ -16,7 +16,7 @@ import yaml
 
 from fedcontrast.algorithms import registry
 from fedcontrast.config import RunConfig
-from fedcontrast.deploy.pki import fx_executable, make_dev_pki
+from fedcontrast.openfl.pki import fx_executable, make_dev_pki
 from fedcontrast.openfl.launch import failure_reason, initialize_plan, start, stop_all
 from fedcontrast.openfl.plan import create_workspace
 from tests.plans import small_config  # noqa: F401  (the openfl tests import it from here)

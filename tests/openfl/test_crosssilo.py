@@ -17,7 +17,7 @@ import time
 import pytest
 import yaml
 
-from fedcontrast.deploy.pki import issue_for_key, write_certificate
+from fedcontrast.openfl.pki import issue_for_key, write_certificate
 from fedcontrast.lab.deployment import OPERATOR, CrossSiloLab, executable
 from fedcontrast.lab.netns import netns_unavailable
 from fedcontrast.openfl.loader import SiteDataLoader

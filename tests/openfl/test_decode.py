@@ -5,7 +5,7 @@ revocation record — never a UnicodeDecodeError traceback."""
 import pytest
 
 from fedcontrast.cli import main
-from fedcontrast.deploy.enrolment import revocations
+from fedcontrast.openfl.enrolment import revocations
 from fedcontrast.errors import ConfigError
 from fedcontrast.openfl.plan import create_workspace
 from fedcontrast.openfl.guard import guard_collaborator_start

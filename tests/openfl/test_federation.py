@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fedcontrast.algorithms.base import WEIGHT_PREFIX
-from fedcontrast.deploy.workspace import read_workspace_config
+from fedcontrast.openfl.fx import read_workspace_config
 from fedcontrast.evaluation import evaluate_classifier
 from fedcontrast.models import build_model
 from fedcontrast.openfl.launch import (FederationFailed, export_results, read_rounds, run_federation, start, stop_all,

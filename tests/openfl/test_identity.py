@@ -79,7 +79,7 @@ def enrolled_server(cert_dir, sites):
     operator holds ``cert_dir``."""
     from types import SimpleNamespace
 
-    from fedcontrast.deploy.enrolment import EnrolledCertificates
+    from fedcontrast.openfl.enrolment import EnrolledCertificates
     from fedcontrast.openfl.components import SafeAggregator
 
     aggregator = SafeAggregator.__new__(SafeAggregator)
@@ -151,7 +151,7 @@ def test_the_aggregator_admits_a_name_only_with_the_certificate_signed_for_it(tm
 def test_a_revoked_certificate_is_refused_from_the_next_call_on(tmp_path):
     import grpc
 
-    from fedcontrast.deploy.enrolment import EnrolledCertificates, revoke_certificate
+    from fedcontrast.openfl.enrolment import EnrolledCertificates, revoke_certificate
     from fedcontrast.errors import ConfigError
     from fedcontrast.openfl.collaborator import explain_rpc_error
 
@@ -194,7 +194,7 @@ def test_revocation_survives_the_loss_of_its_record(tmp_path, caplog):
     """Issue 34: deleting cert/revoked.jsonl does not re-admit a revoked certificate: the certificate kept in
     cert/revoked/ still refuses it (naming the missing record), and with that gone too, the aggregator admits
     only certificates its CA signed and still holds."""
-    from fedcontrast.deploy.enrolment import revoke_certificate
+    from fedcontrast.openfl.enrolment import revoke_certificate
     from fedcontrast.openfl import aggregator as components
 
     from .test_tls_diagnostics import issue, make_ca, write

@@ -15,7 +15,7 @@ import yaml
 from fedcontrast.openfl.plan import create_workspace
 
 from .conftest import small_config
-from tests.deploy.test_package_trust import EVIL, evil_plan
+from .test_package_trust import EVIL, evil_plan
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

@@ -13,7 +13,7 @@ from fedcontrast.site import checks
 from fedcontrast.openfl import doctor, guard
 from fedcontrast.audit import report as audit
 
-assert workspace._shard_index("shard:1", 2) == 1
+assert workspace.shard_index("shard:1", 2) == 1
 policy = checks.enforce_site_policy(RunConfig(), {"use_tls": True, "require_client_auth": True},
                                        {"in_channels": 1, "image_size": 8, "num_classes": 10}, "shard:0", cwd=sys.argv[1])
 assert policy is None

@@ -148,7 +148,7 @@ def test_a_certificate_for_the_name_that_is_not_the_one_signed_for_it_is_refused
     """A certificate from the federation's CA with CN=site_0 (the impostor of issue 20 held one), but not
     the one the operator signed for site_0 and keeps in cert/client: `fx aggregator start` refuses the
     call, naming both, and the collaborator stops at once with that sentence."""
-    from fedcontrast.deploy.pki import issue_for_key, write_certificate
+    from fedcontrast.openfl.pki import issue_for_key, write_certificate
 
     ws = copy_workspace(aggregator["ws"], tmp_path / "not_on_file")
     crt = ws / "cert" / "client" / "col_site_0.crt"

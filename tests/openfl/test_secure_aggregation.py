@@ -11,7 +11,7 @@ import datetime as dt
 import pytest
 import torch
 
-from fedcontrast.deploy.workspace import read_workspace_config
+from fedcontrast.openfl.fx import read_workspace_config
 from fedcontrast.openfl.launch import export_results, run_federation
 from fedcontrast.site.roster import format_roster, read_roster
 

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from fedcontrast.cli import main
-from fedcontrast.deploy.pki import fx_executable, issue_for_key, write_certificate
+from fedcontrast.openfl.pki import fx_executable, issue_for_key, write_certificate
 from fedcontrast.lab.deployment import executable
 from fedcontrast.openfl.plan import create_workspace
 
@@ -191,10 +191,10 @@ def test_every_check_the_collaborator_would_make_runs_before_site_start_says_it_
     assert message.startswith(f"this site's policy {site_ws / POLICY_FILE} refuses the plan before any data is read")
     (site_ws / POLICY_FILE).unlink()
     # a public folder whose files differ from the plan's fingerprint: the doctor's (and so site start's) check
-    from fedcontrast.deploy.workspace import read_workspace_config
+    from fedcontrast.openfl.fx import read_workspace_config
     from fedcontrast.openfl.doctor import FAIL, OK, check_shared
 
-    from tests.deploy.test_deploy import deployment, images
+    from tests.openfl.test_deploy import deployment, images
 
     public = images(tmp_path / "public", {"neg": 2, "pos": 2}, seed=5)
     ws = create_workspace(tmp_path / "pub", deployment(public_data={"sha256": folder_fingerprint(public),

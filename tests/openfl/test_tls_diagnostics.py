@@ -21,9 +21,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from fedcontrast.deploy.certificates import (check_aggregator_certificate, check_enrolled_certificates,
-                                              check_own_certificate)
-from fedcontrast.deploy.pki import fx_executable
+from fedcontrast.deploy.certificates import check_aggregator_certificate, check_own_certificate
+from fedcontrast.openfl.enrolment import check_enrolled_certificates
+from fedcontrast.openfl.fx import fx_executable
 from fedcontrast.errors import ConfigError
 from fedcontrast.openfl.collaborator import BoundedRetry, diagnose_handshake
 from fedcontrast.openfl.components import SafeAggregator, SafeCollaborator

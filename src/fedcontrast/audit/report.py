@@ -224,14 +224,14 @@ def _own_data(config: RunConfig, data: str, workspace: Path) -> tuple[dict[str, 
     its accountant and its per-class uploads count) and held-out samples — no image is decoded."""
     import numpy as np
 
-    from ..deploy.workspace import SHARD_PREFIX, _shard_index
+    from ..deploy.workspace import SHARD_PREFIX, shard_index
 
     if data.startswith(SHARD_PREFIX):  # the embedded demo's shard N
         from ..construction import load_splits, partition
 
         splits = load_splits(config)
         parts = partition(config, splits)
-        labels = splits.train.y.numpy()[parts[_shard_index(data, len(parts))]]  # the index as its collaborator reads it
+        labels = splits.train.y.numpy()[parts[shard_index(data, len(parts))]]  # the index as its collaborator reads it
         names = splits.class_names or tuple(str(c) for c in range(splits.num_classes))
         return {name: int((labels == c).sum()) for c, name in enumerate(names)}, None
     from ..data.schema import summarise_folder

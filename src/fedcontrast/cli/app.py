@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if (exc.name or "").split(".")[0] != "openfl":
             raise
-        from ..deploy.pki import OPENFL_MISSING
+        from ..openfl.fx import OPENFL_MISSING
 
         print(f"fedcontrast: error: {OPENFL_MISSING}", file=sys.stderr)
         return 2

@@ -72,7 +72,7 @@ def deployment_config(args: argparse.Namespace) -> tuple[RunConfig, Path | None]
 
 def cmd_workspace_create(args: argparse.Namespace) -> int:
     from ..config import site_names
-    from ..deploy.workspace import read_workspace_config
+    from ..openfl.fx import read_workspace_config
     from ..openfl.plan import DEFAULT_PORT, create_workspace
 
     check_port(args.port)
@@ -84,7 +84,7 @@ def cmd_workspace_create(args: argparse.Namespace) -> int:
                           min_sites=args.min_sites, wait_for_aggregator=args.wait_for_aggregator,
                           public_source=public_source)
     if args.pki_from:
-        from ..deploy.operator_flows import reuse_pki
+        from ..openfl.operator_flows import reuse_pki
 
         reuse_pki(ws, args.pki_from)
         print(f"reused the certificate authority and certificates of {args.pki_from}")
@@ -109,8 +109,8 @@ def cmd_workspace_create(args: argparse.Namespace) -> int:
 
 
 def cmd_workspace_export(args: argparse.Namespace) -> int:
-    from ..deploy.operator_flows import export_workspace
-    from ..deploy.workspace import read_workspace_config
+    from ..openfl.fx import read_workspace_config
+    from ..openfl.operator_flows import export_workspace
 
     archive = export_workspace(args.workspace)
     config = read_workspace_config(args.workspace)
@@ -150,8 +150,8 @@ def cmd_plan_write(args: argparse.Namespace) -> int:
 
 
 def cmd_pki(args: argparse.Namespace) -> int:
-    from ..deploy.pki import dev_pki_commands, make_dev_pki
-    from ..deploy.workspace import collaborator_names
+    from ..openfl.fx import collaborator_names
+    from ..openfl.pki import dev_pki_commands, make_dev_pki
 
     ws = Path(args.workspace)
     if not (args.dry_run and args.collaborators) and not (ws / "plan" / "plan.yaml").is_file():
@@ -170,10 +170,10 @@ def cmd_federation(args: argparse.Namespace) -> int:
     import shutil
     import time
 
-    from ..deploy.pki import fx_executable, make_dev_pki
+    from ..openfl.pki import fx_executable, make_dev_pki
 
     fx_executable()  # OpenFL is an install extra: one sentence before anything is written, where it is missing
-    from ..deploy.workspace import collaborator_names, read_workspace_config
+    from ..openfl.fx import collaborator_names, read_workspace_config
     from ..openfl.launch import export_results, format_round, initialize_plan, run_federation
     from ..openfl.plan import create_workspace
 

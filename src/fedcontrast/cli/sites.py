@@ -12,7 +12,7 @@ from ..errors import ConfigError
 
 
 def cmd_ca_init(args: argparse.Namespace) -> int:
-    from ..deploy.operator_flows import init_ca
+    from ..openfl.operator_flows import init_ca
 
     chain = init_ca(args.workspace, fqdn=args.fqdn)
     print(f"certificate authority in {Path(args.workspace) / 'cert' / 'ca'} (its private keys never leave this "
@@ -61,7 +61,7 @@ def confirm_ca(args: argparse.Namespace) -> Any:
 
 
 def cmd_ca_sign(args: argparse.Namespace) -> int:
-    from ..deploy.operator_flows import sign_request
+    from ..openfl.operator_flows import sign_request
 
     def confirm(site: str, csr_hash: str) -> bool:  # `site`: the name read from the CSR itself
         print(f"request {Path(args.request).name}: its CSR is for CN={site} (the site {args.site} you sign for); "
@@ -83,7 +83,7 @@ def cmd_ca_sign(args: argparse.Namespace) -> int:
 
 
 def cmd_ca_revoke(args: argparse.Namespace) -> int:
-    from ..deploy.operator_flows import revoke_site
+    from ..openfl.operator_flows import revoke_site
 
     record = revoke_site(args.workspace, args.name, reason=args.reason)
     cert = Path(args.workspace) / "cert"
@@ -97,7 +97,7 @@ def cmd_ca_revoke(args: argparse.Namespace) -> int:
 
 
 def cmd_site_join(args: argparse.Namespace) -> int:
-    from ..deploy.institution_flows import join, package_plan
+    from ..openfl.institution_flows import join, package_plan
 
     joined = join(args.package, name=args.name, data=args.data, public=args.public, into=args.into,
                   cert_from=args.cert_from, policy=args.policy, ca_fingerprint=args.ca_fingerprint,
@@ -125,7 +125,7 @@ def cmd_site_join(args: argparse.Namespace) -> int:
 
 
 def cmd_site_import_cert(args: argparse.Namespace) -> int:
-    from ..deploy.institution_flows import import_certificate
+    from ..openfl.institution_flows import import_certificate
 
     ws = Path(args.workspace)
     name = import_certificate(ws, args.signed, ca_fingerprint=args.ca_fingerprint, confirm_ca=confirm_ca(args))
@@ -158,9 +158,9 @@ def site_start_command(workspace: str | Path, name: str, *, plan: str | None = N
     """The pre-flight of ``fedcontrast site start``: what ``fx collaborator start -n NAME`` would stop
     on later (or with a traceback), each refused with one sentence; the ``fx`` command line to run
     in ``workspace`` when every check passes."""
-    from ..deploy.pki import fx_executable
     from ..deploy.trust import check_policy_for_workspace, check_workspace
-    from ..deploy.workspace import collaborator_names, load_plan_file
+    from ..deploy.workspace import load_plan_file
+    from ..openfl.fx import collaborator_names, fx_executable
 
     ws = Path(workspace)
     extra = list(extra)

@@ -71,8 +71,7 @@ def chain_root(pem: bytes, what: str):
 
 def fingerprint_of_chain(pem: bytes, what: str) -> tuple[str, str]:
     """(the SHA-256 fingerprint of the chain's root, its subject)."""
-    from .certificates import subject
-    from .enrolment import fingerprint
+    from .certificates import fingerprint, subject
 
     root = chain_root(pem, what)
     return fingerprint(root), subject(root)

@@ -1,5 +1,7 @@
-"""Reading and checking the federation's certificates: dates, names, the chain, the aggregator's
-server files, and what a site's TLS connection will meet, said in one sentence instead of retried."""
+"""Reading and checking the federation's certificates: dates, names (a site's one name), fingerprints,
+the chain, and what a site's TLS connection will meet, said in one sentence instead of retried. The
+OpenFL certificate folder's layout (enrolment, revocation, the aggregator's files) is
+:mod:`fedcontrast.openfl.enrolment`."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from pathlib import Path
 from ..errors import ConfigError
 
 
-def _certificates(path: Path) -> list:
+def load_certificates(path: Path) -> list:
     from cryptography import x509
 
     try:
@@ -22,7 +24,7 @@ def subject(cert) -> str:
     return cert.subject.rfc4514_string()
 
 
-def _out_of_date(cert, now: dt.datetime) -> str | None:
+def out_of_date(cert, now: dt.datetime) -> str | None:
     """"expired on DATE UTC" or "is not valid before DATE UTC" (None: within its dates)."""
     if cert.not_valid_after_utc < now:
         return f"expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
@@ -39,8 +41,8 @@ def check_certificate_dates(paths: list[str | Path], *, now: dt.datetime | None 
     for path in map(Path, paths):
         if not path.is_file():
             continue
-        for cert in _certificates(path):
-            problem = _out_of_date(cert, now)
+        for cert in load_certificates(path):
+            problem = out_of_date(cert, now)
             if problem is not None:
                 raise ConfigError(f"the certificate {path} ({subject(cert)}) {problem}; " + (
                     "have the federation's CA issue a new one before starting" if problem.startswith("expired")
@@ -61,7 +63,7 @@ def certificate_names(cert) -> list[str]:
                                           for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
 
 
-def _names_host(names: list[str], host: str) -> bool:
+def names_host(names: list[str], host: str) -> bool:
     host = host.lower().rstrip(".")
     return any(n == host or (n.startswith("*.") and host.count(".") >= 1 and host.split(".", 1)[1] == n[2:])
                for n in names)
@@ -96,7 +98,7 @@ def check_own_certificate(certificate: str | Path, private_key: str | Path | Non
     check_certificate_dates([certificate] if chain is None else [chain, certificate], now=now)
     if not certificate.is_file():
         return
-    cert = _certificates(certificate)[0]
+    cert = load_certificates(certificate)[0]
     if private_key is not None and private_key.is_file():
         try:
             key = serialization.load_pem_private_key(private_key.read_bytes(), password=None)
@@ -110,7 +112,7 @@ def check_own_certificate(certificate: str | Path, private_key: str | Path | Non
                               "this key's request")
     if chain is None or not chain.is_file():
         return
-    authorities = _certificates(chain)
+    authorities = load_certificates(chain)
     if not signed_by(cert, authorities):
         raise ConfigError(f"the certificate {certificate} ({subject(cert)}) is issued by "
                           f"{cert.issuer.rfc4514_string()}, not by the federation's CA in {chain} "
@@ -118,66 +120,52 @@ def check_own_certificate(certificate: str | Path, private_key: str | Path | Non
                           "federation's CA (or install the federation's cert_chain.crt)")
 
 
-def check_server_files(cert_dir: str | Path, address: str, *, now: dt.datetime | None = None) -> None:
-    """The aggregator's certificate and key for the plan's ``agg_addr`` exist as ``fx aggregator
-    start`` looks them up (``cert/server/agg_<addr>.crt/.key``), are within their dates (the CA chain
-    too), fit each other and name that address. (A certificate from another CA is named by every site
-    that connects: :func:`check_aggregator_certificate`.)"""
-    cert_dir, address = Path(cert_dir), address.lower()
-    server = cert_dir / "server"
-    crt, key = server / f"agg_{address}.crt", server / f"agg_{address}.key"
-    missing = [p for p in (crt, key) if not p.is_file()]
-    if missing:
-        found = sorted(p.stem for p in server.glob("agg_*.crt")) if server.is_dir() else []
-        held = (f"{server} holds a certificate for {', '.join(found)}" if found else
-                f"{server} holds no aggregator certificate")
-        raise ConfigError(f"{held}, but the plan's agg_addr is {address} ({', '.join(map(str, missing))} missing); "
-                          f"make the aggregator's certificate for {address} (`fedcontrast ca init --fqdn {address}`)"
-                          + (f" or set network.settings.agg_addr to {found[0].removeprefix('agg_')} in the plan"
-                             if found else ""))
-    # in date (the CA chain too), fitting its key, and signed by the CA the sites trust (the cert_chain.crt the
-    # aggregator checks the sites' certificates with)
-    check_own_certificate(crt, key, cert_dir / "cert_chain.crt", now=now)
-    names = certificate_names(_certificates(crt)[0])
-    if not _names_host(names, address):
-        raise ConfigError(f"the aggregator's certificate {crt} is issued for {', '.join(names) or 'no name'}, not for "
-                          f"{address}, the plan's agg_addr: the sites would refuse it; make it again for {address} "
-                          f"(`fedcontrast ca init --fqdn {address}`)")
+def fingerprint(cert) -> str:
+    """The certificate's SHA-256 fingerprint (of its DER encoding), in hex: what
+    ``openssl x509 -noout -fingerprint -sha256`` shows, without the colons."""
+    from cryptography.hazmat.primitives import hashes
+
+    return cert.fingerprint(hashes.SHA256()).hex()
 
 
-def check_enrolled_certificates(cert_dir: str | Path, sites: list[str], *, now: dt.datetime | None = None,
-                               soon: dt.timedelta = dt.timedelta(days=7)) -> list[str]:
-    """The certificates this aggregator's CA signed for the plan's sites (``cert/client/col_NAME.crt``,
-    written by ``fedcontrast ca sign``), as the aggregator will judge them: one sentence for each
-    that is expired, not yet valid, expiring within ``soon``, issued by another CA than
-    ``cert_chain.crt`` or for another name. Sites signed elsewhere have no file here: nothing to say."""
-    cert_dir = Path(cert_dir)
-    now = now or dt.datetime.now(dt.timezone.utc)
-    chain = cert_dir / "cert_chain.crt"
-    authorities = _certificates(chain) if chain.is_file() else []
-    problems = []
-    for site in sites:
-        path = cert_dir / "client" / f"col_{site}.crt"
-        if not path.is_file():
-            continue
-        try:
-            cert = _certificates(path)[0]
-        except (ConfigError, IndexError):
-            problems.append(f"{site}'s certificate {path} is not a PEM certificate")
-            continue
-        said = f"{site}'s certificate {path} ({subject(cert)})"
-        problem = _out_of_date(cert, now)
-        if problem is not None:
-            problems.append(f"{said} {problem}")
-        elif cert.not_valid_after_utc < now + soon:
-            problems.append(f"{said} expires on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
-        if authorities and not signed_by(cert, authorities):
-            problems.append(f"{said} is issued by {cert.issuer.rfc4514_string()}, not by the federation's CA in "
-                            f"{chain}")
-        names = certificate_names(cert)
-        if site.lower() not in names:
-            problems.append(f"{said} is issued for {', '.join(names) or 'no name'}, not for {site}")
-    return problems
+def serial_hex(cert) -> str:
+    return format(cert.serial_number, "x")
+
+
+def identity(obj, what: str) -> str:
+    """The one name a site's certificate or certificate request (CSR) carries: its subject's single
+    common name (CN), which every name in its subject alternative name, if any, must repeat. More
+    than one CN, none, or a SAN naming anything else raise :class:`ConfigError` naming ``what``."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    cns = [str(a.value) for a in obj.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    if len(cns) != 1:
+        raise ConfigError(f"{what} has {len(cns)} common names in its subject ({subject(obj) or 'empty'}); a site's "
+                          "certificate (and its request) names exactly one, the site's name")
+    try:
+        san = obj.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        san = []
+    others = [str(getattr(n, "value", n)) for n in san if not (isinstance(n, x509.DNSName) and n.value == cns[0])]
+    if others:
+        raise ConfigError(f"{what} ({subject(obj)}) also names {', '.join(others)} in its subject alternative name; a "
+                          f"site's certificate (and its request) names only the site ({cns[0]})")
+    return cns[0]
+
+
+def check_certificate_name(certificate: str | Path, name: str) -> None:
+    """The certificate in ``certificate`` is issued for ``name`` and nothing else (:func:`identity`);
+    else :class:`ConfigError` naming both. A missing file is left to the caller."""
+    certificate = Path(certificate)
+    if not certificate.is_file():
+        return
+    cert = load_certificates(certificate)[0]
+    found = identity(cert, f"the certificate {certificate}")
+    if found != name:
+        raise ConfigError(f"the certificate {certificate} ({subject(cert)}) is issued for {found}, not for {name}: "
+                          f"the aggregator admits {name} only with a certificate for {name}; install the one the "
+                          f"operator signed for {name}'s own request")
 
 
 def check_aggregator_certificate(host: str, port: int, chain: str | Path, *, certificate: str | Path | None = None,
@@ -226,23 +214,23 @@ def check_aggregator_certificate(host: str, port: int, chain: str | Path, *, cer
         return f"{where} presents no certificate"
     cert = x509.load_der_x509_certificate(der)
     shown = f"{where} presents a certificate ({subject(cert)})"
-    authorities = _certificates(Path(chain))
+    authorities = load_certificates(Path(chain))
     if not signed_by(cert, authorities):
         raise ConfigError(f"{shown} issued by {cert.issuer.rfc4514_string()}, not by the federation's CA in {chain} "
                           f"({_chain_names(authorities)}): this site and the aggregator hold different CAs; get the "
                           "federation's cert_chain.crt from the operator")
-    problem = _out_of_date(cert, now)
+    problem = out_of_date(cert, now)
     if problem is not None:
         raise ConfigError(f"{shown} that {problem}; " + (
             "the operator must have the federation's CA issue a new one" if problem.startswith("expired")
             else "check this machine's clock (and the aggregator's)"))
     names = certificate_names(cert)
-    if not _names_host(names, host):
+    if not names_host(names, host):
         raise ConfigError(f"{shown} issued for {', '.join(names) or 'no name'}, not for {host}, the plan's agg_addr; "
                           f"the operator must make the aggregator's certificate for {host}, or the plan name the "
                           "aggregator as its certificate does")
     if accepted is False and certificate is not None:  # only a client certificate is ever refused
-        own = _certificates(Path(certificate))[0]
+        own = load_certificates(Path(certificate))[0]
         raise ConfigError(f"{where} closed the connection after the TLS handshake: it does not accept this site's "
                           f"certificate {certificate} ({subject(own)}, issued by {own.issuer.rfc4514_string()}); ask "
                           "the operator whether it is signed by the federation's CA and the aggregator's CA file")

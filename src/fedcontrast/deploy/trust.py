@@ -176,3 +176,27 @@ def check_policy_for_workspace(workspace: Path) -> Any:
 
     path = site_policy_path(workspace)
     return None if path is None else SitePolicy.from_yaml(path)
+
+
+def requirement_problems(lines: list[str]) -> list[str]:
+    """Each requirement of the package that is not a distribution installed here at exactly the pinned
+    version: a site installs the code it runs itself, after review, and never from the operator's list."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    problems = []
+    for line in lines:
+        name, sep, pinned = line.partition("==")
+        name, pinned = name.strip(), pinned.strip()
+        if not sep or not name.replace("-", "").replace("_", "").replace(".", "").isalnum() or not pinned \
+                or any(c in pinned for c in ",;<>=!~ @"):
+            problems.append(f"requirements.txt asks for {line!r}, not one distribution at one version (NAME==VERSION)")
+            continue
+        try:
+            installed = version(name)
+        except PackageNotFoundError:
+            problems.append(f"requirements.txt asks for {name}=={pinned}, which this site has not installed (review "
+                            "and install it yourself first, or ask the operator why it is needed)")
+            continue
+        if installed != pinned:
+            problems.append(f"requirements.txt pins {name}=={pinned} but this site runs {name} {installed}")
+    return problems

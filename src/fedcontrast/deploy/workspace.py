@@ -1,8 +1,9 @@
-"""A workspace's plan as the parties read it: the plan file, its data lines and collaborator list,
-the run configuration embedded in it, and the check that every component was given the same settings.
+"""A plan as the parties read it: the plan file, its data lines, the check that every component was
+given the same settings, and the plugin's shared files pinned in it.
 
 Every party reads these (operator, site, the site's pre-flight checks, the audit), whatever runs the
-federation; nothing here imports an engine. Plans are written by :mod:`fedcontrast.openfl.plan`.
+federation; nothing here imports an engine. Plans are written by :mod:`fedcontrast.openfl.plan`; an
+OpenFL workspace's own files (``plan/cols.yaml``, fx) are read by :mod:`fedcontrast.openfl.fx`.
 """
 
 from __future__ import annotations
@@ -18,19 +19,6 @@ from ..errors import ConfigError, DataError
 EVALUATE_TASK = "evaluate"
 # plan/data.yaml's "NAME,shard:N": shard N of the partition the run configuration defines (the demo)
 SHARD_PREFIX = "shard:"
-
-def read_workspace_plan(workspace: str | Path) -> tuple[dict[str, Any], RunConfig]:
-    """A workspace's plan (checked: one copy of every setting, what each party will run) and the run
-    configuration embedded in it."""
-    path = Path(workspace) / "plan" / "plan.yaml"
-    if not path.is_file():
-        raise ConfigError(f"{workspace} is not a workspace: {path} does not exist")
-    plan = load_plan_file(path)
-    return plan, RunConfig.from_dict(plan["task_runner"]["settings"]["run_config"])
-
-def read_workspace_config(workspace: str | Path) -> RunConfig:
-    """The run configuration embedded in a workspace's plan."""
-    return read_workspace_plan(workspace)[1]
 
 # Settings OpenFL writes into ``network.settings`` itself at start-up (certificate paths, identities),
 # whatever the file says: they are no part of what the sites' copies must agree on.
@@ -121,19 +109,6 @@ def load_plan_file(path: str | Path) -> dict[str, Any]:
     check_plan_consistency(plan, str(path))
     return plan
 
-def collaborator_names(workspace: str | Path) -> list[str]:
-    from ..yamlio import load_yaml_file
-
-    path = Path(workspace) / "plan" / "cols.yaml"
-    if not path.is_file():
-        raise ConfigError(f"{workspace} is not a workspace: {path} does not exist (make one with "
-                          "`fedcontrast workspace create`)")
-    data = load_yaml_file(path, "collaborator list") or {}
-    names = (data.get("collaborators") or []) if isinstance(data, dict) else None
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise ConfigError(f"{path} must list the collaborators' names under collaborators:")
-    return names
-
 def read_data_lines(path: Path) -> dict[str, str]:
     """A ``NAME,PATH`` data file (``plan/data.yaml``) read as OpenFL's ``Plan.parse`` reads it: each
     line right-stripped, empty lines and lines starting with ``#`` skipped, the name everything up to
@@ -154,7 +129,7 @@ def read_data_lines(path: Path) -> dict[str, str]:
     return lines
 
 
-def _shard_index(data_path: str, clients: int) -> int:
+def shard_index(data_path: str, clients: int) -> int:
     text = data_path[len(SHARD_PREFIX):].strip()
     if not text.isdigit() or not 0 <= int(text) < clients:
         raise DataError(f"data path {data_path!r} in plan/data.yaml must be shard:N with 0 <= N < {clients}")

@@ -20,12 +20,11 @@ from openfl.utilities import TaskResultKey, TensorKey, change_tags
 from ..algorithms import ServerContext
 from ..config import RunConfig, site_names
 from ..construction import build_algorithm, initial_model, server_seed
-from ..deploy.certificates import check_enrolled_certificates
-from ..deploy.enrolment import EnrolledCertificates
 from ..errors import FedContrastError
 from ..privacy.secagg_relay import relay_for
 from ..privacy.secagg_terms import SumLayout
 from . import aggregation, grpc_bounds
+from .enrolment import EnrolledCertificates, check_enrolled_certificates
 from .grpc_bounds import certificate_name
 from .packing import PERSONAL_PACKED, pack
 from .plan import DEFAULT_ROUND_TIMEOUT, EVALUATE_TASK
@@ -326,7 +325,7 @@ class SafeAggregator(SecureRounds, Aggregator):
     def refuse_certificate(self, name: str, context: Any) -> str | None:
         """Why the client certificate of this call may not be used as ``name`` (revoked, signed here for
         another name, or not the one signed here for ``name``:
-        :class:`fedcontrast.deploy.enrolment.EnrolledCertificates`), in one sentence, also logged (once a
+        :class:`fedcontrast.openfl.enrolment.EnrolledCertificates`), in one sentence, also logged (once a
         minute per name and reason); None when it may."""
         enrolment = getattr(self, "enrolment", None)
         if enrolment is None or getattr(self, "single_col_cert_common_name", None):

@@ -16,8 +16,12 @@ import numpy as np
 from openfl.component.collaborator.collaborator import Collaborator
 from openfl.utilities import TensorKey
 
-from ..deploy.certificates import check_aggregator_certificate, check_certificate_dates, check_own_certificate
-from ..deploy.enrolment import check_certificate_name
+from ..deploy.certificates import (
+    check_aggregator_certificate,
+    check_certificate_dates,
+    check_certificate_name,
+    check_own_certificate,
+)
 from ..errors import FedContrastError
 from .plan import DEFAULT_RECONNECT_INTERVAL_MAX, DEFAULT_WAIT_FOR_AGGREGATOR, check_wait_settings
 from .protocol import FAILURE_METRIC, FAILURE_SLEEP_CODE, SECAGG_REFUSED, STOPPED, WAITING_NOTICE_S, CollaboratorStopped

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import RunConfig, site_names
-from ..deploy.workspace import read_data_lines, read_workspace_plan
+from ..deploy.workspace import read_data_lines
 from ..errors import ConfigError, FedContrastError, SiteRefusal
+from .fx import read_workspace_plan
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
@@ -162,8 +163,7 @@ def check_transport(ws: Path, plan: dict) -> Check:
 
 def check_certificate(ws: Path, name: str) -> Check:
     from ..deploy.anchor import check_installed_chain
-    from ..deploy.certificates import _certificates, check_own_certificate, subject
-    from ..deploy.enrolment import check_certificate_name
+    from ..deploy.certificates import check_certificate_name, check_own_certificate, load_certificates, subject
 
     cert_dir = ws / "cert"
     crt, key, chain = cert_dir / "client" / f"col_{name}.crt", cert_dir / "client" / f"col_{name}.key", \
@@ -177,7 +177,7 @@ def check_certificate(ws: Path, name: str) -> Check:
         check_installed_chain(cert_dir)  # the CA pinned at join: nothing replaced it since
         check_own_certificate(crt, key, chain)
         check_certificate_name(crt, name)  # the aggregator admits a name only with a certificate for that name
-        cert = _certificates(crt)[0]
+        cert = load_certificates(crt)[0]
     except FedContrastError as exc:
         return Check("certificate", FAIL, str(exc))
     return Check("certificate", OK, f"{crt.relative_to(ws)} ({subject(cert)}) fits its key, is signed by the "
@@ -222,14 +222,14 @@ def check_aggregator(ws: Path, name: str, network: dict) -> Check:
 
 
 def _check_data(ws: Path, config: RunConfig, name: str, data: str | None) -> Check:
-    from ..deploy.workspace import SHARD_PREFIX, _shard_index  # not .loader: it imports OpenFL, which fx imports again
+    from ..deploy.workspace import SHARD_PREFIX, shard_index  # not .loader: it imports OpenFL, which fx imports again
 
     if data is None:
         return Check("data", FAIL, f"plan/data.yaml has no line for {name}: add one ({name},PATH to its data), e.g. "
                                    "with `fedcontrast site join`")
     try:
         if data.startswith(SHARD_PREFIX):
-            index = _shard_index(data, config.clients)
+            index = shard_index(data, config.clients)
             return Check("data", OK, f"{name} reads shard {index} of the plan's {config.dataset} partition")
         if config.data_schema is None:
             return Check("data", FAIL, f"this site reads its own folder {data}, but the plan has no data_schema to "

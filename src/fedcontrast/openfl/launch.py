@@ -17,9 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..deploy.pki import fx_executable
-from ..deploy.workspace import collaborator_names, read_workspace_config
 from ..errors import FedContrastError
+from .fx import collaborator_names, fx_executable, read_workspace_config
 from .records import FINAL_DOWNLINK, FINAL_MODEL, ROUNDS_FILE, describe_withheld, metric_kind
 
 

@@ -105,8 +105,7 @@ class CertificateKeys:
     def __call__(self, site: str, pem: str) -> Any:
         from cryptography import x509
 
-        from ..deploy.certificates import signed_by
-        from ..deploy.enrolment import identity
+        from ..deploy.certificates import identity, signed_by
 
         try:
             cert = x509.load_pem_x509_certificate(pem.encode())

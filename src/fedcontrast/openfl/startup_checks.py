@@ -13,10 +13,10 @@ import numpy as np
 
 from ..config import RunConfig, site_names
 from ..construction import build_algorithm, build_algorithm_with_public, initial_model, load_public
-from ..deploy.certificates import check_server_files
 from ..deploy.workspace import load_plan_file
 from ..errors import ConfigError
 from . import aggregation
+from .enrolment import check_server_files
 from .guard import fx_plan_path
 from .packing import GLOBAL_PACKED, packed_size
 from .protocol import UPLOAD_MARGIN

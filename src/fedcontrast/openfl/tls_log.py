@@ -9,7 +9,7 @@ operator's terms. The certificate itself cannot be named here — the TLS librar
 handing it over — so the sentence says where it is named: the site's own log and ``fedcontrast
 doctor`` at the site (see :func:`fedcontrast.deploy.certificates.check_aggregator_certificate`). Certificates
 this aggregator signed for the plan's sites are checked at start-up instead
-(:func:`fedcontrast.deploy.certificates.check_enrolled_certificates`).
+(:func:`fedcontrast.openfl.enrolment.check_enrolled_certificates`).
 
 :class:`StderrTap` routes file descriptor 2 through :class:`HandshakeLog`: every other line passes
 through unchanged, in order; the tap is removed (and drained) at exit, so nothing written to standard

@@ -22,7 +22,7 @@ from typing import Any
 from ..config import RunConfig
 from ..construction import data_shape, load_public, load_splits, partition, site_test_split
 from ..data import ArrayDataset
-from ..deploy.workspace import SHARD_PREFIX, _shard_index
+from ..deploy.workspace import SHARD_PREFIX, shard_index
 from ..errors import ConfigError, DataError, FedContrastError, SiteRefusal
 from .checks import enforce_site_policy
 
@@ -75,7 +75,7 @@ class SiteData:
             self.public = load_public(config)
         elif data_path.startswith(SHARD_PREFIX):  # the embedded demo: shard N of the configured partition
             splits = load_splits(config)
-            self.site_index = _shard_index(data_path, config.clients)
+            self.site_index = shard_index(data_path, config.clients)
             self.train = splits.train.subset(partition(config, splits)[self.site_index])
             self.test = site_test_split(splits.test, self.train.y, seed=config.split_seed + self.site_index)
             self.public = splits.public

@@ -9,7 +9,7 @@ import pytest
 from fedcontrast.cli import main
 from fedcontrast.deploy.anchor import PIN_FILE, fingerprint_of_chain, pin_ca, read_pin, shown
 from fedcontrast.deploy.common import DeploymentError
-from fedcontrast.deploy.institution_flows import import_certificate, join
+from fedcontrast.openfl.institution_flows import import_certificate, join
 from fedcontrast.openfl.plan import build_plan
 from fedcontrast.openfl.doctor import FAIL, check_certificate
 
@@ -62,7 +62,7 @@ def test_import_cert_refuses_a_chain_from_another_ca_in_one_sentence(tmp_path, c
 def test_the_pinned_ca_is_accepted_and_a_chain_replaced_by_hand_is_named(tmp_path):
     ca, key, own, ws = pinned_site(tmp_path)
     signed = signed_package(tmp_path / "agg_to_col_hosp1_signed_cert.zip", own, ca[1])
-    from fedcontrast.deploy import institution_flows
+    from fedcontrast.openfl import institution_flows
 
     def fx_import(workspace, args, **kw):  # what `fx collaborator certify --import` does with the package
         with zipfile.ZipFile(args[-1]) as z:

@@ -87,7 +87,7 @@ def test_each_limit_is_checked_and_settable_by_the_site(tmp_path):
 
 
 def test_the_sites_own_limit_refuses_a_package_at_join(tmp_path):
-    from fedcontrast.deploy.institution_flows import join
+    from fedcontrast.openfl.institution_flows import join
 
     package = write_package(tmp_path / "fed.zip", build_plan(deployment()))
     policy = tmp_path / "policy.yaml"

@@ -20,8 +20,8 @@ from cryptography.x509.oid import NameOID
 
 from fedcontrast.cli import main
 from fedcontrast.deploy.common import DeploymentError, secrets_in
-from fedcontrast.deploy.institution_flows import join, requirement_problems
-from fedcontrast.deploy.operator_flows import export_workspace
+from fedcontrast.openfl.institution_flows import join
+from fedcontrast.openfl.operator_flows import export_workspace
 from fedcontrast.openfl.plan import build_plan, create_workspace
 from fedcontrast.audit.report import audit_plan
 from fedcontrast.audit.format import format_report
@@ -30,7 +30,7 @@ from fedcontrast.errors import SiteRefusal
 from fedcontrast.openfl.guard import guard_installed
 from fedcontrast.site.checks import enforce_site_policy
 from fedcontrast.deploy.templates import template_problems
-from fedcontrast.deploy.trust import PackageRefused, check_workspace, key_material
+from fedcontrast.deploy.trust import PackageRefused, check_workspace, key_material, requirement_problems
 
 from tests.plans import small_config
 from .test_deploy import deployment, images

@@ -9,25 +9,11 @@ from __future__ import annotations
 import datetime as dt
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import cast
 
 from ..errors import FedContrastError
-
-OPENFL_MISSING = ("this command runs OpenFL, which is not installed in this environment: "
-                  "pip install -e \".[openfl]\" (or pip install 'fedcontrast[openfl]')")
-
-
-def fx_executable() -> str:
-    """``fx`` from this environment (the one fedcontrast is installed in); one sentence when OpenFL
-    (an install extra) is not installed."""
-    import importlib.util
-
-    if importlib.util.find_spec("openfl") is None:
-        raise FedContrastError(OPENFL_MISSING)
-    candidate = Path(sys.executable).with_name("fx")
-    return str(candidate) if candidate.exists() else "fx"
+from .fx import fx_executable
 
 
 def dev_pki_commands(collaborators: list[str], *, fqdn: str = "localhost") -> list[list[str]]:

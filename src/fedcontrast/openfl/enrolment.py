@@ -1,5 +1,8 @@
-"""One certificate per site: the exact certificate signed for each name (its fingerprint and serial),
-revocations (``cert/revoked.jsonl``), and the aggregator's record of who is enrolled."""
+"""OpenFL's certificate folder as the aggregator judges it: one certificate per site (the exact
+certificate the CA signed for each name, ``cert/client/col_NAME.crt``), revocations
+(``cert/revoked.jsonl``, ``cert/revoked/``), the aggregator's record of who is enrolled, and its own
+server files (``cert/server/agg_ADDR.crt``) as ``fx aggregator start`` looks them up. Reading and
+checking a certificate, whatever the engine: :mod:`fedcontrast.deploy.certificates`."""
 
 from __future__ import annotations
 
@@ -8,8 +11,18 @@ import logging
 import os
 from pathlib import Path
 
+from ..deploy.certificates import (
+    certificate_names,
+    check_own_certificate,
+    fingerprint,
+    load_certificates,
+    names_host,
+    out_of_date,
+    serial_hex,
+    signed_by,
+    subject,
+)
 from ..errors import ConfigError
-from .certificates import _certificates, subject
 
 # --- one certificate per site: its name, the exact certificate signed for it, revocations -----------
 # The aggregator admits a connection only with the very certificate the federation's CA signed for the
@@ -19,54 +32,6 @@ REVOKED_DIR = "revoked"
 logger = logging.getLogger("fedcontrast.openfl.components")  # read by the aggregator: its log names the components
 
 REVOCATION_LOG = "revoked.jsonl"
-
-
-def fingerprint(cert) -> str:
-    """The certificate's SHA-256 fingerprint (of its DER encoding), in hex: what
-    ``openssl x509 -noout -fingerprint -sha256`` shows, without the colons."""
-    from cryptography.hazmat.primitives import hashes
-
-    return cert.fingerprint(hashes.SHA256()).hex()
-
-
-def serial_hex(cert) -> str:
-    return format(cert.serial_number, "x")
-
-
-def identity(obj, what: str) -> str:
-    """The one name a site's certificate or certificate request (CSR) carries: its subject's single
-    common name (CN), which every name in its subject alternative name, if any, must repeat. More
-    than one CN, none, or a SAN naming anything else raise :class:`ConfigError` naming ``what``."""
-    from cryptography import x509
-    from cryptography.x509.oid import NameOID
-
-    cns = [str(a.value) for a in obj.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
-    if len(cns) != 1:
-        raise ConfigError(f"{what} has {len(cns)} common names in its subject ({subject(obj) or 'empty'}); a site's "
-                          "certificate (and its request) names exactly one, the site's name")
-    try:
-        san = obj.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        san = []
-    others = [str(getattr(n, "value", n)) for n in san if not (isinstance(n, x509.DNSName) and n.value == cns[0])]
-    if others:
-        raise ConfigError(f"{what} ({subject(obj)}) also names {', '.join(others)} in its subject alternative name; a "
-                          f"site's certificate (and its request) names only the site ({cns[0]})")
-    return cns[0]
-
-
-def check_certificate_name(certificate: str | Path, name: str) -> None:
-    """The certificate in ``certificate`` is issued for ``name`` and nothing else (:func:`identity`);
-    else :class:`ConfigError` naming both. A missing file is left to the caller."""
-    certificate = Path(certificate)
-    if not certificate.is_file():
-        return
-    cert = _certificates(certificate)[0]
-    found = identity(cert, f"the certificate {certificate}")
-    if found != name:
-        raise ConfigError(f"the certificate {certificate} ({subject(cert)}) is issued for {found}, not for {name}: "
-                          f"the aggregator admits {name} only with a certificate for {name}; install the one the "
-                          f"operator signed for {name}'s own request")
 
 
 def revocations(cert_dir: str | Path) -> list[dict]:
@@ -112,7 +77,7 @@ def revoke_certificate(cert_dir: str | Path, name: str, reason: str, *, now: dt.
     if not path.is_file():
         raise ConfigError(f"{path} does not exist: this CA holds no certificate for {name} to revoke (already "
                           "revoked, never signed here, or another name)")
-    cert = _certificates(path)[0]
+    cert = load_certificates(path)[0]
     now = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
     record = {"name": name, "serial": serial_hex(cert), "sha256": fingerprint(cert), "subject": subject(cert),
               "reason": reason, "revoked_at": now.strftime("%Y-%m-%dT%H:%M:%SZ")}
@@ -158,7 +123,7 @@ class EnrolledCertificates:
         if cached is not None and cached[0] == key:
             return cached[1]
         try:
-            value = fingerprint(_certificates(path)[0])
+            value = fingerprint(load_certificates(path)[0])
         except (ConfigError, IndexError, OSError):
             value = None
         self._files[path] = (key, value)
@@ -234,3 +199,65 @@ class EnrolledCertificates:
         return (f"refused {name}: this CA holds no certificate signed for {name} ({own} does not exist), and the "
                 "aggregator admits only the certificates its CA signed and still holds; restore the file from the "
                 f"CA's backup, or sign {name}'s new request (`fedcontrast ca sign`)")
+
+
+def check_server_files(cert_dir: str | Path, address: str, *, now: dt.datetime | None = None) -> None:
+    """The aggregator's certificate and key for the plan's ``agg_addr`` exist as ``fx aggregator
+    start`` looks them up (``cert/server/agg_<addr>.crt/.key``), are within their dates (the CA chain
+    too), fit each other and name that address. (A certificate from another CA is named by every site
+    that connects: :func:`check_aggregator_certificate`.)"""
+    cert_dir, address = Path(cert_dir), address.lower()
+    server = cert_dir / "server"
+    crt, key = server / f"agg_{address}.crt", server / f"agg_{address}.key"
+    missing = [p for p in (crt, key) if not p.is_file()]
+    if missing:
+        found = sorted(p.stem for p in server.glob("agg_*.crt")) if server.is_dir() else []
+        held = (f"{server} holds a certificate for {', '.join(found)}" if found else
+                f"{server} holds no aggregator certificate")
+        raise ConfigError(f"{held}, but the plan's agg_addr is {address} ({', '.join(map(str, missing))} missing); "
+                          f"make the aggregator's certificate for {address} (`fedcontrast ca init --fqdn {address}`)"
+                          + (f" or set network.settings.agg_addr to {found[0].removeprefix('agg_')} in the plan"
+                             if found else ""))
+    # in date (the CA chain too), fitting its key, and signed by the CA the sites trust (the cert_chain.crt the
+    # aggregator checks the sites' certificates with)
+    check_own_certificate(crt, key, cert_dir / "cert_chain.crt", now=now)
+    names = certificate_names(load_certificates(crt)[0])
+    if not names_host(names, address):
+        raise ConfigError(f"the aggregator's certificate {crt} is issued for {', '.join(names) or 'no name'}, not for "
+                          f"{address}, the plan's agg_addr: the sites would refuse it; make it again for {address} "
+                          f"(`fedcontrast ca init --fqdn {address}`)")
+
+
+def check_enrolled_certificates(cert_dir: str | Path, sites: list[str], *, now: dt.datetime | None = None,
+                               soon: dt.timedelta = dt.timedelta(days=7)) -> list[str]:
+    """The certificates this aggregator's CA signed for the plan's sites (``cert/client/col_NAME.crt``,
+    written by ``fedcontrast ca sign``), as the aggregator will judge them: one sentence for each
+    that is expired, not yet valid, expiring within ``soon``, issued by another CA than
+    ``cert_chain.crt`` or for another name. Sites signed elsewhere have no file here: nothing to say."""
+    cert_dir = Path(cert_dir)
+    now = now or dt.datetime.now(dt.timezone.utc)
+    chain = cert_dir / "cert_chain.crt"
+    authorities = load_certificates(chain) if chain.is_file() else []
+    problems = []
+    for site in sites:
+        path = cert_dir / "client" / f"col_{site}.crt"
+        if not path.is_file():
+            continue
+        try:
+            cert = load_certificates(path)[0]
+        except (ConfigError, IndexError):
+            problems.append(f"{site}'s certificate {path} is not a PEM certificate")
+            continue
+        said = f"{site}'s certificate {path} ({subject(cert)})"
+        problem = out_of_date(cert, now)
+        if problem is not None:
+            problems.append(f"{said} {problem}")
+        elif cert.not_valid_after_utc < now + soon:
+            problems.append(f"{said} expires on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+        if authorities and not signed_by(cert, authorities):
+            problems.append(f"{said} is issued by {cert.issuer.rfc4514_string()}, not by the federation's CA in "
+                            f"{chain}")
+        names = certificate_names(cert)
+        if site.lower() not in names:
+            problems.append(f"{said} is issued for {', '.join(names) or 'no name'}, not for {site}")
+    return problems

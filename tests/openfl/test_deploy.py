@@ -19,8 +19,8 @@ from fedcontrast.cli import main
 from fedcontrast.config import DataSchema, RunConfig
 from fedcontrast.data.schema import folder_fingerprint
 from fedcontrast.deploy.common import DeploymentError, secrets_in
-from fedcontrast.deploy.institution_flows import join, package_config, verify_site_certificate
-from fedcontrast.deploy.operator_flows import request_site, sign_request
+from fedcontrast.openfl.institution_flows import join, package_config, verify_site_certificate
+from fedcontrast.openfl.operator_flows import request_site, sign_request
 from fedcontrast.errors import DataError
 from fedcontrast.openfl.plan import create_workspace
 
@@ -228,7 +228,7 @@ def test_fedpcl_backbones_are_pretrained_on_the_public_folder_and_hashed(tmp_pat
 
 
 def test_a_workspace_with_results_is_not_exported(tmp_path):
-    from fedcontrast.deploy.operator_flows import export_workspace
+    from fedcontrast.openfl.operator_flows import export_workspace
 
     ws = create_workspace(tmp_path / "fed", deployment())
     (ws / "save" / "rounds.jsonl").write_text('{"round": 1}\n')  # every site's figures: not for the others
@@ -341,7 +341,7 @@ def test_a_second_certificate_for_a_site_is_signed_only_after_the_first_is_revok
 
 
 def test_a_site_does_not_install_a_certificate_issued_for_another_name(tmp_path):
-    from fedcontrast.deploy.institution_flows import import_certificate
+    from fedcontrast.openfl.institution_flows import import_certificate
     from fedcontrast.openfl.doctor import FAIL, check_certificate
 
     ca = make_ca("federation CA")
@@ -368,7 +368,7 @@ def test_a_site_does_not_install_a_certificate_issued_for_another_name(tmp_path)
 def test_a_certificate_refused_after_the_import_is_not_left_installed(tmp_path):
     """Issue 21 point 9: the certificate fits the site's name but not its key (signed from another
     request): fx installs it, the check refuses it, and the site's files are as they were."""
-    from fedcontrast.deploy.institution_flows import import_certificate
+    from fedcontrast.openfl.institution_flows import import_certificate
 
     ca = make_ca("federation CA")
     key, own = issue(ca, "hosp1")

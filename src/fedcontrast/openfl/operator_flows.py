@@ -9,8 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..deploy.common import SECRET_SUFFIXES, DeploymentError, refuse_secrets
 from ..errors import ConfigError
-from .common import SECRET_SUFFIXES, DeploymentError, _plan, _refuse_secrets, aggregator_name, run_fx
+from .fx import aggregator_name, run_fx, unchecked_plan
 
 
 # --- the operator -------------------------------------------------------------------------------
@@ -52,7 +53,7 @@ def export_workspace(workspace: str | Path, *, log: Callable[[str], None] = prin
     """``fx plan initialize`` (when ``save/init.pbuf`` is missing) and ``fx workspace export``:
     the package every institution gets. Refused if it would hold any private key."""
     ws = Path(workspace).resolve()
-    _plan(ws)
+    unchecked_plan(ws)
     # `fx workspace export` ships save/ whole: results of a run there (every site's figures) would go
     # to every institution. Only the initial model and the pinned shared files belong in a package.
     results = sorted(p.name for p in (ws / "save").iterdir()
@@ -60,14 +61,14 @@ def export_workspace(workspace: str | Path, *, log: Callable[[str], None] = prin
     if results:
         raise DeploymentError(f"{ws / 'save'} holds results of a run ({', '.join(results[:3])}): the package would "
                               "send them to every institution; export from a fresh workspace")
-    from .templates import template_problems
-    from .trust import code_files
+    from ..deploy.templates import template_problems
+    from ..deploy.trust import code_files
 
     code = code_files(ws / "src") + code_files(ws / "plan") + code_files(ws / "save")
     if code:  # every site refuses a package with code in it: say so here, before anything is packed
         raise DeploymentError(f"{code[0]} is Python code, which the package would carry to every site (sites run "
                               "only the fedcontrast they installed, and refuse such a package); remove it")
-    problems = template_problems(_plan(ws), str(ws / "plan" / "plan.yaml"))
+    problems = template_problems(unchecked_plan(ws), str(ws / "plan" / "plan.yaml"))
     if problems:
         raise DeploymentError(f"{problems[0]}; every site would refuse this package: write the plan with "
                               "`fedcontrast workspace create`")
@@ -85,7 +86,7 @@ def export_workspace(workspace: str | Path, *, log: Callable[[str], None] = prin
     if chain.is_file():  # the federation's CA (public): each site checks its fingerprint at join and pins it
         with zipfile.ZipFile(archive, "a") as z:
             z.write(chain, "cert/cert_chain.crt")
-    _refuse_secrets(archive, workspace_package=True)
+    refuse_secrets(archive, workspace_package=True)
     return archive
 
 
@@ -118,8 +119,7 @@ def read_request(request_zip: str | Path, *, claimed: str | None = None) -> Cert
     from cryptography import x509
 
     from ..archives import check_archive, read_entry
-    from .certificates import subject
-    from .enrolment import identity
+    from ..deploy.certificates import identity, subject
 
     request_zip = Path(request_zip)
     if request_zip.is_file():  # its sizes, from its directory, before any entry is read
@@ -177,14 +177,13 @@ def sign_request(workspace: str | Path, request_zip: str | Path, *, confirm: Cal
     import tempfile
 
     from ..config import RunConfig, site_names
-    from .certificates import _certificates
-    from .enrolment import fingerprint, identity, serial_hex
+    from ..deploy.certificates import fingerprint, identity, load_certificates, serial_hex
 
     ws = Path(workspace).resolve()
     request = Path(request_zip).resolve()
     if not request.is_file():
         raise DeploymentError(f"request package {request} does not exist")
-    config = RunConfig.from_dict(_plan(ws)["task_runner"]["settings"]["run_config"])
+    config = RunConfig.from_dict(unchecked_plan(ws)["task_runner"]["settings"]["run_config"])
     read = read_request(request, claimed=site)
     site = read.site
     if site not in site_names(config):
@@ -195,7 +194,7 @@ def sign_request(workspace: str | Path, request_zip: str | Path, *, confirm: Cal
     issued = ws / "cert" / "client" / f"col_{site}.crt"
     if issued.exists():
         try:
-            held = _certificates(issued)[0]
+            held = load_certificates(issued)[0]
             held = f", serial {serial_hex(held)}, valid until {held.not_valid_after_utc:%Y-%m-%d}"
         except (ConfigError, IndexError):
             held = ""
@@ -217,8 +216,8 @@ def sign_request(workspace: str | Path, request_zip: str | Path, *, confirm: Cal
     signed = ws / f"agg_to_col_{site}_signed_cert.zip"
     if not signed.exists() or not issued.exists():
         raise DeploymentError(f"'fx collaborator certify' did not write {signed if not issued.exists() else issued}")
-    _refuse_secrets(signed)
-    cert = _certificates(issued)[0]
+    refuse_secrets(signed)
+    cert = load_certificates(issued)[0]
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
 
@@ -238,7 +237,7 @@ def revoke_site(workspace: str | Path, name: str, *, reason: str) -> dict:
     from .enrolment import revoke_certificate
 
     ws = Path(workspace).resolve()
-    _plan(ws)
+    unchecked_plan(ws)
     if not (ws / "cert" / "ca").is_dir():
         raise DeploymentError(f"{ws} holds no certificate authority (cert/ca): revoke in the operator's workspace "
                               "whose CA signed the certificate")

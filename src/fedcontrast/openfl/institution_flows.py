@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..deploy.common import DeploymentError, refuse_secrets, secrets_in
+from ..deploy.trust import requirement_problems
 from ..errors import ConfigError
-from .common import DeploymentError, _refuse_secrets, run_fx, secrets_in
+from .fx import run_fx
 from .operator_flows import request_site
 
 if TYPE_CHECKING:
@@ -45,17 +47,18 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
     site has not installed, pins code this site does not run, or turns TLS off (unless the policy
     allows it: :func:`fedcontrast.deploy.trust.check_package`).
 
-    The federation's CA (the package's ``cert/cert_chain.crt``) is pinned (:mod:`.anchor`) once the site
-    confirmed its fingerprint: ``ca_fingerprint``, the one the operator read out, must be it; else
-    ``confirm_ca(subject, fingerprint)`` is asked (the command line asks the person joining). A package
-    without the chain pins ``ca_fingerprint`` when given, else the first ``import-cert`` pins it."""
+    The federation's CA (the package's ``cert/cert_chain.crt``) is pinned
+    (:mod:`fedcontrast.deploy.anchor`) once the site confirmed its fingerprint: ``ca_fingerprint``,
+    the one the operator read out, must be it; else ``confirm_ca(subject, fingerprint)`` is asked (the
+    command line asks the person joining). A package without the chain pins ``ca_fingerprint`` when
+    given, else the first ``import-cert`` pins it."""
     from ..algorithms.capabilities import check_shared_files
     from ..archives import ArchiveLimits, check_archive
     from ..config import site_names
     from ..construction import build_algorithm
     from ..data.schema import folder_fingerprint, public_folder_path, summarise_folder
+    from ..deploy.trust import check_package
     from ..privacy.policy import POLICY_ENV, SitePolicy
-    from .trust import check_package
 
     archive = Path(package).resolve()
     policy_path = Path(policy).expanduser().resolve() if policy is not None else (
@@ -69,7 +72,7 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
     config = package_config(archive)
     check_package(archive, package_plan(archive), site_policy)
     if ca_fingerprint is None and cert_from is not None:  # the next experiment: the CA that site pinned before
-        from .anchor import read_pin
+        from ..deploy.anchor import read_pin
 
         ca_fingerprint = (read_pin(Path(cert_from).resolve() / "cert") or {}).get("sha256")
     pin = package_ca(archive, ca_fingerprint, confirm_ca)
@@ -110,7 +113,7 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
         check_shared_files(build_algorithm(config), ws)  # e.g. FedPCL's backbone files against the plan's hashes
         (ws / "plan" / "data.yaml").write_text(_data_yaml(ws, name, folder))
         if pin is not None:  # the CA this site confirmed: no other CA chain is installed or used from now on
-            from .anchor import pin_ca
+            from ..deploy.anchor import pin_ca
 
             pin_ca(ws / "cert", *pin)
         if policy is not None and policy_path is not None:  # the site's own conditions travel with its workspace
@@ -123,7 +126,7 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
                     raise DeploymentError(f"{old / rel} is missing: {cert_from} is not {name}'s certified workspace")
                 shutil.copy2(old / rel, ws / "cert" / rel)
             if pin is None:  # the earlier workspace's chain, confirmed when that one joined
-                from .anchor import fingerprint_of_chain, pin_ca, read_pin
+                from ..deploy.anchor import fingerprint_of_chain, pin_ca, read_pin
 
                 earlier = read_pin(old)
                 found, subject = fingerprint_of_chain((ws / "cert" / "cert_chain.crt").read_bytes(),
@@ -140,7 +143,7 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
     request = ws / f"col_{name}_to_agg_cert_request.zip"
     if not request.exists():
         raise DeploymentError(f"'fx collaborator generate-cert-request' did not write {request}")
-    _refuse_secrets(request)
+    refuse_secrets(request)
     _, csr_hash = request_site(request)
     return Joined(ws, request, csr_hash, summary)
 
@@ -151,7 +154,7 @@ def package_ca(archive: Path, given: str | None, confirm: Callable[[str, str], b
     brings no CA chain and none was given. Refused, nothing unpacked, when the package's CA is not the
     one whose fingerprint was given, or the person joining does not confirm it."""
     from ..archives import read_entry
-    from .anchor import fingerprint_of_chain, normalise_fingerprint, shown
+    from ..deploy.anchor import fingerprint_of_chain, normalise_fingerprint, shown
 
     expected = normalise_fingerprint(given) if given is not None else None
     with zipfile.ZipFile(archive) as z:
@@ -213,30 +216,6 @@ def package_requirements(archive: Path) -> list[str]:
     return [line.split("#", 1)[0].strip() for line in text.splitlines() if line.split("#", 1)[0].strip()]
 
 
-def requirement_problems(lines: list[str]) -> list[str]:
-    """Each requirement of the package that is not a distribution installed here at exactly the pinned
-    version: a site installs the code it runs itself, after review, and never from the operator's list."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    problems = []
-    for line in lines:
-        name, sep, pinned = line.partition("==")
-        name, pinned = name.strip(), pinned.strip()
-        if not sep or not name.replace("-", "").replace("_", "").replace(".", "").isalnum() or not pinned \
-                or any(c in pinned for c in ",;<>=!~ @"):
-            problems.append(f"requirements.txt asks for {line!r}, not one distribution at one version (NAME==VERSION)")
-            continue
-        try:
-            installed = version(name)
-        except PackageNotFoundError:
-            problems.append(f"requirements.txt asks for {name}=={pinned}, which this site has not installed (review "
-                            "and install it yourself first, or ask the operator why it is needed)")
-            continue
-        if installed != pinned:
-            problems.append(f"requirements.txt pins {name}=={pinned} but this site runs {name} {installed}")
-    return problems
-
-
 def _data_yaml(ws: Path, name: str, folder: Path) -> str:
     """The site's ``plan/data.yaml``: the operator's comment lines and this site's one data line."""
     from ..yamlio import read_text
@@ -252,13 +231,12 @@ def import_certificate(workspace: str | Path, signed_zip: str | Path, *, ca_fing
     """``fx collaborator certify --import`` the operator's signed package, then check that the
     certificate belongs to this site's key and is signed by the federation's CA. The certificate must
     be issued for the name of this site's key (``cert/client/col_NAME.key``), and for nothing else,
-    and its CA chain must be the CA this site pinned at join (:mod:`.anchor`; without a pin:
+    and its CA chain must be the CA this site pinned at join (:mod:`fedcontrast.deploy.anchor`; without a pin:
     ``ca_fingerprint``, else ``confirm_ca(subject, fingerprint)``, and it is pinned now): checked before
     anything is installed. Returns the name."""
     from cryptography import x509
 
-    from .certificates import subject
-    from .enrolment import identity
+    from ..deploy.certificates import identity, subject
 
     ws = Path(workspace).resolve()
     archive = Path(signed_zip).resolve()
@@ -299,7 +277,7 @@ def import_certificate(workspace: str | Path, signed_zip: str | Path, *, ca_fing
     try:
         run_fx(ws, ["collaborator", "certify", "--import", str(archive)])
         if pin is not None:
-            from .anchor import pin_ca
+            from ..deploy.anchor import pin_ca
 
             pin_ca(ws / "cert", *pin)
         verify_site_certificate(ws, name)
@@ -315,11 +293,10 @@ def import_certificate(workspace: str | Path, signed_zip: str | Path, *, ca_fing
 
 def verify_site_certificate(workspace: Path, name: str) -> None:
     """The site's certificate is within its dates, matches its private key, is signed by the CA in
-    ``cert_chain.crt`` (:func:`~.certificates.check_own_certificate`) and is issued for ``name`` alone
-    (:func:`~.enrolment.check_certificate_name`)."""
-    from .anchor import check_installed_chain
-    from .certificates import check_own_certificate
-    from .enrolment import check_certificate_name
+    ``cert_chain.crt`` (:func:`~fedcontrast.deploy.certificates.check_own_certificate`) and is issued for ``name`` alone
+    (:func:`~fedcontrast.deploy.certificates.check_certificate_name`)."""
+    from ..deploy.anchor import check_installed_chain
+    from ..deploy.certificates import check_certificate_name, check_own_certificate
 
     cert_dir = workspace / "cert"
     crt, key = cert_dir / "client" / f"col_{name}.crt", cert_dir / "client" / f"col_{name}.key"
@@ -340,7 +317,7 @@ def _signed_package_ca(ws: Path, archive: Path, given: str | None, confirm: Call
     """The signed package's CA chain checked before anything is installed: the CA pinned at join, and no
     other, in one sentence. Without a pin: the one ``given`` or confirmed, to be pinned (returned)."""
     from ..archives import read_entry
-    from .anchor import check_against_pin, normalise_fingerprint, read_pin, shown
+    from ..deploy.anchor import check_against_pin, normalise_fingerprint, read_pin, shown
 
     with zipfile.ZipFile(archive) as z:
         if "cert_chain.crt" not in z.namelist():
