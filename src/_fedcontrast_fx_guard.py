@@ -11,7 +11,9 @@ wherever OpenFL starts a collaborator or aggregator, whatever the launcher is ca
   components, TLS on unless the site's policy allows otherwise.
 * When OpenFL's plan machinery (``openfl.federated.plan.plan``) is imported, ``Plan.get_collaborator``
   and ``Plan.get_aggregator`` are wrapped: every program that builds a party from a plan, whatever
-  started it, is checked before the plan's first component is imported.
+  started it, is checked before the plan's first component is imported; and the plan dump its
+  ``Plan.parse`` logs goes to a file, one line with its path and hash to the log
+  (:mod:`fedcontrast.openfl.plan_log`).
 
 A refusal is one sentence on standard error and exit code 1 (a program that builds a collaborator
 itself gets :class:`fedcontrast.deploy.trust.PackageRefused` instead). Outside what a site can be
@@ -138,10 +140,22 @@ def _patch_plan(plan_class):
         _check_plan(self, "aggregator", None)
         return get_aggregator(self, *args, **kwargs)
 
+    _plan_dump_to_file()
     plan_class.parse = staticmethod(guarded_parse)
     plan_class.get_collaborator = guarded_get_collaborator
     plan_class.get_aggregator = guarded_get_aggregator
     plan_class._fedcontrast_guarded = True
+
+
+def _plan_dump_to_file():
+    """OpenFL's plan dump (~130 lines of every party's log) goes to a file, its path and hash to the log
+    (:mod:`fedcontrast.openfl.plan_log`); left as it is where fedcontrast cannot be imported."""
+    try:
+        with _WithoutWorkingDirectory():
+            from fedcontrast.openfl.plan_log import PlanDumpToFile
+        PlanDumpToFile.install()
+    except Exception:
+        pass
 
 
 def _check_plan(plan, party, name):

@@ -21,6 +21,7 @@ one Gaussian mechanism ``[σ_n, 1, 1]``, released in the first round and reused 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -32,8 +33,26 @@ Entry = list  # [noise_multiplier: float, sample_rate: float, steps: int]
 RELEASE_MECHANISMS = 2
 
 
+def import_opacus() -> None:
+    """Opacus, imported without its side effect on logging: its ``utils.module_utils`` calls
+    ``logging.basicConfig`` at import, which gives the root logger a second handler where the program
+    sets up its own afterwards (an OpenFL party whose checks computed ε first: every line of its log
+    twice). The handlers that import added are removed; call before any other import of Opacus."""
+    import logging
+
+    if "opacus.utils.module_utils" in sys.modules:
+        return
+    root = logging.getLogger()
+    before = list(root.handlers)
+    import opacus.utils.module_utils  # noqa: F401
+
+    for handler in [h for h in root.handlers if h not in before]:
+        root.removeHandler(handler)
+
+
 def make_accountant(kind: str):
     """A fresh Opacus accountant of ``kind`` ("rdp" or "prv")."""
+    import_opacus()
     from opacus.accountants import PRVAccountant, RDPAccountant
 
     return {"rdp": RDPAccountant, "prv": PRVAccountant}[kind]()

@@ -59,6 +59,9 @@ def make_dp_compatible(model: _Module) -> _Module:
     train privately raises ConfigError naming the problem. Every party builds the same fixed model,
     so the weights that travel keep one shape. In-place activations are made out-of-place: Opacus's
     backward hooks return views that an in-place ReLU may not modify."""
+    from .accounting import import_opacus
+
+    import_opacus()
     from opacus.validators import ModuleValidator
 
     if not ModuleValidator.is_valid(model):
@@ -82,6 +85,9 @@ class DPSGDSession:
                  secure: bool = False) -> None:
         """``generator`` (on the CPU) draws the Poisson batches; ``noise_generator`` (on the model's
         device; default ``generator``, for a model on the CPU) the gradient noise."""
+        from .accounting import import_opacus
+
+        import_opacus()
         from opacus import PrivacyEngine
         from opacus.data_loader import DPDataLoader
 

@@ -73,8 +73,5 @@ def evaluate_site(algorithm: Algorithm, site: SiteContext, received: dict[str, t
     if final is not None:
         write_final_model(report.folder, site=site, config=config, shape=shape, model=final, received=received,
                           metrics=measured)
-    report.finish(after)
-    if "accuracy" in measured:
-        logger.info("%s: the model after round %d scores %.4f on its %d held-out images", site.name, after,
-                    measured["accuracy"], len(test))
+    report.finish(after)  # its one line: the row of this model (the accuracy, what it received and sent)
     return measured
