@@ -168,9 +168,11 @@ class CrossSiloLab:
     def start(self, exp: Experiment, *, sites: list[str] | None = None, threads: int | None = None) -> None:
         """``fx aggregator start`` on the operator's host, ``fedcontrast site start WS --name NAME``
         (which runs ``fx collaborator start -n NAME``) on each site's host (``sites``: a subset), each
-        writing its log in its workspace's ``logs/``."""
-        threads = threads or max(1, (os.cpu_count() or 1) // len(self.sites))
-        env = {**self.env, "OMP_NUM_THREADS": str(threads)}
+        writing its log in its workspace's ``logs/``. All share this host's cores: each party's threads
+        are ``threads``, else its share (:func:`fedcontrast.threads.choose_threads`)."""
+        from ..threads import choose_threads, party_env
+
+        env = {**self.env, **party_env(choose_threads(threads, parties=len(self.sites) + 1))}
         exp.started = time.time()
         self.start_aggregator(exp, env=env)
         for site in sites if sites is not None else self.sites:
