@@ -23,6 +23,10 @@ def test_without_openfl_the_simulator_runs_and_fx_commands_say_how_to_install_it
     assert refused.stderr.strip() == ("fedcontrast: error: this command runs OpenFL, which is not installed in this "
                                       "environment: pip install -e \".[openfl]\" (or pip install 'fedcontrast[openfl]')")
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["sim"]  # nothing written for the federation
-    report = run(tmp_path, "report", str(tmp_path / "runs" / "sim"))  # any command that imports the OpenFL glue
+    report = run(tmp_path, "report", str(tmp_path / "runs" / "sim"))  # a run folder: read without OpenFL
+    assert report.returncode == 0 and "finished: 1 of 1 rounds" in report.stdout, report.stderr[-2000:]
+    (tmp_path / "ws" / "plan").mkdir(parents=True)
+    (tmp_path / "ws" / "plan" / "plan.yaml").write_text("{}\n")
+    report = run(tmp_path, "report", str(tmp_path / "ws"))  # an OpenFL workspace: its report imports the OpenFL glue
     assert report.returncode == 2 and "pip install -e \".[openfl]\"" in report.stderr
     assert "Traceback" not in report.stderr

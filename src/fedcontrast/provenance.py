@@ -82,7 +82,8 @@ def code_lines(algorithm: str, requirements: list[str] | None = None) -> list[Co
 
 
 def requirements_text(algorithm: str) -> str:
-    """A workspace's ``requirements.txt``: fedcontrast and the algorithm's plugin, pinned as installed here."""
+    """A workspace's ``requirements.txt``: fedcontrast, the algorithm's plugin and the libraries (those
+    installed here: OpenFL, torch, Opacus), each pinned as installed here, as the audit's code table lists them."""
     from . import __version__
 
     lines = ["# What every party installs before running this workspace (`fx workspace export` ships this file);",
@@ -91,4 +92,5 @@ def requirements_text(algorithm: str) -> str:
     plugin = algorithm_distribution(algorithm)
     if plugin != CORE and installed_version(plugin) is not None:
         lines.append(f"{plugin}=={installed_version(plugin)}")
+    lines += [f"{lib}=={installed_version(lib)}" for lib in LIBRARIES if installed_version(lib) is not None]
     return "\n".join(lines) + "\n"

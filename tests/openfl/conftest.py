@@ -16,8 +16,8 @@ import yaml
 
 from fedcontrast.algorithms import registry
 from fedcontrast.config import RunConfig
-from fedcontrast.openfl.pki import fx_executable, make_dev_pki
 from fedcontrast.openfl.launch import failure_reason, initialize_plan, start, stop_all
+from fedcontrast.openfl.pki import certify_workspace, fx_executable, make_dev_pki
 from fedcontrast.openfl.plan import create_workspace
 from tests.plans import small_config  # noqa: F401  (the openfl tests import it from here)
 
@@ -38,9 +38,9 @@ def pki(tmp_path_factory):
     main = create_workspace(root / "main", small_config())
     make_dev_pki(main, ["site_0", "site_1", "site_2", "intruder"], log=lambda m: None)
     other = create_workspace(root / "other", small_config())
+    certify_workspace(other, "main")  # another CA of the same name as main's (a forgery, as TLS sees it)
     fx = fx_executable()
-    for args in (["workspace", "certify"],
-                 ["collaborator", "generate-cert-request", "-n", "site_1", "--silent", "--skip-package"],
+    for args in (["collaborator", "generate-cert-request", "-n", "site_1", "--silent", "--skip-package"],
                  ["collaborator", "certify", "-n", "site_1", "--silent"]):
         subprocess.run([fx, *args], cwd=other, check=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
     return {"cert": main / "cert", "other_ca_client": other / "cert" / "client"}

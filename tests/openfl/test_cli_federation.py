@@ -12,7 +12,7 @@ def test_federation_command_runs_and_exports(tmp_path, capsys):
             "--runs-dir", str(tmp_path), "--name", "fed", "--timeout", "240"]
     assert main(argv) == 0
     err = capsys.readouterr().err
-    assert "fx workspace certify" in err and "round 2/2  global test accuracy" in err
+    assert "the federation's CA: CN=fed fedcontrast CA" in err and "round 2/2  global test accuracy" in err
     assert "sites' held-out accuracy site_0" in err and "site_1" in err and "weighted mean" in err
     run = tmp_path / "fed"
     summary = json.loads((run / "summary.json").read_text())

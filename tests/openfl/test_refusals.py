@@ -113,7 +113,7 @@ def test_a_certificate_from_another_ca_is_named_by_the_aggregator_too(aggregator
                                                (other / "col_site_1.key").read_bytes(),
                                                (other / "col_site_1.crt").read_bytes())
     assert get_tasks(grpc.secure_channel(f"localhost:{aggregator['port']}", credentials)) == grpc.StatusCode.UNAVAILABLE
-    # Both CAs were made by `fx workspace certify`, which gives every CA the same name: gRPC's TLS library
+    # Both CAs carry the same name (the fixture names the other one as main's): gRPC's TLS library
     # reports a bad signature (BLOCK_TYPE_IS_NOT_01 for RSA, DATA_TOO_LARGE_FOR_MODULUS for about 7 % of the CA
     # pairs a session draws: both are named alike, see tls_log.FORGED_REASONS), not an unknown issuer.
     words = "but that CA's signature does not verify: another CA of the same name signed it"

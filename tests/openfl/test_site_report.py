@@ -103,6 +103,12 @@ def test_report_in_a_site_workspace_shows_the_sites_own_rounds(tmp_path, capsys)
 
 
 def test_report_in_a_workspace_without_rounds_says_so(tmp_path, capsys):
+    (tmp_path / "plan").mkdir()
+    (tmp_path / "plan" / "plan.yaml").write_text("{}\n")
     assert main(["report", str(tmp_path)]) != 0
     err = capsys.readouterr().err
     assert err.startswith("fedcontrast: error:") and "no finished round" in err and "Traceback" not in err
+    assert main(["report", str(tmp_path / "plan")]) == 2  # neither a workspace nor a Flower folder: one sentence
+    err = capsys.readouterr().err
+    assert err.startswith(f"fedcontrast: error: {tmp_path / 'plan'} is neither an OpenFL workspace") and \
+        len(err.strip().splitlines()) == 1

@@ -7,10 +7,10 @@ import os
 import sys
 
 from ..errors import FedContrastError
-from . import audit, federation, flower, runs, sites
+from . import audit, federation, flower, folders, runs, sites
 from .sites import cmd_site_start
 
-GROUPS = (runs, federation, sites, audit, flower)
+GROUPS = (runs, federation, sites, folders, audit, flower)
 # the order `fedcontrast --help` lists the commands in (the groups interleave); any other goes last
 COMMAND_ORDER = ("simulate", "probe", "compare", "partition", "federation", "workspace", "ca", "site", "report",
                  "public", "pretrain", "plan", "pki", "audit", "doctor", "flower", "algorithms")

@@ -38,6 +38,14 @@ def _add_run_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) ->
     p.add_argument("--secagg", dest="secagg_settings", action="append", default=[], metavar="KEY=VALUE",
                    help="a secure-aggregation setting (implies --secure-aggregation): threshold=T, clip=C, "
                         "max_samples=S, bits=32|64")
+    p.add_argument("--dp-sgd", dest="dp_sgd", metavar="NOISE[,CLIP]", default=None,
+                   help="DP-SGD of local training (Opacus): noise multiplier σ and per-sample gradient clip (default "
+                        "1), e.g. --dp-sgd 1.1 or --dp-sgd 1.1,0.5 (privacy.dp_sgd; docs/privacy.md)")
+    p.add_argument("--dp-representations", dest="dp_representations", metavar="NOISE[,CLIP]", default=None,
+                   help="the Gaussian mechanism on uploaded representations: noise multiplier σ and clip C (default "
+                        "1), e.g. --dp-representations 2,1 (privacy.representations)")
+    p.add_argument("--dp-delta", dest="dp_delta", type=float, default=None, metavar="DELTA",
+                   help="δ the ε of --dp-sgd/--dp-representations is reported at (privacy.delta, default 1e-5)")
 
 
 def _add_schema_flags(p: argparse.ArgumentParser) -> None:
@@ -137,6 +145,9 @@ def config_from_args(args: argparse.Namespace, *, default_algorithm_for_set: boo
         secagg[key.strip()] = loads_yaml(value, f"--secagg {text!r}")
     if secagg is not None:
         data["secure_aggregation"] = secagg
+    privacy = privacy_section(data.get("privacy"), args)
+    if privacy is not None:
+        data["privacy"] = privacy
     executor = _mapping(data.get("executor"), "executor")
     for flag, (key, _) in EXECUTOR_FLAGS.items():
         if getattr(args, flag, None) is not None:
@@ -144,6 +155,39 @@ def config_from_args(args: argparse.Namespace, *, default_algorithm_for_set: boo
     if executor:
         data["executor"] = executor
     return RunConfig.from_dict(data)
+
+
+# flag's dest → (the flag, its privacy section, the section's clip key)
+DP_FLAGS = {"dp_sgd": ("--dp-sgd", "dp_sgd", "max_grad_norm"),
+            "dp_representations": ("--dp-representations", "representations", "clip")}
+
+
+def privacy_section(section: Any, args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``privacy`` section of the YAML file (None: left out) with the DP flags on top: ``--dp-sgd
+    NOISE[,CLIP]``, ``--dp-representations NOISE[,CLIP]`` (σ, and the clip: ``max_grad_norm`` or ``clip``,
+    default 1), ``--dp-delta``. One parser for every command that takes the run flags."""
+    privacy = _mapping(section, "privacy") if section is not None else None
+    for dest, (flag, key, clip_key) in DP_FLAGS.items():
+        text = getattr(args, dest, None)
+        if text is None:
+            continue
+        parts = [v.strip() for v in str(text).split(",")]
+        try:
+            if not 1 <= len(parts) <= 2:
+                raise ValueError
+            numbers = [float(v) for v in parts]
+        except ValueError:
+            raise ConfigError(f"{flag} expects NOISE or NOISE,CLIP (the noise multiplier σ and the clip), e.g. "
+                              f"{flag} 1.1,1; got {text!r}") from None
+        privacy = privacy or {}
+        privacy[key] = {**_mapping(privacy.get(key), f"privacy.{key}"), "noise_multiplier": numbers[0],
+                        **({clip_key: numbers[1]} if len(numbers) == 2 else {})}
+    if getattr(args, "dp_delta", None) is not None:
+        if privacy is None:
+            raise ConfigError("--dp-delta sets the δ of a DP guarantee: add --dp-sgd or --dp-representations "
+                              "(or a privacy: section in --config)")
+        privacy["delta"] = args.dp_delta
+    return privacy
 
 
 def check_port(port: int | None) -> None:

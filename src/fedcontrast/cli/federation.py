@@ -151,17 +151,20 @@ def cmd_plan_write(args: argparse.Namespace) -> int:
 
 def cmd_pki(args: argparse.Namespace) -> int:
     from ..openfl.fx import collaborator_names
-    from ..openfl.pki import dev_pki_commands, make_dev_pki
+    from ..openfl.pki import ca_subject, dev_pki_commands, make_dev_pki
 
     ws = Path(args.workspace)
     if not (args.dry_run and args.collaborators) and not (ws / "plan" / "plan.yaml").is_file():
         raise ConfigError(f"{ws} is not a workspace (no plan/plan.yaml): make one with `fedcontrast workspace create`")
     names = args.collaborators or collaborator_names(ws)
     if args.dry_run:
+        print(f"(the federation's CA, as fx workspace certify lays it out, named CN="
+              f"{args.federation or ws.resolve().name} fedcontrast CA)")
         print("\n".join(" ".join(c) for c in dev_pki_commands(names, fqdn=args.fqdn)))
         return 0
-    make_dev_pki(args.workspace, names, fqdn=args.fqdn)
-    print(f"certificate authority, aggregator and {len(names)} collaborator certificates in "
+    make_dev_pki(args.workspace, names, fqdn=args.fqdn, federation=args.federation)
+    print(f"certificate authority ({ca_subject(ws / 'cert' / 'cert_chain.crt')}), aggregator and {len(names)} "
+          "collaborator certificates in "
           f"{Path(args.workspace) / 'cert'}")
     return 0
 
@@ -199,7 +202,7 @@ def cmd_federation(args: argparse.Namespace) -> int:
               f"{config.rounds} rounds, mutual TLS on localhost", file=sys.stderr)
         create_workspace(ws, config, port=args.port or _free_port())
         print("making the development PKI with fx (CA, aggregator and collaborator certificates):", file=sys.stderr)
-        make_dev_pki(ws, collaborator_names(ws), log=lambda m: print(m, file=sys.stderr))
+        make_dev_pki(ws, collaborator_names(ws), log=lambda m: print(m, file=sys.stderr), federation=run_dir.name)
         print("fx plan initialize", file=sys.stderr)
         initialize_plan(ws)
     else:
@@ -277,6 +280,8 @@ def _add_pki(sub: argparse._SubParsersAction) -> None:
     p.add_argument("workspace")
     p.add_argument("--collaborators", nargs="+", help="names (default: plan/cols.yaml)")
     p.add_argument("--fqdn", default="localhost")
+    p.add_argument("--federation", metavar="NAME", help="the federation's name, which its CA carries (CN=NAME "
+                                                        "fedcontrast CA; default: the workspace folder's name)")
     p.add_argument("--dry-run", action="store_true", help="print the fx commands only")
     p.set_defaults(func=cmd_pki)
 

@@ -38,11 +38,30 @@ def cmd_init(args: argparse.Namespace) -> int:
         shutil.copytree(public_source, folder / config.public_data.folder, dirs_exist_ok=True)
     config = pin_shared(config, folder)
     init_operator(folder, config, host=args.address, port=args.port, round_timeout=args.round_timeout,
-                  start_timeout=args.start_timeout, threads=args.threads, min_sites=args.min_sites)
-    print(f"Flower deployment of {config.algorithm} for {', '.join(config.sites or ())} in {folder}")
-    print(f"  send {folder / 'certs' / 'ca.crt'} to every site, with the SuperLink's address "
-          f"{args.address}:{args.port}")
-    print(f"  next: fedcontrast flower superlink {folder}   (leave it running)")
+                  start_timeout=args.start_timeout, threads=args.threads, min_sites=args.min_sites,
+                  federation=args.federation, pki_from=args.pki_from)
+    from ..deploy.anchor import fingerprint_of_chain, shown
+    from ..flower.pki import carried_keys
+
+    extras = [p for p, on in (("secure aggregation", config.secure_aggregation is not None),
+                              (f"DP ({', '.join(sorted(config.privacy.kinds))})" if config.privacy else "",
+                               config.privacy is not None)) if on]
+    print(f"Flower deployment of {config.algorithm} for {', '.join(config.sites or ())} in {folder}"
+          + (f"; {', '.join(extras)}" if extras else ""))
+    found, subject = fingerprint_of_chain((folder / "certs" / "ca.crt").read_bytes(), "ca.crt")
+    print(f"  the federation's CA ({subject}): {shown(found)} — read this fingerprint to every site by phone or "
+          "another channel, to compare with the ca.crt it is sent")
+    carried = sorted(carried_keys(folder))
+    if args.pki_from:
+        others = [s for s in config.sites or () if s not in carried]
+        print(f"  reused the CA of {args.pki_from} (the sites keep the ca.crt they hold) and the keys of "
+              f"{', '.join(carried) or 'no site'}" + (f"; {', '.join(others)} send their key (flower site-key)"
+                                                      if others else ""))
+    else:
+        print(f"  send {folder / 'certs' / 'ca.crt'} to every site, with the SuperLink's address "
+              f"{args.address}:{args.port}")
+    print(f"  next: fedcontrast flower superlink {folder}   (leave it running)"
+          + (f", then fedcontrast flower register {folder} --carried" if carried else ""))
     return 0
 
 
@@ -53,8 +72,18 @@ def cmd_superlink(args: argparse.Namespace) -> int:
 
 
 def cmd_register(args: argparse.Namespace) -> int:
-    from ..flower.deploy import register_site
+    from ..flower.deploy import register_carried, register_site
 
+    if args.carried:  # the keys `init --pki-from` carried over: no new key exchange with those sites
+        if args.public_key is not None or args.site is not None:
+            raise ConfigError("--carried registers every carried key: give no PUBLIC_KEY nor --site with it")
+        for site, node_id, fingerprint in register_carried(args.directory):
+            print(f"registered site {site}: SuperNode {node_id}, key {fingerprint} (carried over, as registered in "
+                  "the earlier experiment)")
+        return 0
+    if args.public_key is None or args.site is None:
+        raise ConfigError("give the site's public key file and --site NAME (or --carried for the keys carried over "
+                          "by `flower init --pki-from`)")
     node_id, fingerprint = register_site(args.directory, args.public_key, args.site)
     print(f"registered site {args.site}: SuperNode {node_id}, key {fingerprint} (read this fingerprint to the site)")
     return 0
@@ -200,6 +229,11 @@ def _add_flower(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--threads", type=int, default=1, help="torch threads of the ServerApp (1)")
     w.add_argument("--min-sites", type=int, help="go on without sites that stay silent (or fail) in a round when at "
                                                 "least this many answered (default: every site must answer)")
+    w.add_argument("--federation", metavar="NAME", help="the federation's name, which its CA carries (CN=NAME "
+                                                        "fedcontrast CA; default: the folder's name)")
+    w.add_argument("--pki-from", metavar="OLD_FOLDER", help="a new experiment of an existing federation: reuse the CA "
+                                                            "of that operator's folder and its sites' registered keys "
+                                                            "(register them with `register DIR --carried`)")
     w.add_argument("directory")
     w.set_defaults(func=cmd_init)
     w = fsub.add_parser("superlink", help="operator: start the SuperLink (TLS, only registered SuperNode keys)")
@@ -207,8 +241,9 @@ def _add_flower(sub: argparse._SubParsersAction) -> None:
     w.set_defaults(func=cmd_superlink)
     w = fsub.add_parser("register", help="operator: register a site's SuperNode public key (SuperLink running)")
     w.add_argument("directory")
-    w.add_argument("public_key")
-    w.add_argument("--site", required=True, help="the site this key belongs to")
+    w.add_argument("public_key", nargs="?")
+    w.add_argument("--site", help="the site this key belongs to")
+    w.add_argument("--carried", action="store_true", help="register every site key `init --pki-from` carried over")
     w.set_defaults(func=cmd_register)
     w = fsub.add_parser("run", help="operator: run the federation (flwr run) and print its outcome")
     w.add_argument("--round-timeout", type=float, help="this run's round timeout (default: init's)")

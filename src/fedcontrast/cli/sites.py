@@ -1,4 +1,4 @@
-"""Certificates and sites: ca init/sign/revoke, site join/import-cert/start, doctor, report."""
+"""Certificates and sites: ca init/sign/revoke, site join/import-cert/start/roster."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ..errors import ConfigError
 def cmd_ca_init(args: argparse.Namespace) -> int:
     from ..openfl.operator_flows import init_ca
 
-    chain = init_ca(args.workspace, fqdn=args.fqdn)
+    chain = init_ca(args.workspace, fqdn=args.fqdn, federation=args.federation)
     print(f"certificate authority in {Path(args.workspace) / 'cert' / 'ca'} (its private keys never leave this "
           f"machine) and the aggregator's certificate in {Path(args.workspace) / 'cert' / 'server'}; CA chain {chain}")
     print_ca_fingerprint(chain)
@@ -252,73 +252,14 @@ def cmd_site_start(args: argparse.Namespace) -> int:
     return 0  # not reached (os.execv returns only when replaced in tests)
 
 
-def _report_score(ws: Path, name: str | None) -> int:
-    """``report --score``: the final model a site took home, scored again on its own held-out data."""
-    from ..site.report import score_in_workspace
-
-    def show(value: Any) -> str:
-        return "n/a" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
-
-    name, scored, reported = score_in_workspace(ws, name)
-    print(f"final model on {name}'s held-out data: accuracy {show(scored.get('accuracy'))} (the site's report says "
-          f"{show(reported.get('accuracy'))})")
-    others = {k: v for k, v in sorted(scored.items()) if k != "accuracy"}
-    if others:
-        print("other metrics: " + ", ".join(f"{k} {show(v)}" for k, v in others.items()))
-    return 0
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    from ..openfl.launch import export_results, format_round, read_rounds
-    from ..site.report import format_row, pick_site_report, read_rows, site_report_folders
-
-    ws = Path(args.workspace)
-    if args.score:
-        return _report_score(ws, args.name)
-    records = read_rounds(ws)
-    folders = [] if records else site_report_folders(ws)
-    if folders:  # a site's workspace: its own report (--name: that site's, refused if it has none here)
-        for folder in [pick_site_report(ws, args.name)] if args.name is not None else folders:
-            for row in read_rows(folder):
-                print(format_row(row, folder.name))
-            files = ", ".join(p.name for p in sorted(folder.iterdir()) if p.is_file())
-            print(f"{folder.name}: {files} in {folder}")
-        return 0
-    if not records:
-        raise ConfigError(f"{ws / 'save' / 'rounds.jsonl'} holds no finished round yet, nor does a site report "
-                          f"under {ws / 'local_state' / 'site_report'} (is this a federation's workspace, and has a "
-                          "round finished?)")
-    for record in records:
-        print(format_round(record))
-    out = Path(args.out) if args.out else ws / "report"
-    summary = export_results(ws, out)
-    files = "accuracy.png, rounds.csv and summary.json" if summary["plot"] else "rounds.csv and summary.json"
-    print(f"{summary['rounds_completed']} rounds; {files} in {out}")
-    for key, reason in summary["why_null"].items():  # also in summary.json: why a value is null
-        print(f"{'no accuracy.png' if key == 'plot' else f'{key} is null'}: {reason}")
-    return 0
-
-
-def cmd_doctor(args: argparse.Namespace) -> int:
-    from ..openfl.doctor import FAIL, run_checks
-
-    checks = run_checks(args.workspace, name=args.name)
-    for check in checks:
-        print(check.line())
-    failed = [c.name for c in checks if c.status == FAIL]
-    if failed:
-        print(f"fedcontrast doctor: {len(failed)} check{'s' if len(failed) > 1 else ''} failed ({', '.join(failed)}); "
-              "fix what the FAIL lines say before starting this site", file=sys.stderr)
-        return 1
-    return 0
-
-
 def _add_ca(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ca", help="the federation's certificate authority (operator)")
     csub = p.add_subparsers(dest="ca_command", required=True)
     c = csub.add_parser("init", help="make the CA and the aggregator's certificate in a workspace")
     c.add_argument("workspace")
     c.add_argument("--fqdn", help="the aggregator's host name (default: the plan's agg_addr)")
+    c.add_argument("--federation", metavar="NAME", help="the federation's name, which its CA carries (CN=NAME "
+                                                        "fedcontrast CA; default: the workspace folder's name)")
     c.set_defaults(func=cmd_ca_init)
     c = csub.add_parser("sign", help="sign an institution's certificate request (col_NAME_to_agg_cert_request.zip)")
     c.add_argument("workspace")
@@ -375,31 +316,10 @@ def _add_site(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=cmd_site_roster)
 
 
-def _add_report(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="a federation's rounds so far: in the aggregator's workspace every site's "
-                                      "held-out accuracy, plot, CSV, summary; in a site's workspace its own report")
-    p.add_argument("workspace")
-    p.add_argument("--out", help="folder for accuracy.png, rounds.csv, summary.json (default: WORKSPACE/report)")
-    p.add_argument("--score", action="store_true", help="in a site's workspace: score the final model it took home "
-                                                        "on its own held-out data, next to what its report says")
-    p.add_argument("--name", help="the site whose report to show or score, when the workspace holds several")
-    p.set_defaults(func=cmd_report)
-
-
-def _add_doctor(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("doctor", help="a site's checks before it joins: its certificate and key, the aggregator's "
-                                      "certificate, its data, its policy (exit 1 when one fails)")
-    p.add_argument("workspace", nargs="?", default=".", help="the site's workspace (default: here)")
-    p.add_argument("--name", help="this site's name (default: the one site plan/data.yaml names)")
-    p.set_defaults(func=cmd_doctor)
-
-
 # command name → the function adding its sub-parser (build_parser orders them)
 COMMANDS = {
     "ca": _add_ca,
     "site": _add_site,
-    "report": _add_report,
-    "doctor": _add_doctor,
 }
 
 

@@ -235,3 +235,20 @@ def check_aggregator_certificate(host: str, port: int, chain: str | Path, *, cer
                           f"certificate {certificate} ({subject(own)}, issued by {own.issuer.rfc4514_string()}); ask "
                           "the operator whether it is signed by the federation's CA and the aggregator's CA file")
     return None
+
+
+def federation_ca_name(federation: str, role: str = "CA"):
+    """The X.509 name of a federation's CA, on every engine: ``CN=<federation> fedcontrast <role>``
+    (``role``: "CA" for the root, e.g. "signing CA" for OpenFL's intermediate), ``O=<federation>``,
+    so that a site's security officer reads whose CA it pins."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    federation = " ".join(str(federation).split())
+    if not federation:
+        raise ConfigError("the federation's name (its CA's name) must not be empty: give it with --federation NAME")
+    if len(federation) > 40:
+        raise ConfigError(f"the federation's name {federation!r} is longer than 40 characters; its CA's common name "
+                          "must fit in 64: give a shorter one with --federation NAME")
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, federation),  # read CN first: CN=…,O=…
+                      x509.NameAttribute(NameOID.COMMON_NAME, f"{federation} fedcontrast {role}")])

@@ -14,9 +14,7 @@ Each refusal is one sentence (:class:`~fedcontrast.errors.ConfigError`).
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
-import ipaddress
 import json
 import os
 import shutil
@@ -28,9 +26,10 @@ from typing import Any
 from ..atomic import atomic_write_text
 from ..config import RunConfig, site_names
 from ..errors import ConfigError
+from .pki import CERT_DIR, SITES_FILE  # the certificates' folder, the registered sites' file
 
 CONNECTION = "fedcontrast"  # the flwr CLI's name for this federation's SuperLink
-APP_DIR, CERT_DIR, FLWR_HOME, RUN_DIR, SITES_FILE = "app", "certs", "flwr_home", "run", "sites.json"
+APP_DIR, FLWR_HOME, RUN_DIR = "app", "flwr_home", "run"
 DEFAULT_PORT = 9092
 OUTCOME_FILE = "outcome.json"
 
@@ -57,62 +56,12 @@ def flower_env(folder: Path | None = None) -> dict[str, str]:
     return env
 
 
-# --- keys and certificates (the `cryptography` package) ---------------------------------------------
-def _name(cn: str):
-    from cryptography import x509
-    from cryptography.x509.oid import NameOID
-
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
+# --- keys and certificates (the `cryptography` package; the operator's CA and its reuse: pki.py) -------
 def _write_private(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as out:
         out.write(data)
-
-
-def make_certificates(cert_dir: Path, host: str, *, days: int = 365) -> None:
-    """The federation's CA (``ca.crt``; its key ``ca.key`` stays with the operator) and the
-    SuperLink's server certificate for ``host`` (``superlink.crt``/``superlink.key``)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    now = dt.datetime.now(dt.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP384R1())
-    ca = (x509.CertificateBuilder().subject_name(_name("fedcontrast flower CA"))
-          .issuer_name(_name("fedcontrast flower CA"))
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-          .sign(ca_key, hashes.SHA384()))
-    key = ec.generate_private_key(ec.SECP384R1())
-    # The SuperLink's own ServerApp process reaches it at 127.0.0.1 over the same TLS: named too.
-    names: list[Any] = [x509.DNSName(h) for h in dict.fromkeys([host, "localhost"])]
-    addresses = {"127.0.0.1"}
-    try:
-        addresses.add(str(ipaddress.ip_address(host)))
-    except ValueError:
-        pass
-    names += [x509.IPAddress(ipaddress.ip_address(a)) for a in sorted(addresses)]
-    cert = (x509.CertificateBuilder().subject_name(_name(host)).issuer_name(ca.subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=days))
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA384()))
-    pem = serialization.Encoding.PEM
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    (cert_dir / "ca.crt").write_bytes(ca.public_bytes(pem))
-    _write_private(cert_dir / "ca.key", ca_key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                                             serialization.NoEncryption()))
-    (cert_dir / "superlink.crt").write_bytes(cert.public_bytes(pem))
-    _write_private(cert_dir / "superlink.key", key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                                                 serialization.NoEncryption()))
 
 
 def key_fingerprint(public_key_file: str | Path) -> str:
@@ -187,15 +136,23 @@ def public_of_private(private_key: Path) -> Path:
 # --- the operator ------------------------------------------------------------------------------------
 def init_operator(folder: str | Path, config: RunConfig, *, host: str, port: int = DEFAULT_PORT,
                   round_timeout: float = 1800.0, start_timeout: float = 600.0, threads: int = 1,
-                  min_sites: int | None = None) -> Path:
-    """The operator's folder: certificates, the Flower App (run config = the typed run configuration),
-    the flwr CLI's connection. Refuses a folder that holds one already."""
+                  min_sites: int | None = None, federation: str | None = None,
+                  pki_from: str | Path | None = None) -> Path:
+    """The operator's folder: certificates (a CA named after ``federation``, default the folder's name;
+    or ``pki_from``'s CA and its sites' registered keys, :func:`.pki.reuse_pki`), the Flower App (run
+    config = the typed run configuration), the flwr CLI's connection. Refuses a folder that holds one
+    already."""
+    from .pki import make_certificates, reuse_pki
+
     folder = Path(folder).resolve()
     if (folder / APP_DIR / "pyproject.toml").exists():
         raise ConfigError(f"{folder} holds a Flower deployment already; choose a new folder")
     check_min_sites(config, min_sites)
     folder.mkdir(parents=True, exist_ok=True)
-    make_certificates(folder / CERT_DIR, host)
+    if pki_from is not None:
+        reuse_pki(folder, pki_from, host=host, sites=site_names(config))
+    else:
+        make_certificates(folder / CERT_DIR, host, federation=federation or folder.name)
     settings = {"host": host, "port": port, "round-timeout": float(round_timeout),
                 "start-timeout": float(start_timeout), "threads": int(threads), "min-sites": int(min_sites or 0)}
     atomic_write_text(folder / "deployment.json", json.dumps(settings, indent=2) + "\n")
@@ -273,6 +230,21 @@ def superlink_command(folder: str | Path) -> list[str]:
             "--ssl-certfile", str(certs / "superlink.crt"), "--ssl-keyfile", str(certs / "superlink.key"),
             "--enable-supernode-auth", "--disable-runtime-dependency-installation",
             "--database", str(folder / "superlink.db"), "--host", "0.0.0.0", "--port", str(settings["port"])]
+
+
+def register_carried(folder: str | Path) -> list[tuple[str, int, str]]:
+    """Registers at the running SuperLink each site key carried over by ``init --pki-from`` and not
+    registered yet: (site, node id, fingerprint) of each."""
+    from .pki import carried_keys
+
+    folder, config, _ = load_operator(folder)
+    nodes = json.loads((folder / SITES_FILE).read_text())
+    carried = {s: p for s, p in carried_keys(folder).items() if s in site_names(config) and s not in nodes}
+    if not carried:
+        raise ConfigError(f"{folder} holds no carried key left to register (keys/ is filled by `flower init "
+                          "--pki-from OLD_FOLDER`): register each site's key with `fedcontrast flower register "
+                          f"{folder} SITE.pub --site SITE`")
+    return [(site, *register_site(folder, path, site)) for site, path in carried.items()]
 
 
 def register_site(folder: str | Path, public_key: str | Path, site: str) -> tuple[int, str]:

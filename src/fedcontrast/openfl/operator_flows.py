@@ -15,9 +15,11 @@ from .fx import aggregator_name, run_fx, unchecked_plan
 
 
 # --- the operator -------------------------------------------------------------------------------
-def init_ca(workspace: str | Path, *, fqdn: str | None = None, log: Callable[[str], None] = print) -> Path:
-    """Make the federation's certificate authority and the aggregator's certificate in ``workspace``
-    (the CA's keys stay in ``cert/ca``, the aggregator's in ``cert/server``). Returns the CA chain."""
+def init_ca(workspace: str | Path, *, fqdn: str | None = None, log: Callable[[str], None] = print,
+            federation: str | None = None) -> Path:
+    """Make the federation's certificate authority, named ``CN=<federation> fedcontrast CA`` (default: the
+    workspace folder's name; :func:`.pki.certify_workspace`), and the aggregator's certificate in
+    ``workspace`` (the CA's keys stay in ``cert/ca``, the aggregator's in ``cert/server``). Returns the CA chain."""
     ws = Path(workspace)
     name = (fqdn or aggregator_name(ws)).lower()
     if name != aggregator_name(ws):
@@ -26,7 +28,10 @@ def init_ca(workspace: str | Path, *, fqdn: str | None = None, log: Callable[[st
     if (ws / "cert" / "ca").exists():
         raise DeploymentError(f"{ws / 'cert' / 'ca'} already holds a certificate authority; keep it (its "
                               "certificates stay valid) or move it away to make a new one")
-    for args in (["workspace", "certify"], ["aggregator", "generate-cert-request", "--fqdn", name],
+    from .pki import certify_workspace
+
+    certify_workspace(ws, federation)  # what `fx workspace certify` makes, named after the federation
+    for args in (["aggregator", "generate-cert-request", "--fqdn", name],
                  ["aggregator", "certify", "--fqdn", name, "--silent"]):
         log("  $ fx " + " ".join(args))
         run_fx(ws, args)

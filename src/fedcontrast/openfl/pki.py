@@ -16,10 +16,61 @@ from ..errors import FedContrastError
 from .fx import fx_executable
 
 
+def certify_workspace(workspace: str | Path, federation: str | None = None, *, days: int = 365) -> Path:
+    """The federation's CA in ``workspace/cert`` as ``fx workspace certify`` lays it out (a root CA, a
+    signing CA it signs, ``cert_chain.crt``; ``fx aggregator certify`` and ``fx collaborator certify``
+    sign with the signing CA), but named after the federation (``CN=<federation> fedcontrast CA``,
+    default: the workspace folder's name) instead of fx's fixed ``CN=Simple Root CA, O=Simple Inc``,
+    which fx offers no way to change. Returns the chain."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from ..deploy.certificates import federation_ca_name
+
+    cert = Path(workspace) / "cert"
+    root_name = federation_ca_name(federation or Path(workspace).resolve().name)
+    signing_name = federation_ca_name(federation or Path(workspace).resolve().name, "signing CA")
+    now = dt.datetime.now(dt.timezone.utc)
+    pem = serialization.Encoding.PEM
+
+    def issue(name, key, issuer, issuer_key):
+        return (x509.CertificateBuilder().subject_name(name).issuer_name(issuer).public_key(key.public_key())
+                .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+                .not_valid_after(now + dt.timedelta(days=days))
+                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                             content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                             key_agreement=False, encipher_only=False, decipher_only=False),
+                               critical=True)
+                .sign(issuer_key, hashes.SHA384()))
+
+    files = {}
+    root_key = rsa.generate_private_key(public_exponent=65537, key_size=3072)
+    signing_key = rsa.generate_private_key(public_exponent=65537, key_size=3072)
+    root = issue(root_name, root_key, root_name, root_key)
+    signing = issue(signing_name, signing_key, root_name, root_key)
+    for role, key, crt in (("root-ca", root_key, root), ("signing-ca", signing_key, signing)):
+        (cert / "ca" / role / "private").mkdir(parents=True, exist_ok=True, mode=0o700)
+        (cert / "ca" / role / "db").mkdir(parents=True, exist_ok=True)
+        for suffix, text in ((".db", ""), (".db.attr", ""), (".crt.srl", "01"), (".crl.srl", "01")):
+            (cert / "ca" / role / "db" / f"{role}{suffix}").write_text(text)  # fx's (unused) CA database
+        key_path = cert / "ca" / role / "private" / f"{role}.key"
+        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(key.private_bytes(pem, serialization.PrivateFormat.TraditionalOpenSSL,
+                                        serialization.NoEncryption()))
+        files[role] = crt.public_bytes(pem)
+        (cert / "ca" / f"{role}.crt").write_bytes(files[role])
+    chain = cert / "cert_chain.crt"
+    chain.write_bytes(files["root-ca"] + files["signing-ca"])
+    return chain
+
+
 def dev_pki_commands(collaborators: list[str], *, fqdn: str = "localhost") -> list[list[str]]:
-    """The ``fx`` command lines, in order, run inside the workspace."""
-    commands = [["fx", "workspace", "certify"],
-                ["fx", "aggregator", "generate-cert-request", "--fqdn", fqdn],
+    """The ``fx`` command lines, in order, run inside the workspace (after :func:`certify_workspace`,
+    which makes the CA ``fx workspace certify`` would, named after the federation)."""
+    commands = [["fx", "aggregator", "generate-cert-request", "--fqdn", fqdn],
                 ["fx", "aggregator", "certify", "--fqdn", fqdn, "--silent"]]
     for name in collaborators:
         commands += [["fx", "collaborator", "generate-cert-request", "-n", name, "--silent", "--skip-package"],
@@ -28,8 +79,9 @@ def dev_pki_commands(collaborators: list[str], *, fqdn: str = "localhost") -> li
 
 
 def make_dev_pki(workspace: str | Path, collaborators: list[str], *, fqdn: str = "localhost",
-                 log=print) -> None:
-    """Run :func:`dev_pki_commands` in ``workspace``; a failing command raises with its output."""
+                 log=print, federation: str | None = None) -> None:
+    """The federation's CA (:func:`certify_workspace`, named ``federation``), then :func:`dev_pki_commands`
+    in ``workspace``; a failing command raises with its output."""
     ws = Path(workspace)
     if (ws / "cert" / "ca").exists():
         raise FedContrastError(f"{ws / 'cert'} already holds a certificate authority; remove it to make a new one")
@@ -37,6 +89,8 @@ def make_dev_pki(workspace: str | Path, collaborators: list[str], *, fqdn: str =
         raise FedContrastError("collaborator names must be lower case: OpenFL's certificate tools lower-case them")
     fx = fx_executable()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    chain = certify_workspace(ws, federation)
+    log(f"  the federation's CA: {ca_subject(chain)} (in {ws / 'cert' / 'ca'})")
     for command in dev_pki_commands(collaborators, fqdn=fqdn):
         log("  $ " + " ".join(command))
         proc = subprocess.run([fx, *command[1:]], cwd=ws, env=env, capture_output=True, text=True,
@@ -45,6 +99,13 @@ def make_dev_pki(workspace: str | Path, collaborators: list[str], *, fqdn: str =
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
             raise FedContrastError(f"'{' '.join(command)}' failed in {ws} (exit {proc.returncode}): "
                                    + " | ".join(tail))
+
+
+def ca_subject(chain: Path) -> str:
+    """The subject of the root CA in a chain file, e.g. ``CN=fed_moon fedcontrast CA,O=fed_moon``."""
+    from cryptography import x509
+
+    return x509.load_pem_x509_certificates(chain.read_bytes())[0].subject.rfc4514_string()
 
 
 # --- TLS diagnostics: say which certificate, which CA, which name, instead of retrying -------------

@@ -43,7 +43,8 @@ CLOSED = "Handshake read failed"
 ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 
 # A signature that does not verify: the certificate names the federation's CA as its issuer, but another CA
-# of that name signed it (OpenFL gives every workspace's CA the same name), or the site's key is not the
+# of that name signed it (fx workspace certify gives every CA the same name; fedcontrast's CAs carry the
+# federation's name, which two experiments of one federation share), or the site's key is not the
 # certificate's. Which error the TLS library reports first depends on the two keys, not on the mistake: checked
 # with the federation CA's RSA key, another CA's signature fails as BLOCK_TYPE_IS_NOT_01 (its padding), but as
 # DATA_TOO_LARGE_FOR_MODULUS whenever the signature, read as a number, is not below that key's modulus (about 7 % of
@@ -51,8 +52,8 @@ ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called 
 # size; ECDSA reports BAD_SIGNATURE, another key type WRONG_PUBLIC_KEY_TYPE. So every error of the RSA or ECDSA
 # code, and each of these reasons, is this one cause.
 FORGED = ("the certificate it presented names the federation's CA ({chain}) as its issuer, but that CA's signature "
-          "does not verify: another CA of the same name signed it (e.g. another workspace's CA: OpenFL names them all "
-          "alike), or it does not match the site's key")
+          "does not verify: another CA of the same name signed it (e.g. another workspace's CA of this federation's "
+          "name, or one `fx workspace certify` made: it names them all alike), or it does not match the site's key")
 # What each refusal means, as the operator should read it ({chain}: the federation's CA file).
 CAUSES = {
     "CERTIFICATE_VERIFY_FAILED": "the certificate it presented does not verify against the federation's CA in "
