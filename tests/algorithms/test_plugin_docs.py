@@ -1,5 +1,5 @@
 """docs/plugins.md's complete example plugin, taken from the page as written: it registers, its uploads
-match its declarations, and it learns in the simulator (3 sites, 2 rounds, the embedded digits)."""
+match its declarations, and it learns in the simulator (3 sites, 3 rounds, the embedded digits)."""
 
 import csv
 import re
@@ -38,8 +38,10 @@ def example(monkeypatch):
 
 @pytest.fixture
 def config():
-    return RunConfig(algorithm="fedavgm_example", dataset="digits", clients=3, rounds=2, seed=0, partition="iid",
-                     min_samples=20, training={"local_epochs": 3, "batch_size": 16, "lr": 0.05})
+    # measured: 0.24, 0.66, 0.825 at 1 and 2 threads (2 rounds at lr 0.05 ended at 0.097 at 1 thread: the
+    # momentum step overshot)
+    return RunConfig(algorithm="fedavgm_example", dataset="digits", clients=3, rounds=3, seed=0, partition="iid",
+                     min_samples=20, training={"local_epochs": 2, "batch_size": 16, "lr": 0.03})
 
 
 def test_the_example_registers_and_validates_its_settings(example, config):
@@ -71,8 +73,8 @@ def test_the_examples_uploads_match_its_declaration(example, config):
 
 def test_the_example_learns_in_the_simulator(example, config, tmp_path):
     summary = run_simulation(config, tmp_path / "run")
-    assert summary["rounds_completed"] == 2
-    assert summary["final_accuracy"] > 0.3  # 10 classes: chance is 0.1
+    assert summary["rounds_completed"] == 3
+    assert summary["final_accuracy"] > 0.5  # 10 classes: chance is 0.1
     with open(tmp_path / "run" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert {r["site"] for r in rows if r["site"] != "global"} == {"site_0", "site_1", "site_2"}

@@ -171,7 +171,7 @@ def test_every_plugin_reports_only_the_metrics_it_declares(algorithm):
         reported.setdefault(task, set()).update(result.metrics)
         return result
 
-    algo.run_task = spy
+    object.__setattr__(algo, "run_task", spy)  # test only: past the built plugin's guard
     for r in range(2):
         federation.run_round(r + 1)
     for task, names in reported.items():

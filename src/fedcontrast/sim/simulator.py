@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+import torch
 import yaml
 
 from ..atomic import atomic_write_text
@@ -86,9 +87,13 @@ def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = Fal
     if checkpoint is not None:
         _check_resumable(checkpoint["config"], config, ckpt_path)
 
+    from ..threads import usable_cores
     from .ray_executor import Threads, make_executor
 
-    with Threads(config.executor.threads):  # the run's threads per site (the driver's too: results equal)
+    # the run's torch threads per site (the driver's too: results equal), never whatever this process
+    # was left with: site_cpus, 1 per Ray site, else the cores this process may use (recorded in summary.json)
+    threads = config.executor.threads if config.executor.threads is not None else usable_cores()
+    with Threads(threads):
         # data, partition, model: fails early on bad input
         federation = Federation(config, local_evaluation=local_evaluation, linear_probe=linear_probe)
         atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
@@ -161,6 +166,7 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
     tb.close()
     _plot(config, run_dir, rows)
     summary = build_summary(rows, config=config.to_dict(), wall_time_s=elapsed, rounds_total=config.rounds)
+    summary["threads_per_site"] = torch.get_num_threads()  # what the seed reproduces metrics at
     write_json(run_dir / "summary.json", summary)
     return summary
 
