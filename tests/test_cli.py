@@ -29,6 +29,9 @@ TINY = ["--dataset", "synthetic", "--image-size", "16", "--clients", "2", "--rou
     (["simulate", "--config", "/nonexistent.yaml"], "does not exist"),
     (["compare", "--algorithms", "fedavg", "moon:mu"], "name:key=value"),
     (["compare", "--algorithms", "fedavg", "moon:mu=-1"], "mu"),
+    (["simulate", "--dataset", "fedprox_synthetic", "--partition", "iid"], "partition iid does not apply"),
+    (["simulate", "--dataset-setting", "alpha=1"], "dataset_settings apply to fedprox_synthetic, not digits"),
+    (["partition", "--dataset", "fedprox_synthetic", "--dataset-setting", "alpha"], "--dataset-setting expects"),
 ])
 def test_bad_input_exits_2_with_one_sentence(tmp_path, capsys, argv, fragment):
     code = main(argv + ["--runs-dir", str(tmp_path)])
@@ -69,6 +72,25 @@ def test_partition_command_prints_table_and_writes_report(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "total" in out
     assert (tmp_path / "p" / "partition.csv").exists() and (tmp_path / "p" / "partition.png").exists()
+
+
+def test_partition_of_a_generator_with_its_own_sites(tmp_path, capsys):
+    assert main(["partition", "--dataset", "fedprox_synthetic", "--clients", "150", "--dataset-setting", "beta=0.5",
+                 "--dataset-setting", "max_site_samples=80", "--out", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert "150 sites" in out and "samples per site: min" in out and "classes per site: min" in out
+    assert "more than 100 sites" in out  # the table is in the CSV
+    assert len((tmp_path / "p" / "partition.csv").read_text().splitlines()) == 151
+
+
+def test_simulate_help_lists_every_registered_data_set(capsys):
+    from fedcontrast.config.datasets import DATASET_NAMES
+
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert all(f"{name}:" in help_text for name in DATASET_NAMES)
+    assert "--dataset-setting KEY=VALUE" in help_text
 
 
 def test_process_exit_code_and_no_traceback(tmp_path):

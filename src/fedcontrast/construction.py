@@ -121,7 +121,8 @@ def load_splits(config: RunConfig) -> DataSplits:
     if schema is None:
         return load_dataset(config.dataset, root=config.data_root, image_size=config.image_size,
                             test_fraction=config.test_fraction, public_fraction=config.public_fraction,
-                            split_seed=config.split_seed)
+                            split_seed=config.split_seed, sites=config.clients,
+                            settings=config.dataset_settings or None)
     splits = load_dataset("imagefolder", root=config.data_root, image_size=schema.image_size,
                           test_fraction=config.test_fraction,
                           public_fraction=0.0 if config.public_data else config.public_fraction,
@@ -161,8 +162,21 @@ def site_test_split(test: ArrayDataset, site_labels: torch.Tensor, seed: int) ->
     return test.subset(site_test_indices(test.y.numpy(), site_labels.numpy(), test.num_classes, seed))
 
 
+def site_test_of(config: RunConfig, splits: DataSplits, index: int, site_labels: torch.Tensor) -> ArrayDataset:
+    """Site ``index``'s held-out set: its own test samples where the data set has sites of its own,
+    else :func:`site_test_split` of the shared test split (with the site's label distribution)."""
+    if splits.site_test is not None:
+        return splits.test.subset(splits.site_test[index])
+    return site_test_split(splits.test, site_labels, seed=config.split_seed + index)
+
+
 def partition(config: RunConfig, splits: DataSplits) -> list[np.ndarray]:
-    """Each site's indices into ``splits.train`` (deterministic given the config)."""
+    """Each site's indices into ``splits.train`` (deterministic given the config): the data set's own
+    sites where it has them (``partition: natural``), else ``config.partition`` of its labels."""
+    if splits.site_train is not None:
+        if len(splits.site_train) != config.clients:
+            raise ConfigError(f"{splits.name} was made for {len(splits.site_train)} sites, not {config.clients}")
+        return list(splits.site_train)
     return partition_indices(splits.train.y.numpy(), config.clients, method=config.partition, beta=config.beta,
                              shards_per_client=config.shards_per_client, min_samples=config.min_samples,
                              seed=config.seed)

@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from ..config import RunConfig, load_yaml
+from ..config.datasets import DATASETS
 from ..errors import ConfigError
 from ..yamlio import loads_yaml
 
@@ -21,11 +22,22 @@ TRAINING_FLAGS = {"local_epochs": int, "batch_size": int, "lr": float, "momentum
                   "weight_decay": float, "augmentation": str}
 
 
+def dataset_help() -> str:
+    """--dataset's help: every registered data set by name, with its line (config/datasets.py)."""
+    return "the data set (default digits): " + "; ".join(f"{name}: {line}" for name, line in DATASETS.items())
+
+
 def _add_run_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
     p.add_argument("--config", help="YAML file of settings; flags given on the command line override it")
+    helps = {"dataset": dataset_help(), "partition": "how the training data are split among the sites: dirichlet "
+             "(default), iid, shards; natural for a data set with sites of its own (fedprox_synthetic)"}
     for key, typ in {**RUN_FLAGS, **TRAINING_FLAGS}.items():
         if key not in skip:
-            p.add_argument("--" + key.replace("_", "-"), dest=key, type=typ, default=None)
+            p.add_argument("--" + key.replace("_", "-"), dest=key, type=typ, default=None, help=helps.get(key))
+    if "dataset" not in skip:
+        p.add_argument("--dataset-setting", dest="dataset_setting_texts", action="append", default=[],
+                       metavar="KEY=VALUE", help="a setting of the data set, e.g. --dataset-setting alpha=0.5 "
+                                                 "--dataset-setting beta=0.5 for fedprox_synthetic (docs/usage.md)")
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="[ALG.]KEY=VALUE",
                    help="an algorithm hyper-parameter, e.g. --set mu=1 or --set moon.temperature=0.2")
     p.add_argument("--robustness", dest="robustness_settings", action="append", default=[], metavar="KEY=VALUE",
@@ -154,6 +166,14 @@ def config_from_args(args: argparse.Namespace, *, default_algorithm_for_set: boo
             executor[key] = getattr(args, flag)
     if executor:
         data["executor"] = executor
+    own = _mapping(data.get("dataset_settings"), "dataset_settings")
+    for text in getattr(args, "dataset_setting_texts", []) or []:
+        key, value = text.split("=", 1) if "=" in text else (text, None)
+        if value is None or not key.strip():
+            raise ConfigError(f"--dataset-setting expects KEY=VALUE, got {text!r}")
+        own[key.strip()] = loads_yaml(value, f"--dataset-setting {text!r}")
+    if own:
+        data["dataset_settings"] = own
     return RunConfig.from_dict(data)
 
 

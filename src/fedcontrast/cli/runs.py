@@ -82,22 +82,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
-    from ..data import format_partition_table, load_dataset, partition_counts, partition_indices, write_partition_report
+    from ..construction import load_splits, partition
+    from ..data import format_partition_table, partition_counts, write_partition_report
+    from ..data.report import format_partition_summary
 
     config = config_from_args(args)
-    splits = load_dataset(config.dataset, root=config.data_root, image_size=config.image_size,
-                          test_fraction=config.test_fraction, public_fraction=config.public_fraction,
-                          split_seed=config.split_seed)
+    splits = load_splits(config)
     labels = splits.train.y.numpy()
-    parts = partition_indices(labels, config.clients, method=config.partition, beta=config.beta,
-                              shards_per_client=config.shards_per_client, min_samples=config.min_samples,
-                              seed=config.seed)
-    counts = partition_counts(labels, parts, splits.num_classes)
-    print(format_partition_table(counts))
-    out = Path(args.out or Path(args.runs_dir) / (f"partition-{config.dataset}-k{config.clients}-"
-                                                  f"{config.partition}{config.beta:g}-s{config.seed}"))
-    paths = write_partition_report(counts, out, title=f"{config.dataset}: {config.partition} "
-                                   f"β={config.beta:g}, seed {config.seed}")
+    counts = partition_counts(labels, partition(config, splits), splits.num_classes)
+    print(format_partition_table(counts) if len(counts) <= 100 else "(more than 100 sites: the table is in the CSV)")
+    print(format_partition_summary(counts))
+    if config.partition == "natural":  # the generator's own sites: its settings, not a partition's β
+        how = ", ".join(f"{k}={v}" for k, v in sorted(config.dataset_settings.items())) or "default settings"
+        name = config.default_name().split("-", 1)[1]
+        title = f"{config.dataset} ({how}), split seed {config.split_seed}"
+    else:
+        name = f"{config.dataset}-k{config.clients}-{config.partition}{config.beta:g}-s{config.seed}"
+        title = f"{config.dataset}: {config.partition} β={config.beta:g}, seed {config.seed}"
+    out = Path(args.out or Path(args.runs_dir) / f"partition-{name}")
+    paths = write_partition_report(counts, out, title=title)
     print(f"wrote {paths['csv']} and {paths['png']}")
     if args.write_folders:
         from ..data.folders import write_site_folders

@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..yamlio import load_yaml_file
 from .checks import MAX_IMAGE_SIZE, MAX_PROJECTION_DIM, _check, _check_types, _finite, _tuple, _typed_section
+from .datasets import NATURAL, PARTITIONED, dataset_key, dataset_settings
 from .sections import (
     MIN_ROBUST_SITES,
     DataSchema,
@@ -66,6 +67,8 @@ class RunConfig:
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     # The aggregator learns only the sum of the uploads (privacy/secagg.py); None: off.
     secure_aggregation: SecureAggregationConfig | None = None
+    # the data set's own settings (config/datasets.py: fedprox_synthetic's alpha, beta, …); left out when none
+    dataset_settings: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "privacy", _typed_section(PrivacyConfig, self.privacy, "privacy"))
@@ -86,6 +89,15 @@ class RunConfig:
                f"clients ({self.clients}) must equal the number of sites named ({len(self.sites)})")
         _check(self.data_schema is None or self.dataset == "imagefolder",
                f"data_schema describes image folders: set dataset to imagefolder (got {self.dataset!r})")
+        dataset_settings(self.dataset, self.dataset_settings)  # unknown keys and values out of range: one sentence
+        if dataset_key(self.dataset) in PARTITIONED:
+            _check(self.partition == NATURAL,
+                   f"{self.dataset} comes split among its sites (each site's samples are its own, from the generator): "
+                   f"partition {self.partition} does not apply; set partition: {NATURAL}, or leave it out")
+        else:
+            _check(self.partition != NATURAL,
+                   f"partition {NATURAL} is the split of a data set with sites of its own "
+                   f"({', '.join(sorted(PARTITIONED))}); {self.dataset} is split by dirichlet, iid or shards")
         _check(self.public_data is None or self.data_schema is not None,
                "public_data needs a data_schema (the images' shape and classes)")
         if isinstance(self.training, dict):  # RunConfig(training={...}) as well as from_dict
@@ -149,6 +161,8 @@ class RunConfig:
             data.pop("executor")
         if self.secure_aggregation is None:  # off: left out too
             data.pop("secure_aggregation")
+        if not self.dataset_settings:  # none: left out (plans and config.yaml as before)
+            data.pop("dataset_settings")
         return data
 
     @classmethod
@@ -158,6 +172,8 @@ class RunConfig:
         data = dict(data)
         if data.get("sites") and "clients" not in data:  # the sites named define how many there are
             data["clients"] = len(data["sites"])
+        if dataset_key(data.get("dataset")) in PARTITIONED and "partition" not in data:
+            data["partition"] = NATURAL  # the only partition such a data set takes
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         _check(not unknown, f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -181,6 +197,12 @@ class RunConfig:
         data = self.to_dict()
         if changes.get("sites") and "clients" not in changes:
             changes = {**changes, "clients": len(changes["sites"])}
+        if "dataset" in changes:  # another data set: its own partition and settings unless given
+            own = dataset_key(changes["dataset"]) in PARTITIONED
+            if "partition" not in changes and (data["partition"] == NATURAL) != own:
+                data.pop("partition")
+            if "dataset_settings" not in changes and dataset_key(changes["dataset"]) != dataset_key(self.dataset):
+                data.pop("dataset_settings", None)
         for key, value in changes.items():
             if key == "training":
                 data["training"] = {**data["training"], **value}
@@ -192,6 +214,11 @@ class RunConfig:
         return RunConfig.from_dict(data)
 
     def default_name(self) -> str:
+        if self.partition == NATURAL:  # the generator's heterogeneity, not a partition's β
+            own = dataset_settings(self.dataset, self.dataset_settings)
+            return (f"{self.algorithm}-{self.dataset}-k{self.clients}-a{own.alpha:g}b{own.beta:g}-s{self.seed}"
+                    if own is not None and hasattr(own, "alpha") else
+                    f"{self.algorithm}-{self.dataset}-k{self.clients}-s{self.seed}")
         return f"{self.algorithm}-{self.dataset}-k{self.clients}-{self.partition}{self.beta:g}-s{self.seed}"
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..config.datasets import DATASET_NAMES, PARTITIONED, dataset_key, dataset_settings
 from ..errors import ConfigError, DataError, UnknownNameError
 from .builtin import load_digits_raw, make_synthetic_raw
 from .imagefolder import has_split_folders, load_imagefolder_raw
@@ -20,12 +21,8 @@ from .raw import RawData
 from .splits import channel_stats, normalise_, stratified_holdout, to_float_images
 from .torchvision_sets import TORCHVISION_NAMES, load_torchvision_raw
 
-DATASET_NAMES: tuple[str, ...] = (
-    "digits", "synthetic", "cifar10", "cifar100", "mnist", "fashion_mnist", "svhn", "imagefolder",
-)
-
 _NATIVE_SIZE = {"cifar10": 32, "cifar100": 32, "svhn": 32, "mnist": 28, "fashion_mnist": 28}
-_DEFAULT_SIZE = {"digits": 32, "synthetic": 16, "imagefolder": 32}
+_DEFAULT_SIZE = {"digits": 32, "synthetic": 16, "imagefolder": 32, "fedprox_synthetic": 16}
 
 
 # eq=False: the generated __eq__ would compare tensors element-wise and fail on ``bool(...)``.
@@ -85,7 +82,9 @@ class DataSplits:
 
     ``train`` is what gets partitioned among clients; ``public`` is held out of the training data for
     methods that need shared unlabelled/proxy data, ``None`` when ``public_fraction == 0``.
-    ``class_names`` gives the label names in label order.
+    ``class_names`` gives the label names in label order. A data set with sites of its own (a
+    generator's) gives each site's indices into ``train`` (``site_train``) and into ``test`` (its
+    held-out samples, ``site_test``); None for the others, which a partition splits.
     """
 
     train: ArrayDataset
@@ -93,6 +92,8 @@ class DataSplits:
     public: ArrayDataset | None
     name: str
     class_names: tuple[str, ...] = ()
+    site_train: tuple[np.ndarray, ...] | None = None
+    site_test: tuple[np.ndarray, ...] | None = None
 
     @property
     def num_classes(self) -> int:
@@ -131,7 +132,7 @@ def _check_settings(
     synthetic_samples: int, synthetic_classes: int, synthetic_noise: float,
 ) -> str:
     """Validate the arguments of :func:`load_dataset`; returns the canonical data set name."""
-    key = name.strip().lower().replace("-", "_") if isinstance(name, str) else name
+    key = dataset_key(name)
     if key not in DATASET_NAMES:
         raise UnknownNameError(f"unknown data set {name!r}; known data sets: {', '.join(DATASET_NAMES)}.")
     if image_size is not None:
@@ -179,6 +180,8 @@ def load_dataset(
     channels: int | None = None,
     normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
     window: tuple[float, float] | None = None,
+    sites: int | None = None,
+    settings: dict | None = None,
 ) -> DataSplits:
     """Read data set ``name`` and return its train, test and public splits as normalised tensors.
 
@@ -202,6 +205,11 @@ def load_dataset(
     follow ``class_names`` (a folder may lack classes; unknown class folders are refused) and images
     must have ``channels`` channels.
 
+    ``fedprox_synthetic`` (:mod:`.fedprox_synthetic`) generates ``sites`` sites of its own, seeded by
+    ``split_seed`` and set by ``settings`` (its :class:`~fedcontrast.config.datasets.FedProxSyntheticSettings`);
+    each site holds out ``test_fraction`` of its samples for testing and ``public_fraction`` of the
+    rest for the public split. ``settings`` of any other data set are refused.
+
     Raises :class:`UnknownNameError` for an unknown name, :class:`ConfigError` for settings out of
     range, and :class:`DataError` for missing or unusable files or too few samples to split.
     """
@@ -219,12 +227,24 @@ def load_dataset(
     rng = np.random.default_rng(split_seed)
     if (class_names is not None or channels is not None) and key != "imagefolder":
         raise ConfigError(f"class_names and channels describe image folders, not {key}.")
-    raw = _read_raw(key, root, size, synthetic_samples, synthetic_classes, synthetic_noise, split_seed,
-                    class_names, channels, window)
+    typed = dataset_settings(key, settings)
+    own_sites: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]] | None = None
+    if key in PARTITIONED:
+        from .fedprox_synthetic import make_fedprox_synthetic
 
-    (train_x, train_y), test, public = _split(raw, key, test_fraction, public_fraction, rng)
+        if sites is None or not _is_int(sites) or sites < 1:
+            raise ConfigError(f"{key} generates the federation's sites: give their number (sites), got {sites!r}.")
+        made = make_fedprox_synthetic(typed, sites=sites, seed=split_seed, test_fraction=test_fraction,
+                                      public_fraction=public_fraction)
+        (train_x, train_y), test, public = made.train, made.test, made.public
+        own_sites, names = (made.site_train, made.site_test), made.class_names
+    else:
+        raw = _read_raw(key, root, size, synthetic_samples, synthetic_classes, synthetic_noise, split_seed,
+                        class_names, channels, window)
+        (train_x, train_y), test, public = _split(raw, key, test_fraction, public_fraction, rng)
+        names = tuple(raw.class_names)
 
-    num_classes = len(raw.class_names)
+    num_classes = len(names)
     _check_labels(key, num_classes, train_y, test[1])
     train_t = to_float_images(train_x, size)
     if normalization is not None:
@@ -242,7 +262,9 @@ def load_dataset(
         test=build(*test),
         public=build(*public) if public is not None else None,
         name=key,
-        class_names=tuple(raw.class_names),
+        class_names=names,
+        site_train=own_sites[0] if own_sites else None,
+        site_test=own_sites[1] if own_sites else None,
     )
 
 

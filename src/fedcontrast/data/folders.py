@@ -32,12 +32,16 @@ def write_site_folders(config, out_dir: str | Path) -> dict[str, Path]:
     """The configured partition as image folders (see the module docstring); returns site → folder
     (and ``"public"`` → the public folder when there is one)."""
     from ..config import site_names
+    from ..config.datasets import NATURAL
     from .datasets import _DEFAULT_SIZE, _NATIVE_SIZE, _read_raw, _split
     from .partition import partition_indices
     from .splits import site_test_indices, to_float_images
 
     if config.data_schema is not None or config.dataset == "imagefolder":
         raise ConfigError("write image folders from a built-in data set (e.g. digits), not from image folders")
+    if config.partition == NATURAL:
+        raise ConfigError(f"{config.dataset} holds feature vectors of its own sites, not images an institution "
+                          "would hold: write image folders from digits, synthetic or a torchvision data set")
     out = Path(out_dir)
     size = config.image_size or _DEFAULT_SIZE.get(config.dataset, _NATIVE_SIZE.get(config.dataset, 32))
     raw = _read_raw(config.dataset, config.data_root, size, 1000, 10, 0.5, config.split_seed)

@@ -49,6 +49,31 @@ def format_partition_table(counts: np.ndarray, class_names: list[str] | None = N
     return "\n".join(lines)
 
 
+def label_skew(counts: np.ndarray) -> float:
+    """How far the sites' label distributions are from the pooled one: the total-variation distance,
+    averaged over the sites weighted by their sizes (0: every site alike; near 1: disjoint classes)."""
+    counts = _as_counts(counts).astype(np.float64)
+    sizes = counts.sum(axis=1)
+    pooled = counts.sum(axis=0) / max(sizes.sum(), 1.0)
+    shares = counts / np.maximum(sizes, 1.0)[:, None]
+    return float((0.5 * np.abs(shares - pooled).sum(axis=1) * sizes).sum() / max(sizes.sum(), 1.0))
+
+
+def format_partition_summary(counts: np.ndarray) -> str:
+    """Two lines for any number of sites: samples per site and classes per site (minimum, median,
+    mean, maximum), and how far the sites' label distributions are from the pooled one."""
+    counts = _as_counts(counts)
+    sizes, classes = counts.sum(axis=1), (counts > 0).sum(axis=1)
+
+    def spread(values: np.ndarray) -> str:
+        return (f"min {int(values.min())}, median {float(np.median(values)):g}, mean {float(values.mean()):.1f}, "
+                f"max {int(values.max())}") if values.size else "none"
+
+    return (f"{len(counts)} sites, {int(counts.sum())} training samples; samples per site: {spread(sizes)}\n"
+            f"classes per site: {spread(classes)}; label skew (size-weighted total variation from the "
+            f"pooled label distribution, 0 = every site alike): {label_skew(counts):.3f}")
+
+
 def write_partition_report(
     counts: np.ndarray,
     out_dir: str | Path,
@@ -93,7 +118,8 @@ def _plot_heatmap(counts: np.ndarray, names: list[str], title: str, path: Path) 
         ax.set_xlabel("class")
         ax.set_ylabel("client")
         ax.set_xticks(range(classes), names, rotation=45 if max(map(len, names), default=0) > 3 else 0)
-        ax.set_yticks(range(clients), [f"client_{i}" for i in range(clients)])
+        if clients <= 100:  # beyond, one label per row is an unreadable smear
+            ax.set_yticks(range(clients), [f"client_{i}" for i in range(clients)])
         if title:
             ax.set_title(title)
         if counts.size <= _MAX_ANNOTATED_CELLS:

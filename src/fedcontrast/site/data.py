@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig
-from ..construction import data_shape, load_public, load_splits, partition, site_test_split
+from ..construction import data_shape, load_public, load_splits, partition, site_test_of
 from ..data import ArrayDataset
 from ..deploy.workspace import SHARD_PREFIX, shard_index
 from ..errors import ConfigError, DataError, FedContrastError, SiteRefusal
@@ -77,7 +77,7 @@ class SiteData:
             splits = load_splits(config)
             self.site_index = shard_index(data_path, config.clients)
             self.train = splits.train.subset(partition(config, splits)[self.site_index])
-            self.test = site_test_split(splits.test, self.train.y, seed=config.split_seed + self.site_index)
+            self.test = site_test_of(config, splits, self.site_index, self.train.y)
             self.public = splits.public
             self.shape = data_shape(config) if config.data_schema else {
                 "in_channels": splits.in_channels, "image_size": splits.image_size, "num_classes": splits.num_classes}
