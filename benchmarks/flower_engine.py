@@ -41,6 +41,7 @@ from fedcontrast.lab.netns import netns_unavailable
 from fedcontrast.sim import run_simulation
 
 SITES = ["hosp1", "hosp2", "hosp3"]
+ISOLATION = {"process": "Flower", "subprocess": "Flower, a ClientApp process per message (before)"}
 ROUND_LINE = re.compile(r"round (\d+)/(\d+) done in ([0-9.]+) s")
 
 
@@ -118,7 +119,7 @@ def openfl(lab, rounds: int, port: int) -> dict:
             "startup": trained[0] - exp.started, "memory": peaks, "accuracy": records[-1]["site_accuracy"]}
 
 
-def flower(lab, rounds: int, port: int, venv: Path, local: bool) -> dict:
+def flower(lab, rounds: int, port: int, venv: Path, local: bool, isolation: str = "process") -> dict:
     fc = str(venv / "bin" / "fedcontrast")
     env = {**lab.env, "PATH": f"{venv / 'bin'}:{os.environ.get('PATH', '')}"}
     name = f"fl{port}"
@@ -132,8 +133,8 @@ def flower(lab, rounds: int, port: int, venv: Path, local: bool) -> dict:
 
     run(OPERATOR, "flower", "init", "--algorithm", "moon", "--sites", ",".join(SITES), "--input-shape", "1x32x32",
         "--classes", "10", "--rounds", str(rounds), "--address", lab.net.fqdn(OPERATOR), "--port", str(port), name)
-    lab.net.popen(OPERATOR, [fc, "flower", "superlink", name], cwd=lab.disk(OPERATOR), env=env,
-                  log_path=lab.disk(OPERATOR) / f"{name}_superlink.log")
+    superlink = lab.net.popen(OPERATOR, [fc, "flower", "superlink", name], cwd=lab.disk(OPERATOR), env=env,
+                              log_path=lab.disk(OPERATOR) / f"{name}_superlink.log")
     nodes = {}
     for i, site in enumerate(SITES):
         if not (lab.disk(site) / f"{site}.key").exists():
@@ -153,7 +154,7 @@ def flower(lab, rounds: int, port: int, venv: Path, local: bool) -> dict:
         nodes[site] = lab.net.popen(site, [fc, "flower", "supernode", "--superlink", f"{lab.net.fqdn(OPERATOR)}:{port}",
                                            "--ca", f"{name}_ca.crt", "--key", f"{site}.key", "--name", site,
                                            "--data", "images", "--workdir", name, "--threads", str(threads),
-                                           "--port", str(9400 + i if local else 9094)],
+                                           "--port", str(9400 + i if local else 9094), "--isolation", isolation],
                                     cwd=lab.disk(site), env=env, log_path=lab.disk(site) / f"{name}.log")
     time.sleep(3)
     memory = PeakMemory({s: p.pid for s, p in nodes.items()})
@@ -168,6 +169,12 @@ def flower(lab, rounds: int, port: int, venv: Path, local: bool) -> dict:
             first = first or time.time() - started
     code = proc.wait()
     peaks = memory.finish()
+    for party in [*nodes.values(), superlink]:  # none of this run's processes into the next row
+        try:
+            os.killpg(party.pid, 15)
+            party.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
     if code != 0:
         raise SystemExit(f"the Flower federation failed (exit {code}); see {folder}")
     summary = json.loads((folder / "run" / "summary.json").read_text())
@@ -179,45 +186,81 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--flower-venv", default=".venv-flower")
+    parser.add_argument("--placements", nargs="+", choices=("localhost", "across hosts", "across"),
+                        default=["localhost", "across hosts"])
+    parser.add_argument("--isolation", nargs="+", choices=ISOLATION, default=list(ISOLATION),
+                        help="the Flower rows: each SuperNode's --isolation (process: the default, the site's worker "
+                             "takes its tasks; subprocess: a ClientApp process per message, as before issue 37)")
+    parser.add_argument("--no-openfl", dest="openfl", action="store_false", help="only the Flower rows")
+    parser.add_argument("--keep", action="store_true", help="keep the parties' folders and logs (printed)")
     args = parser.parse_args()
+    placements = ["across hosts" if p == "across" else p for p in args.placements]
+    cli = [f"--rounds {args.rounds}", *([] if set(placements) == {"localhost", "across hosts"} else
+                                        [f"--placements {' '.join(p.split()[0] for p in placements)}"]),
+           *([] if args.isolation == list(ISOLATION) else [f"--isolation {' '.join(args.isolation)}"]),
+           *([] if args.openfl else ["--no-openfl"])]
     venv = Path(args.flower_venv).resolve()
     if not (venv / "bin" / "fedcontrast").exists():
         raise SystemExit(f"flower_engine benchmark: no Flower environment at {venv} (python3 -m venv .venv-flower && "
                          ".venv-flower/bin/pip install -e '.[flower]')")
-    reason = netns_unavailable()
+    reason = netns_unavailable() if "across hosts" in placements else None
     if reason is not None:
         raise SystemExit(f"flower_engine benchmark: {reason}")
     results = {}
     tmp = Path(tempfile.mkdtemp())
+    loads = []
     for placement, port in (("localhost", 9510), ("across hosts", 9520)):
+        if placement not in placements:
+            continue
         lab = CrossSiloLab(tmp / placement.replace(" ", "_"), SITES)
         if placement == "localhost":
             lab.net = LocalNet(lab.parties)
         with lab:
-            results[("OpenFL", placement)] = openfl(lab, args.rounds, port)
-            print("OpenFL", placement, results[("OpenFL", placement)], flush=True)
-            results[("Flower", placement)] = flower(lab, args.rounds, port + 1, venv, placement == "localhost")
-            print("Flower", placement, results[("Flower", placement)], flush=True)
+            if args.openfl:
+                loads.append(os.getloadavg()[0])
+                results[("OpenFL", placement)] = openfl(lab, args.rounds, port)
+                print("OpenFL", placement, results[("OpenFL", placement)], flush=True)
+            for i, isolation in enumerate(args.isolation):
+                engine = ISOLATION[isolation]
+                loads.append(os.getloadavg()[0])
+                results[(engine, placement)] = flower(lab, args.rounds, port + 1 + i, venv, placement == "localhost",
+                                                      isolation)
+                print(engine, placement, results[(engine, placement)], flush=True)
     config = RunConfig(algorithm="moon", dataset="digits", clients=len(SITES), sites=tuple(SITES), rounds=args.rounds)
     stamps: list[float] = []
     run_simulation(config, tmp / "sim", progress=lambda d, t, row: stamps.append(time.time()))
     sim = statistics.median([b - a for a, b in zip(stamps, stamps[1:])][1:])
-    shutil.rmtree(tmp, ignore_errors=True)
+    if args.keep:
+        print(f"the parties' folders and logs: {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+
 
     lines = [f"## The Flower engine vs the OpenFL engine vs the simulator (moon, {len(SITES)} sites, {args.rounds} rounds)",
-             "", f"Command: `sudo .venv/bin/python benchmarks/flower_engine.py --rounds {args.rounds}` on {machine()}, "
-             f"{time.strftime('%Y-%m-%d')}; flwr 1.42 in `.venv-flower`, openfl 1.9 in `.venv`.", "",
+             "", f"Command: `{'sudo ' if 'across hosts' in placements else ''}.venv/bin/python "
+             f"benchmarks/flower_engine.py {' '.join(cli)}` on {machine()}, "
+             f"{time.strftime('%Y-%m-%d')}; flwr 1.42 in `.venv-flower`, openfl 1.9 in `.venv`; the host's load "
+             f"average (1 min) at the start of each row: {' / '.join(f'{x:.1f}' for x in loads)} "
+             f"({os.cpu_count()} cores).", "",
              "The same job on the same image folders (digits shards of a Dir(0.5) partition; each site's test/ held out), "
              "with the documented commands of each engine; every round includes each site's evaluation of what it "
-             "received. Flower: `fedcontrast flower supernode` with its long-lived site worker (default). Memory: peak "
+             "received. Flower: `fedcontrast flower supernode` with its long-lived site worker (default: "
+             "`--isolation process`, the worker takes the SuperNode's tasks itself and the ServerApp sends standby "
+             "messages between rounds; \"before\": `--isolation subprocess`, a `flwr-clientapp` process per "
+             "message that asks the worker, no standby). Memory: peak "
              "resident memory of each site's whole process tree (MiB; shared pages counted in each process).", "",
-             "| engine | placement | s / round (median, rounds 2 …) | ÷ simulator | start → round 1 aggregated | "
-             "peak memory per site (MiB) | sites' held-out accuracy, final model |", "|---|---|---|---|---|---|---|"]
+             "| engine | placement | s / round (median, rounds 2 …) | ÷ simulator | ÷ OpenFL (same placement) | "
+             "start → round 1 aggregated | ÷ OpenFL | peak memory per site (MiB) | "
+             "sites' held-out accuracy, final model |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for (engine, placement), r in results.items():
         mem = " / ".join(f"{r['memory'][s]:.0f}" for s in SITES)
-        lines.append(f"| {engine} | {placement} | {r['per_round']:.2f} | {r['per_round'] / sim:.2f} | "
-                     f"{r['startup']:.1f} s | {mem} | {100 * r['accuracy']:.2f} % |")
-    lines.append(f"| simulator (sequential, one process) | | {sim:.2f} | 1.00 | | | |")
+        base = results.get(("OpenFL", placement))
+        ratio = f"{r['per_round'] / base['per_round']:.2f}" if base else ""
+        start_ratio = f"{r['startup'] / base['startup']:.2f}" if base else ""
+        lines.append(f"| {engine} | {placement} | {r['per_round']:.2f} | {r['per_round'] / sim:.2f} | {ratio} | "
+                     f"{r['startup']:.1f} s | {start_ratio} | {mem} | {100 * r['accuracy']:.2f} % |")
+    lines.append(f"| simulator (sequential, one process) | | {sim:.2f} | 1.00 | | | | | |")
     write_section("flower_engine", "\n".join(lines))
     print("\n".join(lines))
 

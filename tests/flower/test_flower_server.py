@@ -14,6 +14,7 @@ pytest.importorskip("flwr", reason="the Flower engine is the extra [flower] (its
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from fedcontrast.config import DataSchema, RobustnessConfig, RunConfig, TrainingConfig
+from fedcontrast.flower.packing import unpack_arrays  # what a site reads (flower/packing.py)
 from fedcontrast.flower.server_app import FlowerServer, SiteProblem
 from fedcontrast.robust import RejectedUpload
 
@@ -61,10 +62,12 @@ class Grid:
                 continue
             del self.pending[mid]
             kind = msg.metadata.message_type
-            if kind == "query":
+            if kind == "query.standby":  # a standby (flower/standby.py): its reply holds nothing
+                content = {"standby": ConfigRecord({"held": 0.0})}
+            elif kind == "query":
                 content = {"site": ConfigRecord({"site": site})}
             else:
-                received = {k: a.numpy() * self.scale.get(site, 1.0) for k, a in msg.content["received"].items()}
+                received = {k: v * self.scale.get(site, 1.0) for k, v in unpack_arrays(msg.content["received"]).items()}
                 content = {"uploads": ArrayRecord({k: Array.from_numpy_ndarray(np.ascontiguousarray(v))
                                                    for k, v in received.items()}),
                            "outcome": ConfigRecord({"site": site, "weight": 100.0, "metrics": "{}",
@@ -151,7 +154,8 @@ class SecureGrid(Grid):
                 content = {"site": ConfigRecord({"site": site})}
             elif kind == "train":
                 round_num = int(msg.content["task"]["round"])
-                upload = {k: torch.from_numpy(a.numpy() * self.scale.get(site, 1.0)) for k, a in msg.content["received"].items()}
+                upload = {k: torch.from_numpy(v * self.scale.get(site, 1.0))
+                          for k, v in unpack_arrays(msg.content["received"]).items()}
                 self.seen_uploads.append(upload)
                 t = self.settings.sites_needed(3)
                 steps = SecAggSteps(site, list(SITES), t, round_num, self.keys[site], _openssh(self.keys[site].public_key()),

@@ -143,19 +143,45 @@ def cmd_site_key(args: argparse.Namespace) -> int:
 
 
 def cmd_supernode(args: argparse.Namespace) -> int:
-    from ..flower.deploy import start_worker, supernode_command, worker_address
+    from ..flower.deploy import runtime_api_address, start_worker, supernode_command, worker_address
 
-    address = worker_address(Path(args.workdir)) if args.worker else None
+    isolation = args.isolation if args.worker else "subprocess"  # without a worker: a ClientApp process each
+    address = worker_address(Path(args.workdir)) if args.worker and isolation == "subprocess" else None
     command = supernode_command(superlink=args.superlink, ca=args.ca, key=args.key, name=args.name, data=args.data,
                                 workdir=args.workdir, public=args.public, policy=args.policy, port=args.port,
-                                wait=args.wait, threads=args.threads, worker=address)  # its checks come first
-    worker = start_worker(address, args.threads) if address is not None else None
+                                wait=args.wait, threads=args.threads, worker=address,
+                                isolation=isolation)  # its checks come first
+    worker = None
+    if isolation == "process":  # the worker takes the SuperNode's tasks itself (flower/runner.py)
+        worker = start_worker(None, args.threads, runtime_api=runtime_api_address(args.port))
+    elif address is not None:
+        worker = start_worker(address, args.threads)
+    stopping = _stop_when_gone(worker, args.name) if isolation == "process" and worker is not None else None
     try:
         return _supernode(args, command)
     finally:
+        if stopping is not None:
+            stopping.set()
         if worker is not None:
             worker.terminate()
             worker.wait(timeout=30)
+
+
+def _stop_when_gone(worker: subprocess.Popen, name: str) -> threading.Event:
+    """With ``--isolation process`` nothing but the worker takes the SuperNode's messages: if it
+    fails (a crash, killed for memory), the SuperNode stops too, with one sentence, rather than leave
+    the operator to a round timeout (a signal that stops the site's processes stops both anyway)."""
+
+    def watch() -> None:
+        code = worker.wait()
+        if not stopping.is_set() and code not in (-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP):  # not a stop
+            print(f"fedcontrast flower supernode: error: {name}'s worker stopped (exit code {code}); stopping its "
+                  "SuperNode (see the lines above)", flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    stopping = threading.Event()  # set when the SuperNode stops first: the worker is stopped on purpose
+    threading.Thread(target=watch, daemon=True).start()
+    return stopping
 
 
 def _supernode(args: argparse.Namespace, command: list[str]) -> int:
@@ -271,7 +297,11 @@ def _add_flower(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--threads", type=int, default=1, help="torch threads this site trains with (1)")
     w.add_argument("--no-worker", dest="worker", action="store_false",
                    help="run each message in the ClientApp process Flower starts for it (imports and the folder "
-                        "read every round), not in the site's long-lived worker")
+                        "read every round), not in the site's long-lived worker (implies --isolation subprocess)")
+    w.add_argument("--isolation", choices=("process", "subprocess"), default="process",
+                   help="process (default): the site's long-lived worker takes each message from the SuperNode "
+                        "itself (Flower's --isolation process; no process started per message); subprocess: "
+                        "Flower starts a ClientApp process for every message, which asks the worker")
     w.add_argument("--retry-refused", type=float, default=90.0, metavar="SECONDS",
                    help="how long to keep trying when the SuperLink refuses this key (a SuperNode of this key stopped "
                         "less than a minute ago still counts as connected) (90)")

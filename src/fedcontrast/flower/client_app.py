@@ -16,8 +16,14 @@ from multiprocessing.connection import Client
 from pathlib import Path
 from typing import Any
 
+from .packing import pack_arrays, unpack_arrays
+
+REFUSAL_RECORD = "refusal"  # as site_app.REFUSAL_RECORD (this shell imports no torch): a refused or failed site
 STATE_RECORD = "fedcontrast"  # context.state[STATE_RECORD]["state"]: the site's state, torch.save bytes
 WORKER_WAIT_S = 120.0  # how long a message waits for a worker that is still starting
+STANDBY_MESSAGE = "query.standby"  # the ServerApp's standby between two messages (server_app.FlowerServer.standby)
+STANDBY_MAX_S = 60.0  # the longest hold a standby message may ask for
+LONG_LIVED = False  # True in the site's runner (flower/runner.py): one process answers every message of the site
 
 
 def node_settings(context) -> dict[str, str]:
@@ -36,7 +42,7 @@ def plain_content(msg) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, record in msg.content.items():
         if isinstance(record, ArrayRecord):
-            out[name] = {k: a.numpy() for k, a in record.items()}
+            out[name] = unpack_arrays(record)
         else:
             out[name] = dict(record.items())
     return out
@@ -63,13 +69,35 @@ def ask_worker(settings: dict[str, str], request: dict[str, Any]) -> tuple[dict[
     return answer[0], answer[1]
 
 
+def refusal_message(msg, site: str, kind: str, sentence: str):
+    """A reply holding one sentence: the site ``refused`` or ``failed`` (server_app reads and names it)."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    return Message(content=RecordDict({REFUSAL_RECORD: ConfigRecord({"kind": kind, "site": site,
+                                                                     "sentence": sentence})}), reply_to=msg)
+
+
+def standby(msg, context):
+    """A standby message (sent only to a site whose start-up reply said it runs every message in one
+    long-lived process): held for the seconds the ServerApp asks, so that the site's SuperNode, which
+    takes its next message at once after a reply but sleeps 3 s after finding none, is still busy when
+    the next round's message is queued. Touches nothing of the site."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    hold = min(max(0.0, float(msg.content["standby"]["hold"])), STANDBY_MAX_S)
+    time.sleep(hold)
+    return Message(content=RecordDict({"standby": ConfigRecord({"held": hold})}), reply_to=msg)
+
+
 def handler(msg, context):
     """Every message type: the site's answer as Flower records; a refusal as one sentence."""
-    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+    from flwr.app import ConfigRecord, Message, RecordDict
 
     name = dict(context.node_config).get("site-name", "this site")
     try:
         settings = node_settings(context)
+        if LONG_LIVED:  # the site's runner: its secure-aggregation secrets stay in this process (flower/secure.py)
+            settings["runner"] = "true"
         record = context.state.config_records.get(STATE_RECORD)
         message_type = msg.metadata.message_type
         request: dict[str, Any] = {"kind": "secagg" if message_type == "query.secagg" else message_type.split(".")[0],
@@ -89,10 +117,11 @@ def handler(msg, context):
         sentence = f"site {name}: {exc}"
         print(f"fedcontrast flower site: error: {sentence}", flush=True)
         raise RuntimeError(sentence) from None
+    if LONG_LIVED and msg.metadata.message_type == "query" and "site" in reply:  # the ServerApp may send it standbys
+        reply["site"] = {**reply["site"], "standby": 1}
     if state is not None:
         context.state[STATE_RECORD] = ConfigRecord({"state": state})
-    records = {k: ArrayRecord(array_dict={n: Array.from_numpy_ndarray(a) for n, a in v.items()}) if k == "uploads"
-               else ConfigRecord(v) for k, v in reply.items()}
+    records = {k: pack_arrays(v) if k == "uploads" else ConfigRecord(v) for k, v in reply.items()}
     return Message(content=RecordDict(records), reply_to=msg)
 
 
@@ -103,6 +132,7 @@ def client_app():
     app = ClientApp()
     app.query()(handler)
     app.query("secagg")(handler)  # the steps of a round's secure aggregation (flower/secure.py)
+    app.query("standby")(standby)  # STANDBY_MESSAGE: between two messages, for a long-lived runner
     app.train()(handler)
     app.evaluate()(handler)
     return app

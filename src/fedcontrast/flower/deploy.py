@@ -331,10 +331,17 @@ def worker_address(workdir: Path) -> tuple[str, str]:
     return str(sock), str(workdir.resolve() / ".fedcontrast-worker.key")
 
 
-def start_worker(address: tuple[str, str], threads: int) -> subprocess.Popen:
-    """The site's worker at ``address``, with a new random key readable by this user only."""
+def start_worker(address: tuple[str, str] | None, threads: int, *,
+                 runtime_api: str | None = None) -> subprocess.Popen:
+    """The site's worker at ``address``, with a new random key readable by this user only; with
+    ``runtime_api`` (a SuperNode started with ``--isolation process``), the worker that takes that
+    SuperNode's tasks itself (:mod:`.runner`) instead."""
     import secrets
 
+    if runtime_api is not None:
+        return subprocess.Popen([sys.executable, "-m", "fedcontrast.flower.worker", "--runtime-api", runtime_api,
+                                 "--threads", str(threads)], env=flower_env())
+    assert address is not None  # (socket, key file)
     sock, key = address
     _write_private(Path(key), secrets.token_bytes(32))
     return subprocess.Popen([sys.executable, "-m", "fedcontrast.flower.worker", "--socket", sock, "--key", key,
@@ -345,8 +352,14 @@ def start_worker(address: tuple[str, str], threads: int) -> subprocess.Popen:
 def supernode_command(*, superlink: str, ca: str | Path, key: str | Path, name: str, data: str | Path,
                       workdir: str | Path, public: str | Path | None = None, policy: str | Path | None = None,
                       port: int = 9094, wait: float = 600.0, threads: int = 1,
-                      worker: tuple[str, str] | None = None) -> list[str]:
-    """The site's SuperNode, after checking that each file it names exists (one sentence each)."""
+                      worker: tuple[str, str] | None = None, isolation: str = "subprocess") -> list[str]:
+    """The site's SuperNode, after checking that each file it names exists (one sentence each).
+    ``isolation``: Flower's ``subprocess`` (its SuperExec starts a ``flwr-clientapp`` process per
+    message) or ``process`` (the site's worker takes the tasks itself: :func:`start_worker` with
+    ``runtime_api``)."""
+    if isolation not in ("subprocess", "process"):
+        raise ConfigError(f"isolation {isolation!r} is not one of: process, subprocess")
+
     for label, path in (("the federation's CA certificate (--ca)", ca), ("this site's private key (--key)", key),
                         ("this site's data folder (--data)", data), ("the public folder (--public)", public),
                         ("this site's policy (--policy)", policy)):
@@ -369,4 +382,9 @@ def supernode_command(*, superlink: str, ca: str | Path, key: str | Path, name: 
     return [flower_bin("flower-supernode"), "--root-certificates", str(Path(ca).resolve()), "--superlink", superlink,
             "--auth-supernode-private-key", str(Path(key).resolve()),
             "--node-config", " ".join(f"{k}={json.dumps(v)}" for k, v in node_config.items()),
-            "--port", str(port), "--max-wait-time", str(wait)]
+            "--port", str(port), "--max-wait-time", str(wait), "--isolation", isolation]
+
+
+def runtime_api_address(port: int) -> str:
+    """Where a SuperNode started with ``--port PORT`` serves its Runtime API (Flower's default host)."""
+    return f"127.0.0.1:{port}"

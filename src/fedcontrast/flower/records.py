@@ -23,13 +23,18 @@ def flwr_app():
 
 
 def to_array_record(tensors: dict[str, torch.Tensor]):
-    app = flwr_app()
-    return app.ArrayRecord(array_dict={k: app.Array.from_numpy_ndarray(v.detach().cpu().numpy())
-                                       for k, v in tensors.items()})
+    """Tensors as one packed ArrayRecord (packing.pack_arrays: a few objects for Flower to move, not
+    two per tensor)."""
+    from .packing import pack_arrays
+
+    flwr_app()  # or one sentence saying how to install Flower
+    return pack_arrays({k: v.detach().cpu().numpy() for k, v in tensors.items()})
 
 
 def from_array_record(record, device: torch.device | None = None) -> dict[str, torch.Tensor]:
-    out = {k: torch.from_numpy(np.array(a.numpy(), copy=True)) for k, a in record.items()}
+    from .packing import unpack_arrays
+
+    out = {k: torch.from_numpy(np.array(v, copy=True)) for k, v in unpack_arrays(record).items()}
     return out if device is None else {k: v.to(device) for k, v in out.items()}
 
 

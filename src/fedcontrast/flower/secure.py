@@ -62,7 +62,7 @@ def begin_site_round(site: Any, round_num: int, uploads: dict[str, Any], weight:
     """This site's signed keys for round ``round_num``; its secrets stay in this process until the round ends."""
     from cryptography.hazmat.primitives import serialization
 
-    if not settings.get("worker"):
+    if not (settings.get("worker") or settings.get("runner")):  # the worker: behind ClientApps, or the runner
         raise FedContrastError("secure aggregation needs this site's long-lived worker (its round secrets live in "
                                "its memory): start the SuperNode with `fedcontrast flower supernode`, without "
                                "--no-worker")

@@ -45,6 +45,7 @@ from ..rounds import AggregatorRound
 from . import runs
 from .console import say
 from .records import CONFIG_KEY, flwr_app, from_array_record, plan_pins, to_array_record
+from .standby import Standby
 
 logger = logging.getLogger("fedcontrast.flower.server")
 
@@ -74,6 +75,7 @@ class FlowerServer:
         self.node_of = {s: int(site_nodes[s]) for s in self.sites}
         self.site_of = {n: s for s, n in self.node_of.items()}
         self.shared = shared or {}
+        self.standby = Standby(grid, self.node_of, round_timeout)  # flower/standby.py: no idle SuperNode
         self.device = resolve_device(config.device)
         public = load_public(config, base_dir=base_dir) if get_algorithm(config.algorithm).requires_public else None
         self.core = AggregatorRound(config, data_shape(config), public=public, device=self.device)  # fedcontrast.rounds
@@ -104,15 +106,19 @@ class FlowerServer:
         fails or stays silent stops the run, named with its reason — unless ``drop`` and ``min_sites``
         let the round go on without it (named, in :attr:`absent`)."""
         ids = dict(zip(self.grid.push_messages(list(messages.values())), messages))  # message id → site
+        self.standby.begin(messages)  # a standby behind each (none after the final evaluation)
         pending, replies, failed = set(ids), {}, {}
         deadline = time.monotonic() + timeout
         may_drop = drop and self.min_sites is not None
         while pending and time.monotonic() < deadline:
-            for reply in self.grid.pull_messages(list(pending)):
+            for reply in self.grid.pull_messages([*pending, *self.standby.sent]):
+                if self.standby.dropped(reply.metadata.reply_to_message_id):  # a standby's reply: nothing in it
+                    continue
                 site = ids.get(reply.metadata.reply_to_message_id)
                 if site is None:
                     continue
                 pending.discard(reply.metadata.reply_to_message_id)
+                self.standby.note(site, reply)  # when; a start-up reply: does it take standby messages
                 if reply.has_error():
                     if not may_drop:
                         raise SiteProblem(f"{what}: {_reason(reply.error.reason, site)}")

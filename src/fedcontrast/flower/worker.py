@@ -2,7 +2,11 @@
 rounds, answering the ClientApp processes Flower starts for every message (:mod:`.client_app`) over
 a Unix socket in the site's folder, authenticated by a random key only the site's own processes can
 read (mode 600). ``fedcontrast flower supernode`` starts it beside the SuperNode and stops it with it.
+With ``--runtime-api`` (the default of ``fedcontrast flower supernode``: ``--isolation process``) no
+ClientApp process is started at all: the worker takes the SuperNode's tasks itself
+(:mod:`.runner`).
 
+    python -m fedcontrast.flower.worker --runtime-api 127.0.0.1:PORT [--threads N]
     python -m fedcontrast.flower.worker --socket PATH --key KEYFILE [--threads N]
 """
 
@@ -43,10 +47,16 @@ def serve(socket_path: str, key_path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="a Flower site's long-lived worker")
-    parser.add_argument("--socket", required=True)
-    parser.add_argument("--key", required=True)
+    parser.add_argument("--socket")
+    parser.add_argument("--key")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--runtime-api", metavar="HOST:PORT",
+                        help="take the tasks of the SuperNode whose Runtime API is here (started with --isolation "
+                             "process) and run each in this process (flower/runner.py), instead of answering the "
+                             "ClientApp processes Flower starts")
     args = parser.parse_args()
+    if not args.runtime_api and not (args.socket and args.key):
+        parser.error("give --runtime-api, or --socket and --key")
     import logging
 
     import torch
@@ -54,7 +64,12 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the site's round lines on its terminal
     torch.set_num_threads(args.threads)
     try:
-        serve(args.socket, args.key)
+        if args.runtime_api:
+            from .runner import serve_runtime
+
+            serve_runtime(args.runtime_api)
+        else:
+            serve(args.socket, args.key)
     except KeyboardInterrupt:
         pass
 
