@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -39,6 +40,7 @@ from fedcontrast.config import RunConfig
 from fedcontrast.lab.deployment import OPERATOR, CrossSiloLab
 from fedcontrast.lab.netns import netns_unavailable
 from fedcontrast.sim import run_simulation
+from fedcontrast.threads import choose_threads
 
 SITES = ["hosp1", "hosp2", "hosp3"]
 ISOLATION = {"process": "Flower", "subprocess": "Flower, a ClientApp process per message (before)"}
@@ -72,12 +74,48 @@ class LocalNet:
                               timeout=timeout, check=False)
 
     def close(self):
-        for proc in self.procs:
+        stop_process_trees(self.procs)
+        self.procs = []
+
+
+def stop_process_trees(procs, grace: float = 10.0) -> None:
+    """Stops every process ``procs`` started, whatever group or session it moved to (``fedcontrast
+    flower supernode`` runs flower-supernode in a session of its own, which starts flower-superexec and
+    ClientApp processes): SIGTERM to each process group of the trees (so fedcontrast stops its
+    children itself), SIGKILL to whatever is left after ``grace``; then checks that none remains."""
+    tree = []
+    for proc in procs:
+        try:
+            root = psutil.Process(proc.pid)
+            tree += [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        groups = set()
+        for p in tree:
             try:
-                os.killpg(proc.pid, 9)
+                groups.add(os.getpgid(p.pid))
             except ProcessLookupError:
                 pass
-            proc.wait()
+        for group in groups - {os.getpgrp()}:
+            try:
+                os.killpg(group, sig)
+            except ProcessLookupError:
+                pass
+        for p in tree:  # one left in this process's own group: by itself
+            try:
+                if os.getpgid(p.pid) == os.getpgrp():
+                    p.send_signal(sig)
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                pass
+        _, alive = psutil.wait_procs(tree, timeout=grace)
+        if not alive:
+            break
+        tree = alive
+    for proc in procs:
+        proc.wait()
+    left = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"processes the benchmark started still run: {[(p.pid, p.name()) for p in left]}"
 
 
 class PeakMemory:
@@ -149,7 +187,7 @@ def flower(lab, rounds: int, port: int, venv: Path, local: bool, isolation: str 
             if done.returncode == 0 or time.monotonic() > deadline:
                 break
             time.sleep(2)
-    threads = max(1, (os.cpu_count() or 1) // len(SITES))
+    threads = choose_threads(parties=len(SITES) + 1).threads  # the ServerApp and the sites share this host
     for i, site in enumerate(SITES):
         nodes[site] = lab.net.popen(site, [fc, "flower", "supernode", "--superlink", f"{lab.net.fqdn(OPERATOR)}:{port}",
                                            "--ca", f"{name}_ca.crt", "--key", f"{site}.key", "--name", site,
@@ -234,7 +272,6 @@ def main() -> None:
         print(f"the parties' folders and logs: {tmp}")
     else:
         shutil.rmtree(tmp, ignore_errors=True)
-
 
     lines = [f"## The Flower engine vs the OpenFL engine vs the simulator (moon, {len(SITES)} sites, {args.rounds} rounds)",
              "", f"Command: `{'sudo ' if 'across hosts' in placements else ''}.venv/bin/python "

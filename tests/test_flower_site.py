@@ -119,6 +119,25 @@ def test_a_site_refuses_before_reading_any_data(folders, tmp_path):
         site_app.handle("query", 2, json.dumps(config.to_dict()), {**settings(folders, tmp_path), "site-name": "hosp9"}, {}, None)
 
 
+def test_a_refusal_or_a_failure_becomes_the_sites_reply(folders, tmp_path, capsys):
+    """What the worker and the ClientApp send back (site_app.answer): a reply holding one sentence,
+    which the operator's ServerApp names within seconds, never a ClientApp that stops without one."""
+    config = plan()
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("allow_weights: false\n")
+    s = settings(folders, tmp_path, policy=str(policy))
+    reply, state = site_app.answer(kind="query", run_id=1, run_config=json.dumps(config.to_dict()), settings=s,
+                                   content={}, state=None)
+    refusal = reply[site_app.REFUSAL_RECORD]
+    assert state is None and refusal["kind"] == "refused" and refusal["site"] == "hosp1"
+    assert refusal["sentence"].startswith("this site's policy") and "refuses the plan" in refusal["sentence"]
+    assert "site hosp1 refused: this site's policy" in capsys.readouterr().out  # the site's own log says it too
+    reply, _ = site_app.answer(kind="train", run_id=2, run_config=json.dumps(config.to_dict()),
+                               settings=settings(folders, tmp_path), content={"task": {}}, state=None)
+    assert reply[site_app.REFUSAL_RECORD]["kind"] == "failed"  # a bug is a failure, named as one
+    assert reply[site_app.REFUSAL_RECORD]["sentence"].startswith("KeyError")
+
+
 def test_shared_files_are_written_only_when_the_plan_pins_them(folders, tmp_path):
     data = b"frozen backbone"
     pinned = plan("fedpcl", hyperparameters={"fedpcl": {"backbone_files": ["save/backbones/b0.pt"],

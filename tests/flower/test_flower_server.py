@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 
 import numpy as np
 import pytest
@@ -37,19 +38,24 @@ class Grid:
     """Answers every message as a site would: its name; its received weights (scaled by
     ``scale[site]``) as its upload; ``silent`` sites never answer."""
 
-    def __init__(self, scale=None, silent=()):
+    def __init__(self, scale=None, silent=(), refuse=None, offline=()):
         self.scale, self.silent = scale or {}, set(silent)
+        self.refuse = dict(refuse or {})  # site → (message type, the sentence its refusal reply holds)
+        self.offline = set(offline)  # sites whose node the grid does not list (and that never answer)
         self.ids = itertools.count()
         self.pending = {}
+        self.sent = []  # (site, message type) of every message pushed
 
     def get_node_ids(self):
-        return list(NODES.values())
+        return [n for s, n in NODES.items() if s not in self.offline]
 
     def push_messages(self, messages):
         out = []
         for msg in messages:
             mid = str(next(self.ids))
             self.pending[mid] = msg
+            self.sent.append((next(s for s, n in NODES.items() if n == msg.metadata.dst_node_id),
+                              msg.metadata.message_type))
             out.append(mid)
         return out
 
@@ -58,11 +64,13 @@ class Grid:
         for mid in list(ids):
             msg = self.pending.get(mid)
             site = next(s for s, n in NODES.items() if n == msg.metadata.dst_node_id)
-            if site in self.silent:
+            if site in self.silent or site in self.offline:
                 continue
             del self.pending[mid]
             kind = msg.metadata.message_type
-            if kind == "query.standby":  # a standby (flower/standby.py): its reply holds nothing
+            if self.refuse.get(site, ("",))[0] == kind:  # as site_app.answer replies: a refusal record
+                content = {"refusal": ConfigRecord({"kind": "refused", "site": site, "sentence": self.refuse[site][1]})}
+            elif kind == "query.standby":  # a standby (flower/standby.py): its reply holds nothing
                 content = {"standby": ConfigRecord({"held": 0.0})}
             elif kind == "query":
                 content = {"site": ConfigRecord({"site": site})}
@@ -255,8 +263,10 @@ def test_with_min_sites_a_round_goes_on_without_a_silent_site_and_names_it(tmp_p
     assert summary["rounds_completed"] == 2
     records = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records] == [1, 2] and all(set(r["sites"]) == {"hosp1", "hosp2"} for r in records)
-    assert all(r["excluded"] == {"hosp3": f"round {r['round']}: no answer within 1 s"} for r in records)
-    assert "round 1 goes on without hosp3 (hosp3: no answer within 1 s; 2 sites answered, min_sites 2)" in \
+    # silent at start-up: one timeout, then dropped from every later round (not one timeout per round)
+    assert all(r["excluded"] == {"hosp3": f"round {r['round']}: dropped (start-up: no answer within 1 s)"}
+               for r in records)
+    assert "start-up: dropped hosp3 after no answer within 1 s; the later rounds go on without it" in \
         capsys.readouterr().out
     with pytest.raises(SiteProblem, match="no answer from site\\(s\\) hosp3 within 1 s"):  # without min_sites: stops
         FlowerServer(Grid(silent={"hosp3"}), config(), tmp_path / "b", NODES, round_timeout=1, start_timeout=5).run()
@@ -290,3 +300,104 @@ def test_a_run_folder_holds_one_run(tmp_path):
     assert check_run_folder(out, config(), resume=True) == "finished"
     with pytest.raises(ConfigError, match="holds a run of another plan"):
         check_run_folder(out, config().replace(rounds=5), resume=True)
+
+
+# --- the operator always learns why (issue 37, item 2) ------------------------------------------------
+def test_a_refusal_at_start_up_is_named_with_its_sentence_within_seconds_for_every_site(tmp_path, capsys):
+    refuse = {"hosp2": ("query", "this site's policy refuses the plan: allow_weights is false"),
+              "hosp3": ("query", "the operator's Flower app bundle carries code (evil)")}
+    server = FlowerServer(Grid(refuse=refuse), config(), tmp_path, NODES, round_timeout=60, start_timeout=60)
+    t0 = time.monotonic()
+    with pytest.raises(SiteProblem) as stopped:
+        server.connect()
+    assert time.monotonic() - t0 < 10  # seconds, not the round timeout
+    text = str(stopped.value)
+    assert "site hosp2 refused: this site's policy refuses the plan: allow_weights is false" in text
+    assert "site hosp3 refused: the operator's Flower app bundle carries code (evil)" in text
+    assert "site hosp2 refused: this site's policy" in capsys.readouterr().out  # on the console as it came
+    assert set(server.refusals) == {"hosp2", "hosp3"}
+
+
+def test_a_refusal_in_a_round_is_named_and_recorded_and_the_run_goes_on_with_min_sites(tmp_path):
+    refuse = {"hosp3": ("train", "its upload would exceed the policy's byte limit")}
+    server = FlowerServer(Grid(refuse=refuse), config(), tmp_path, NODES, round_timeout=60, start_timeout=60,
+                          min_sites=2)
+    t0 = time.monotonic()
+    summary = server.run()
+    assert time.monotonic() - t0 < 20
+    records = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert "site hosp3 refused: its upload would exceed" in records[0]["excluded"]["hosp3"]
+    assert "site hosp3 refused" in summary["sites_absent"]["refused"]["hosp3"]
+
+
+def test_a_refusal_in_a_round_without_min_sites_stops_the_run_naming_it_within_seconds(tmp_path):
+    server = FlowerServer(Grid(refuse={"hosp1": ("train", "its data folder is gone")}), config(), tmp_path, NODES,
+                          round_timeout=60, start_timeout=60)
+    server.connect()
+    t0 = time.monotonic()
+    with pytest.raises(SiteProblem, match="round 1: site hosp1 refused: its data folder is gone; the run stops here"):
+        server.run_round(1)
+    assert time.monotonic() - t0 < 10
+
+
+# --- silent sites are dropped until they are back (issue 37, item 3) ------------------------------------
+def test_a_silent_site_costs_one_timeout_then_is_dropped_until_it_answers_again(tmp_path, capsys):
+    grid = Grid(silent={"hosp3"})
+    server = FlowerServer(grid, config().replace(rounds=3), tmp_path, NODES, round_timeout=2, start_timeout=1,
+                          min_sites=2)
+    t0 = time.monotonic()
+    server.connect()  # the start-up query: its one timeout
+    server.run_round(1)
+    assert time.monotonic() - t0 < 3.5 and ("hosp3", "train") not in grid.sent  # one timeout (2 s), not two
+    assert "start-up: dropped hosp3 after no answer within 2 s" in capsys.readouterr().out
+    grid.silent = set()  # its late reply to the start-up query arrives: it is back
+    server.run_round(2)
+    assert ("hosp3", "train") in grid.sent
+    assert "hosp3 is back (answered again); it takes part again from round 2" in capsys.readouterr().out
+    records = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert records[0]["dropped"] == {"hosp3": "start-up: no answer within 2 s"}
+    assert "dropped" in records[0]["excluded"]["hosp3"]
+    assert records[1]["rejoined"] == ["hosp3"] and "dropped" not in records[1] and "hosp3" in records[1]["sites"]
+
+
+def test_a_site_that_never_connected_joins_when_its_node_is_listed(tmp_path):
+    grid = Grid(offline={"hosp3"})
+    server = FlowerServer(grid, config(), tmp_path, NODES, round_timeout=1, start_timeout=1, min_sites=2)
+    t0 = time.monotonic()
+    server.connect()
+    server.run_round(1)
+    assert ("hosp3", "train") not in grid.sent and time.monotonic() - t0 < 2.5
+    grid.offline = set()
+    server.run_round(2)
+    assert [m for s, m in grid.sent if s == "hosp3" and m != "query.standby"] == ["query", "train"]  # its start-up
+    # first, then the round (a standby message behind its start-up: flower/standby.py)
+    server.final_evaluation()
+    assert ("hosp3", "evaluate") in grid.sent
+
+
+def test_the_final_evaluation_skips_a_dropped_site(tmp_path):
+    grid = Grid()
+    server = FlowerServer(grid, config(), tmp_path, NODES, round_timeout=1, start_timeout=1, min_sites=2)
+    server.connect()
+    grid.silent = {"hosp2"}
+    server.run_round(1)  # its one timeout
+    t0 = time.monotonic()
+    server.run_round(2)
+    server.final_evaluation()
+    assert time.monotonic() - t0 < 0.9 and ("hosp2", "evaluate") not in grid.sent
+
+
+def test_the_run_says_where_every_partys_outputs_are(tmp_path, capsys):
+    from fedcontrast.flower import server_app
+    from fedcontrast.flower.records import CONFIG_KEY
+
+    class Context:
+        run_config = {CONFIG_KEY: json.dumps(config().to_dict()), "out-dir": str(tmp_path), "round-timeout": 5,
+                      "start-timeout": 5, "site-nodes": json.dumps(NODES)}
+
+    server_app.server._main(Grid(), Context())  # the ServerApp's main, as the SuperLink calls it
+    out = capsys.readouterr().out
+    assert f"the operator's outputs in {tmp_path} (metrics.csv, summary.json" in out
+    assert "each site's in its own folder, site_report/<site>/" in out
+    assert "accuracy of the final model 0.5000;" in out  # rounded
+    assert json.loads((tmp_path / "outcome.json").read_text())["status"] == "finished"

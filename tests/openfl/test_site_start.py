@@ -203,3 +203,20 @@ def test_every_check_the_collaborator_would_make_runs_before_site_start_says_it_
     images(public, {"neg": 3}, seed=6)  # one more file
     check = check_shared(ws, read_workspace_config(ws))
     assert check.status == FAIL and "fingerprint" in check.message and str(public) in check.message
+
+
+def test_threads_reach_the_collaborator_it_starts(site_ws, execv, monkeypatch):
+    """--threads N: the collaborator (fx, which takes this process over) applies and prints N
+    (fedcontrast.threads); without it, its own default rule (nothing handed on)."""
+    from fedcontrast.threads import SHARED_ENV, THREADS_ENV
+
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != THREADS_ENV})  # the test's own
+    os.environ[SHARED_ENV] = "4"  # a launcher's share left in the environment is not the user's value
+    with pytest.raises(Exec):
+        main(["site", "start", str(site_ws), "--name", "site_0", "--threads", "3"])
+    assert os.environ[THREADS_ENV] == "3" and os.environ["OMP_NUM_THREADS"] == "3"
+    assert SHARED_ENV not in os.environ
+    del os.environ[THREADS_ENV]
+    with pytest.raises(Exec):
+        main(["site", "start", str(site_ws), "--name", "site_0"])
+    assert THREADS_ENV not in os.environ

@@ -177,7 +177,7 @@ def cmd_federation(args: argparse.Namespace) -> int:
 
     fx_executable()  # OpenFL is an install extra: one sentence before anything is written, where it is missing
     from ..openfl.fx import collaborator_names, read_workspace_config
-    from ..openfl.launch import export_results, format_round, initialize_plan, run_federation
+    from ..openfl.launch import export_results, federation_threads, format_round, initialize_plan, run_federation
     from ..openfl.plan import create_workspace
 
     check_port(args.port)
@@ -208,13 +208,15 @@ def cmd_federation(args: argparse.Namespace) -> int:
     else:
         config = read_workspace_config(ws)
         print(f"resuming the federation in {ws}", file=sys.stderr)
-    print(f"starting fx aggregator start and {config.clients} × fx collaborator start ...", file=sys.stderr)
+    threads = federation_threads(config.clients, args.threads)
+    print(f"starting fx aggregator start and {config.clients} × fx collaborator start ...; {threads.line()}",
+          file=sys.stderr)
 
     def show(record):
         print(format_round(record), file=sys.stderr, flush=True)
 
-    run_federation(ws, timeout=args.timeout, on_round=show)
-    summary = export_results(ws, run_dir)
+    run_federation(ws, timeout=args.timeout, on_round=show, threads=threads)
+    summary = export_results(ws, run_dir, {"threads": threads.record()})
     acc, sites = summary["final_accuracy"], summary["final_site_accuracy_mean"]
     final = (f"final model (torch state_dict): {summary['final_model']}" if summary["final_model"]
              else f"final global tensors: {summary['final_downlink']}")
@@ -233,6 +235,8 @@ def _add_federation(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--runs-dir", default="runs")
     p.add_argument("--port", type=int, help="aggregator port (default: a free one)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds before the federation is stopped")
+    p.add_argument("--threads", type=int, help="torch threads of each party (default: the cores this process may "
+                                               "use, divided among the aggregator and the collaborators)")
     p.add_argument("--resume", action="store_true", help="restart the parties of an interrupted federation")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_federation)

@@ -11,12 +11,13 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -24,6 +25,10 @@ from .common import _add_run_flags, _add_schema_flags
 
 REFUSED_MARKERS = ("Failed to activate SuperNode", "No SuperNode found with the given public key")
 REFUSED_RETRY_S = 10.0
+CONNECTED_MARKER = "SuperNode ID:"  # Flower's INFO line once the SuperLink accepted the SuperNode
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # colour and cursor codes
+FLOWER_CHATTER = re.compile(r"^(DEBUG|INFO)\s*(\d[\d:,. -]*)?:")  # Flower's own INFO/DEBUG lines (flwr's format)
+FINISHED_MARKER = "fedcontrast: finished:"  # the ServerApp's last line, streamed by flwr run
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -68,7 +73,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_superlink(args: argparse.Namespace) -> int:
     from ..flower.deploy import flower_env, superlink_command
 
-    return _run_child(superlink_command(args.directory), flower_env(Path(args.directory)))
+    return _run_child(superlink_command(args.directory), flower_env(Path(args.directory)), verbose=args.verbose)
 
 
 def cmd_register(args: argparse.Namespace) -> int:
@@ -120,7 +125,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if overrides:
         command += ["--run-config", overrides]
     outcome.unlink(missing_ok=True)
-    code = _run_child(command, flower_env(folder))
+    streamed: list[str] = []
+    code = _run_child(command, flower_env(folder), watch=streamed, verbose=args.verbose)
     if not outcome.exists():
         raise ConfigError(f"the Flower run ended (flwr exit code {code}) without a result in {outcome}; see the "
                           "SuperLink's output")
@@ -128,8 +134,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.get("status") != "finished":
         print(f"fedcontrast: error: {result.get('error')}", file=sys.stderr)
         return 1
-    print(f"finished: the sites' held-out accuracy of the final model {result.get('final_accuracy')}; "
-          f"outputs in {folder / RUN_DIR}")
+    if not any(FINISHED_MARKER in line for line in streamed):  # the ServerApp's own line said it already
+        acc = result.get("final_accuracy")
+        print(f"finished: the sites' held-out accuracy of the final model {'n/a' if acc is None else f'{acc:.4f}'}; "
+              f"outputs in {folder / RUN_DIR}")
     return 0
 
 
@@ -144,18 +152,21 @@ def cmd_site_key(args: argparse.Namespace) -> int:
 
 def cmd_supernode(args: argparse.Namespace) -> int:
     from ..flower.deploy import runtime_api_address, start_worker, supernode_command, worker_address
+    from ..threads import choose_threads
 
     isolation = args.isolation if args.worker else "subprocess"  # without a worker: a ClientApp process each
     address = worker_address(Path(args.workdir)) if args.worker and isolation == "subprocess" else None
+    threads = choose_threads(args.threads)  # this site's one party that computes: its worker (or ClientApps)
     command = supernode_command(superlink=args.superlink, ca=args.ca, key=args.key, name=args.name, data=args.data,
                                 workdir=args.workdir, public=args.public, policy=args.policy, port=args.port,
-                                wait=args.wait, threads=args.threads, worker=address,
+                                wait=args.wait, threads=threads.threads, worker=address,
                                 isolation=isolation)  # its checks come first
+    print(f"{args.name}: {threads.line()}", flush=True)
     worker = None
     if isolation == "process":  # the worker takes the SuperNode's tasks itself (flower/runner.py)
-        worker = start_worker(None, args.threads, runtime_api=runtime_api_address(args.port))
+        worker = start_worker(None, threads.threads, runtime_api=runtime_api_address(args.port))
     elif address is not None:
-        worker = start_worker(address, args.threads)
+        worker = start_worker(address, threads.threads)
     stopping = _stop_when_gone(worker, args.name) if isolation == "process" and worker is not None else None
     try:
         return _supernode(args, command)
@@ -190,7 +201,13 @@ def _supernode(args: argparse.Namespace, command: list[str]) -> int:
     deadline = time.monotonic() + args.retry_refused
     while True:
         seen: list[str] = []
-        code = _run_child(command, site_env(), watch=seen)
+
+        def connected(line: str) -> None:
+            if CONNECTED_MARKER in line:
+                print(f"{args.name}: connected to the SuperLink at {args.superlink}; waiting for the operator's run",
+                      flush=True)
+
+        code = _run_child(command, site_env(), watch=seen, verbose=args.verbose, on_line=connected)
         refused = code != 0 and any(m in line for line in seen for m in REFUSED_MARKERS)
         if not refused or time.monotonic() >= deadline:
             break
@@ -207,9 +224,20 @@ def _supernode(args: argparse.Namespace, command: list[str]) -> int:
     return code
 
 
-def _run_child(command: list[str], env: dict[str, str], *, watch: list[str] | None = None) -> int:
-    """Runs a Flower program in the foreground, its output passed through (and kept in ``watch``),
-    SIGTERM/SIGINT passed on; its exit code."""
+def shown(line: str, *, verbose: bool = False, terminal: bool = False) -> str | None:
+    """A line of a Flower program as fedcontrast passes it on: None for Flower's own INFO/DEBUG chatter
+    (unless ``verbose``), without colour codes unless it goes to a ``terminal``."""
+    plain = ANSI.sub("", line)
+    if not verbose and FLOWER_CHATTER.match(plain):
+        return None
+    return line if terminal else plain
+
+
+def _run_child(command: list[str], env: dict[str, str], *, watch: list[str] | None = None, verbose: bool = False,
+               on_line: Callable[[str], None] | None = None) -> int:
+    """Runs a Flower program in the foreground, its output passed through (:func:`shown`: Flower's
+    INFO lines only when ``verbose``, no colour codes in a file; every line kept in ``watch`` and
+    given to ``on_line``, colour codes removed), SIGTERM/SIGINT passed on; its exit code."""
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             start_new_session=True)
 
@@ -219,11 +247,17 @@ def _run_child(command: list[str], env: dict[str, str], *, watch: list[str] | No
 
     def pump() -> None:
         assert proc.stdout is not None
+        terminal = sys.stdout.isatty()
         for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
+            out = shown(line, verbose=verbose, terminal=terminal)
+            if out is not None:
+                sys.stdout.write(out)
+                sys.stdout.flush()
+            plain = ANSI.sub("", line)
             if watch is not None:
-                watch.append(line)
+                watch.append(plain)
+            if on_line is not None:
+                on_line(plain)
 
     # The output is read by a thread: helpers the program started may hold the pipe open after it exits.
     reader = threading.Thread(target=pump, daemon=True)
@@ -252,7 +286,7 @@ def _add_flower(sub: argparse._SubParsersAction) -> None:
                                                                        "stops naming the silent sites (1800)")
     w.add_argument("--start-timeout", type=float, default=600.0,
                    help="seconds to wait for every site's SuperNode to connect (600)")
-    w.add_argument("--threads", type=int, default=1, help="torch threads of the ServerApp (1)")
+    w.add_argument("--threads", type=int, help="torch threads of the ServerApp (default: the cores it may use)")
     w.add_argument("--min-sites", type=int, help="go on without sites that stay silent (or fail) in a round when at "
                                                 "least this many answered (default: every site must answer)")
     w.add_argument("--federation", metavar="NAME", help="the federation's name, which its CA carries (CN=NAME "
@@ -263,6 +297,7 @@ def _add_flower(sub: argparse._SubParsersAction) -> None:
     w.add_argument("directory")
     w.set_defaults(func=cmd_init)
     w = fsub.add_parser("superlink", help="operator: start the SuperLink (TLS, only registered SuperNode keys)")
+    w.add_argument("--verbose", action="store_true", help="show Flower's own INFO lines too")
     w.add_argument("directory")
     w.set_defaults(func=cmd_superlink)
     w = fsub.add_parser("register", help="operator: register a site's SuperNode public key (SuperLink running)")
@@ -278,6 +313,7 @@ def _add_flower(sub: argparse._SubParsersAction) -> None:
                                                 "answer (default: init's)")
     w.add_argument("--resume", action="store_true", help="continue the run the folder holds (from its last round), or "
                                                          "re-report it when it finished")
+    w.add_argument("--verbose", action="store_true", help="show Flower's own INFO lines too")
     w.add_argument("directory")
     w.set_defaults(func=cmd_run)
     w = fsub.add_parser("site-key", help="site: make its SuperNode key pair (send the .pub file to the operator)")
@@ -294,7 +330,10 @@ def _add_flower(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--public", help="the public folder it holds (FLESD, FedPCL)")
     w.add_argument("--policy", help="this site's policy (site_policy.yaml), checked before any data is read")
     w.add_argument("--port", type=int, default=9094, help="the SuperNode's local port for its ClientApp (9094)")
-    w.add_argument("--threads", type=int, default=1, help="torch threads this site trains with (1)")
+    w.add_argument("--threads", type=int, help="torch threads this site trains with (default: the cores this "
+                                               "process may use)")
+    w.add_argument("--verbose", action="store_true", help="show Flower's own INFO lines too (default: its warnings "
+                                                          "and errors, and fedcontrast's lines)")
     w.add_argument("--no-worker", dest="worker", action="store_false",
                    help="run each message in the ClientApp process Flower starts for it (imports and the folder "
                         "read every round), not in the site's long-lived worker (implies --isolation subprocess)")

@@ -245,6 +245,11 @@ def cmd_site_start(args: argparse.Namespace) -> int:
     argv = site_start_command(ws, args.name, plan=args.plan, data_config=args.data_config, extra=args.fx_args)
     print(f"fedcontrast site start: {args.name}'s workspace {ws} passed the checks; running "
           f"{' '.join(['fx', *argv[1:]])} in it", file=sys.stderr)
+    if args.threads is not None:  # the collaborator applies and prints it (fedcontrast.threads; default: its cores)
+        from ..threads import SHARED_ENV, Threads, check_threads, party_env, usable_cores
+
+        os.environ.pop(SHARED_ENV, None)
+        os.environ.update(party_env(Threads(check_threads(args.threads) or 1, usable_cores(), given=True)))
     sys.stdout.flush()
     sys.stderr.flush()
     os.chdir(ws)
@@ -301,12 +306,15 @@ def _add_site(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=cmd_site_import_cert)
     c = ssub.add_parser("start", help="check this site's workspace (its data.yaml line, cols.yaml, certificate), then "
                                       "run fx collaborator start -n NAME in it (arguments after -- go to fx)",
-                        usage="fedcontrast site start [WORKSPACE] --name NAME [-p PLAN] [-d DATA_CONFIG] [-- FX_ARGS]")
+                        usage="fedcontrast site start [WORKSPACE] --name NAME [-p PLAN] [-d DATA_CONFIG] [--threads N] "
+                              "[-- FX_ARGS]")
     c.add_argument("workspace", nargs="?", default=".", help="this site's workspace (default: here)")
     c.add_argument("--name", required=True, help="this site's name in the plan")
     c.add_argument("-p", "--plan", help="the plan, relative to the workspace (fx's default: plan/plan.yaml)")
     c.add_argument("-d", "--data_config", "--data-config", dest="data_config",
                    help="the data file, relative to the workspace (fx's default: plan/data.yaml)")
+    c.add_argument("--threads", type=int, help="torch threads this site trains with (default: the cores this "
+                                               "process may use)")
     c.set_defaults(func=cmd_site_start, fx_args=[])  # and any further fx arguments after --
     c = ssub.add_parser("roster", help="the key fingerprint of each member of the federation, to confirm with the "
                                        "other hospitals and pin in this site's policy (peers:) for secure aggregation")

@@ -90,7 +90,8 @@ def standby(msg, context):
 
 
 def handler(msg, context):
-    """Every message type: the site's answer as Flower records; a refusal as one sentence."""
+    """Every message type: the site's answer as Flower records; a refusal or a failure as a reply
+    holding one sentence (the ``refusal`` record), never a ClientApp that stops without replying."""
     from flwr.app import ConfigRecord, Message, RecordDict
 
     name = dict(context.node_config).get("site-name", "this site")
@@ -107,16 +108,12 @@ def handler(msg, context):
         if settings.get("worker"):
             reply, state = ask_worker(settings, request)
         else:
-            from .site_app import handle, refusal
+            from .site_app import answer
 
-            try:
-                reply, state = handle(**request)
-            except Exception as exc:  # noqa: BLE001 - named below
-                raise RuntimeError(refusal(exc)) from None
-    except Exception as exc:  # noqa: BLE001 - every failure reaches the operator as one sentence
-        sentence = f"site {name}: {exc}"
-        print(f"fedcontrast flower site: error: {sentence}", flush=True)
-        raise RuntimeError(sentence) from None
+            reply, state = answer(**request)  # a refusal is a reply too
+    except Exception as exc:  # noqa: BLE001 - every failure reaches the operator as one sentence, in a reply
+        print(f"fedcontrast flower site: error: site {name} failed: {exc}", flush=True)
+        reply, state = {REFUSAL_RECORD: {"kind": "failed", "site": name, "sentence": str(exc)}}, None
     if LONG_LIVED and msg.metadata.message_type == "query" and "site" in reply:  # the ServerApp may send it standbys
         reply["site"] = {**reply["site"], "standby": 1}
     if state is not None:

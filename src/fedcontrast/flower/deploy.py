@@ -135,7 +135,7 @@ def public_of_private(private_key: Path) -> Path:
 
 # --- the operator ------------------------------------------------------------------------------------
 def init_operator(folder: str | Path, config: RunConfig, *, host: str, port: int = DEFAULT_PORT,
-                  round_timeout: float = 1800.0, start_timeout: float = 600.0, threads: int = 1,
+                  round_timeout: float = 1800.0, start_timeout: float = 600.0, threads: int | None = None,
                   min_sites: int | None = None, federation: str | None = None,
                   pki_from: str | Path | None = None) -> Path:
     """The operator's folder: certificates (a CA named after ``federation``, default the folder's name;
@@ -154,7 +154,7 @@ def init_operator(folder: str | Path, config: RunConfig, *, host: str, port: int
     else:
         make_certificates(folder / CERT_DIR, host, federation=federation or folder.name)
     settings = {"host": host, "port": port, "round-timeout": float(round_timeout),
-                "start-timeout": float(start_timeout), "threads": int(threads), "min-sites": int(min_sites or 0)}
+                "start-timeout": float(start_timeout), "threads": int(threads or 0), "min-sites": int(min_sites or 0)}
     atomic_write_text(folder / "deployment.json", json.dumps(settings, indent=2) + "\n")
     atomic_write_text(folder / SITES_FILE, "{}\n")
     home = folder / FLWR_HOME
@@ -331,7 +331,7 @@ def worker_address(workdir: Path) -> tuple[str, str]:
     return str(sock), str(workdir.resolve() / ".fedcontrast-worker.key")
 
 
-def start_worker(address: tuple[str, str] | None, threads: int, *,
+def start_worker(address: tuple[str, str] | None, threads: int | None, *,
                  runtime_api: str | None = None) -> subprocess.Popen:
     """The site's worker at ``address``, with a new random key readable by this user only; with
     ``runtime_api`` (a SuperNode started with ``--isolation process``), the worker that takes that
@@ -340,18 +340,18 @@ def start_worker(address: tuple[str, str] | None, threads: int, *,
 
     if runtime_api is not None:
         return subprocess.Popen([sys.executable, "-m", "fedcontrast.flower.worker", "--runtime-api", runtime_api,
-                                 "--threads", str(threads)], env=flower_env())
+                                 *(["--threads", str(threads)] if threads else [])], env=flower_env())
     assert address is not None  # (socket, key file)
     sock, key = address
     _write_private(Path(key), secrets.token_bytes(32))
     return subprocess.Popen([sys.executable, "-m", "fedcontrast.flower.worker", "--socket", sock, "--key", key,
-                             "--threads", str(threads)], env=flower_env())
+                             *(["--threads", str(threads)] if threads else [])], env=flower_env())
 
 
 # --- a site ------------------------------------------------------------------------------------------
 def supernode_command(*, superlink: str, ca: str | Path, key: str | Path, name: str, data: str | Path,
                       workdir: str | Path, public: str | Path | None = None, policy: str | Path | None = None,
-                      port: int = 9094, wait: float = 600.0, threads: int = 1,
+                      port: int = 9094, wait: float = 600.0, threads: int | None = None,
                       worker: tuple[str, str] | None = None, isolation: str = "subprocess") -> list[str]:
     """The site's SuperNode, after checking that each file it names exists (one sentence each).
     ``isolation``: Flower's ``subprocess`` (its SuperExec starts a ``flwr-clientapp`` process per
@@ -359,7 +359,6 @@ def supernode_command(*, superlink: str, ca: str | Path, key: str | Path, name: 
     ``runtime_api``)."""
     if isolation not in ("subprocess", "process"):
         raise ConfigError(f"isolation {isolation!r} is not one of: process, subprocess")
-
     for label, path in (("the federation's CA certificate (--ca)", ca), ("this site's private key (--key)", key),
                         ("this site's data folder (--data)", data), ("the public folder (--public)", public),
                         ("this site's policy (--policy)", policy)):
@@ -371,7 +370,7 @@ def supernode_command(*, superlink: str, ca: str | Path, key: str | Path, name: 
     public_of_private(Path(key))  # also checks the key's format
     _check_free(port)
     node_config = {"site-name": name, "data": str(Path(data).resolve()), "workdir": str(Path(workdir).resolve()),
-                   "tls": "true", "node-auth": "true", "threads": str(int(threads)),
+                   "tls": "true", "node-auth": "true", "threads": str(int(threads or 0) or ""),
                    "signing-key": str(Path(key).resolve())}  # signs its secure-aggregation keys (flower/secure.py)
     if public is not None:
         node_config["public"] = str(Path(public).resolve())

@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..algorithms import get_algorithm
 from ..config import RunConfig, site_names
 from ..construction import data_shape, load_public
@@ -42,7 +40,10 @@ from ..outputs import (
 )
 from ..privacy.secagg_relay import relay_for
 from ..rounds import AggregatorRound
+from ..threads import apply_threads
 from . import runs
+from .attendance import Attendance
+from .client_app import REFUSAL_RECORD
 from .console import say
 from .records import CONFIG_KEY, flwr_app, from_array_record, plan_pins, to_array_record
 from .standby import Standby
@@ -51,6 +52,8 @@ logger = logging.getLogger("fedcontrast.flower.server")
 
 OUTCOME_FILE = "outcome.json"
 ROUNDS_FILE = "rounds.jsonl"  # one record per round: each site's weight, released metrics, exclusions
+REFUSAL_GRACE_S = 3.0  # after a refusal that stops the run: how long the other sites' answers may still come
+REPLY_POLL_S = 0.05  # between two pulls of the sites' replies
 
 
 class SiteProblem(FedContrastError):
@@ -67,6 +70,7 @@ class FlowerServer:
         self.round_timeout, self.start_timeout = round_timeout, start_timeout
         self.min_sites = min_sites  # a round goes on without silent sites while this many answered
         self.absent: dict[str, str] = {}  # site → why it is not in the current round
+        self.refusals: dict[str, str] = {}  # site → its refusal or failure, as the operator was told
         self.sites = site_names(config)
         unregistered = [s for s in self.sites if s not in site_nodes]
         if unregistered:
@@ -74,8 +78,10 @@ class FlowerServer:
                               "register each with `fedcontrast flower register`")
         self.node_of = {s: int(site_nodes[s]) for s in self.sites}
         self.site_of = {n: s for s, n in self.node_of.items()}
-        self.shared = shared or {}
+        self.attendance = Attendance(grid, self.sites, self.node_of)  # flower/attendance.py: who is dropped
+        self.back: list[str] = []  # sites back in the current round
         self.standby = Standby(grid, self.node_of, round_timeout)  # flower/standby.py: no idle SuperNode
+        self.shared = shared or {}
         self.device = resolve_device(config.device)
         public = load_public(config, base_dir=base_dir) if get_algorithm(config.algorithm).requires_public else None
         self.core = AggregatorRound(config, data_shape(config), public=public, device=self.device)  # fedcontrast.rounds
@@ -119,26 +125,29 @@ class FlowerServer:
                     continue
                 pending.discard(reply.metadata.reply_to_message_id)
                 self.standby.note(site, reply)  # when; a start-up reply: does it take standby messages
-                if reply.has_error():
-                    if not may_drop:
-                        raise SiteProblem(f"{what}: {_reason(reply.error.reason, site)}")
-                    failed[site] = _reason(reply.error.reason, site)
+                why = _refused(reply, site)
+                if why is None:
+                    replies[site] = reply
                     continue
-                replies[site] = reply
+                failed[site] = why
+                say(f"{what}: {why}")  # at once, whatever the others do
+                if not may_drop:  # the run stops: the others' refusals have a moment to arrive, not the timeout
+                    deadline = min(deadline, time.monotonic() + REFUSAL_GRACE_S)
             if pending:
-                time.sleep(0.05)
+                time.sleep(REPLY_POLL_S)
+        self.refusals.update({s: f"{what}: {why}" for s, why in failed.items()})
+        if failed and (not may_drop or len(replies) < (self.min_sites or 0)):
+            raise SiteProblem(f"{what}: {'; '.join(failed[s] for s in sorted(failed))}"
+                              + (f"; fewer than min_sites {self.min_sites} answered" if may_drop else "")
+                              + "; the run stops here")
         silent = sorted(ids[m] for m in pending)
         if silent and not (may_drop and len(replies) >= (self.min_sites or 0)):
             raise SiteProblem(f"{what}: no answer from site(s) {', '.join(silent)} within {timeout:g} s (stopped, "
                               "or its SuperNode lost the connection); the run stops here")
-        if failed and len(replies) < (self.min_sites or 0):
-            raise SiteProblem(f"{what}: {'; '.join(failed.values())}; fewer than min_sites {self.min_sites} "
-                              "answered, the run stops here")
-        gone = {**{s: f"no answer within {timeout:g} s" for s in silent}, **failed}
-        if gone:
-            self.absent.update(gone)
-            why = "; ".join(f"{s}: {r}" for s, r in sorted(gone.items()))
-            say(f"{what} goes on without {', '.join(sorted(gone))} ({why}; {len(replies)} sites answered, "
+        self.attendance.drop({m: ids[m] for m in pending}, what, timeout)  # not asked again until it is back
+        self.absent.update({**{s: f"no answer within {timeout:g} s" for s in silent}, **failed})
+        if failed:  # each named above as it came
+            say(f"{what} goes on without {', '.join(sorted(failed))} ({len(replies)} sites answered, "
                 f"min_sites {self.min_sites})")
         return replies
 
@@ -159,20 +168,38 @@ class FlowerServer:
                               f"(their SuperNode is not running, or cannot reach this SuperLink)")
         if missing:
             say(f"site(s) {', '.join(missing)} did not connect within {self.start_timeout:g} s; the run starts without "
-                f"them (min_sites {self.min_sites}) and asks them again every round")
+                f"them (min_sites {self.min_sites}) and takes each in when its SuperNode connects")
+            for site in missing:
+                self.attendance.dropped[site] = f"start-up: did not connect within {self.start_timeout:g} s"
+                self.attendance.listed[site] = False
+        ready = self.start_up([s for s in self.sites if s not in missing], "start-up")
+        say(f"{len(ready)} sites ready: {', '.join(ready)} (each checked the plan against its policy "
+            "before reading its data)")
+
+    def start_up(self, sites: list[str], what: str) -> list[str]:
+        """Asks ``sites`` to check the plan (policy, audit) and read their folders: those that did."""
         app = flwr_app()
         content = {"task": app.ConfigRecord({"run": self.run_label})}
         if self.shared:
             content["shared"] = app.ConfigRecord(dict(self.shared))
-        replies = self.exchange({s: self.message(s, "query", dict(content), 0) for s in self.sites if s not in missing},
-                                self.round_timeout, "start-up", drop=True)
+        replies = self.exchange({s: self.message(s, "query", dict(content), 0) for s in sites}, self.round_timeout,
+                                what, drop=True)
         for site, reply in replies.items():
             claimed = str(reply.content["site"]["site"])
             if claimed != site:
                 raise SiteProblem(f"the SuperNode registered as site {site} says it is {claimed!r}; the run stops")
-        ready = [s for s in self.sites if s in replies]
-        say(f"{len(ready)} sites ready: {', '.join(ready)} (each checked the plan against its policy "
-            "before reading its data)")
+        self.attendance.started.update(replies)
+        return [s for s in self.sites if s in replies]
+
+    def attending(self, what: str) -> tuple[list[str], list[str]]:
+        """The sites a message goes to now (dropped ones left out; those back, after their start-up if
+        they never had one) and the sites back since the last message."""
+        back = self.attendance.rejoin(what)
+        fresh = [s for s in back if s not in self.attendance.started]
+        if fresh:
+            self.start_up(fresh, f"{what} (start-up of {', '.join(fresh)})")
+        self.absent = {s: f"dropped ({why})" for s, why in self.attendance.dropped.items()}
+        return self.attendance.active(), back
 
     def run(self) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -196,6 +223,8 @@ class FlowerServer:
         summary = build_summary(self.rows, config=self.config.to_dict(), wall_time_s=time.perf_counter() - t0,
                                 rounds_total=self.config.rounds)
         summary["startup_s"] = round(start - t0, 3)
+        if self.refusals or self.attendance.dropped:  # who refused or failed, who is dropped at the end
+            summary["sites_absent"] = {"refused": dict(self.refusals), "dropped": dict(self.attendance.dropped)}
         summary["seconds_per_round"] = round((time.perf_counter() - start) / max(1, self.config.rounds), 3)
         write_json(self.out / "summary.json", summary)
         curve = test_accuracy_curve(self.rows)
@@ -207,9 +236,9 @@ class FlowerServer:
     def run_round(self, round_num: int) -> None:
         app = flwr_app()
         task = app.ConfigRecord({"round": round_num, "run": self.run_label})
+        sites, self.back = self.attending(f"round {round_num}")
         messages = {s: self.message(s, "train", {"task": task, "received": to_array_record(self.downlink.for_site(s))},
-                                    round_num) for s in self.sites}
-        self.absent = {}
+                                    round_num) for s in sites}
         replies = self.exchange(messages, self.round_timeout, f"round {round_num}", drop=True)
         uploads, weights = {}, {}
         evaluations = {}
@@ -240,7 +269,7 @@ class FlowerServer:
             "round": round_num, "time": time.time(),
             "sites": {s: {"weight": weights[s], "training": json.loads(str(replies[s].content["outcome"]["metrics"])),
                           "evaluation_of_received": evaluations[s]} for s in replies},
-            "excluded": result.excluded})
+            "excluded": result.excluded, **self.attendance.record(self.back)})
         if result.stop:  # on_rejected: stop — aggregated without them, recorded; the run stops here
             raise result.stopped(round_num)
 
@@ -262,7 +291,7 @@ class FlowerServer:
             "secure_bytes": dict(relay.bytes_from),
             "sites": {s: {"training": json.loads(str(replies[s].content["outcome"]["metrics"])),
                           "evaluation_of_received": evaluations[s]} for s in replies},
-            "excluded": result.excluded})
+            "excluded": result.excluded, **self.attendance.record(self.back)})
 
     def evaluation_rows(self, round_num: int, evaluations: dict[str, dict[str, float]]) -> None:
         """Each site's held-out score of what it received at the start of ``round_num`` (the model
@@ -291,12 +320,24 @@ class FlowerServer:
         app = flwr_app()
         rounds = self.config.rounds
         task = app.ConfigRecord({"round": rounds + 1, "run": self.run_label})  # evaluation only, after the last
+        sites, _ = self.attending("the final evaluation")
         messages = {s: self.message(s, "evaluate",
                                     {"task": task, "received": to_array_record(self.downlink.for_site(s))},
-                                    rounds + 1) for s in self.sites}
+                                    rounds + 1) for s in sites}
         replies = self.exchange(messages, self.round_timeout, "final evaluation", drop=True)
         self.evaluation_rows(rounds + 1, {s: json.loads(str(r.content["outcome"]["evaluation"]))
                                       for s, r in replies.items()})
+
+
+def _refused(reply, site: str) -> str | None:
+    """A reply's refusal or failure as one sentence naming the site (None: a reply to use)."""
+    if reply.has_error():  # Flower's own error reply (a ClientApp that raised, or stopped)
+        return _reason(reply.error.reason, site)
+    if REFUSAL_RECORD not in reply.content:
+        return None
+    record = reply.content[REFUSAL_RECORD]
+    kind = "refused" if str(record.get("kind", "failed")) == "refused" else "failed"
+    return f"site {site} {kind}: {str(record.get('sentence', '')).strip() or 'no reason given'}"
 
 
 def _reason(reason: str, site: str) -> str:
@@ -306,6 +347,9 @@ def _reason(reason: str, site: str) -> str:
     if marker in text:
         text = text[text.index(marker):].splitlines()[0]
         return re.split(r"""['"]>|['"]\)""", text)[0].rstrip(". ")
+    if "stopped responding" in text or "attempting to load `ClientApp`" in text:  # no sentence of the site's came
+        return (f"site {site} failed: its ClientApp stopped before it could reply ({text.splitlines()[-1]}): the site "
+                "refused code in the operator's app bundle, or its process crashed; the reason is in that site's log")
     return f"site {site} failed: {text.splitlines()[-1] if text else 'no reason given'}"
 
 
@@ -320,11 +364,13 @@ def server_app():
         rc = context.run_config
         out = Path(str(rc["out-dir"]))
         out.mkdir(parents=True, exist_ok=True)
+        server = None
         try:
             config = RunConfig.from_dict(json.loads(str(rc[CONFIG_KEY])))
             base = Path(str(rc.get("base-dir", ".") or "."))
             shared = {rel: (base / rel).read_bytes() for rel in plan_pins(config)}  # e.g. FedPCL's backbones
-            torch.set_num_threads(int(rc.get("threads", 1)))
+            threads = apply_threads(int(rc.get("threads", 0) or 0) or None)  # init's --threads, else the cores
+            say(f"ServerApp {threads.line()}")
             server = FlowerServer(grid, config, out, json.loads(str(rc["site-nodes"])),
                                   round_timeout=float(rc["round-timeout"]), start_timeout=float(rc["start-timeout"]),
                                   shared=shared, base_dir=base,
@@ -332,9 +378,12 @@ def server_app():
                                   min_sites=int(rc["min-sites"]) if int(rc.get("min-sites", 0) or 0) else None,
                                   resume=str(rc.get("resume", "false")).lower() == "true")
             summary = server.run()
+            summary["threads"] = threads.record()  # recorded with the run
+            write_json(out / "summary.json", summary)
         except FedContrastError as exc:
             say(f"error: {exc}")
-            write_json(out / OUTCOME_FILE, {"status": "failed", "error": str(exc)})
+            write_json(out / OUTCOME_FILE, {"status": "failed", "error": str(exc),  # and each site that refused
+                                            "refused": dict(server.refusals) if server is not None else {}})
             return
         except Exception as exc:
             logger.exception("the ServerApp failed")
@@ -342,8 +391,10 @@ def server_app():
             return
         write_json(out / OUTCOME_FILE, {"status": "finished", "final_accuracy": summary.get("final_accuracy"),
                                         "rounds": summary.get("rounds_completed")})
+        acc = summary.get("final_accuracy")
         say(f"finished: {config.rounds} rounds; the sites' held-out accuracy of the final model "
-            f"{summary.get('final_accuracy')}; outputs in {out}")
+            f"{'n/a' if acc is None else f'{acc:.4f}'}; the operator's outputs in {out} (metrics.csv, summary.json, "
+            f"rounds.jsonl, accuracy.png); each site's in its own folder, site_report/<site>/")
 
     return app
 

@@ -51,6 +51,7 @@ from ..devices import resolve_device
 from ..errors import FedContrastError, SiteRefusal
 from ..rounds import evaluate_site, run_site_task
 from ..site.report import REPORT_DIR, SiteReport
+from ..threads import apply_threads
 from .records import plan_pins
 
 logger = logging.getLogger("fedcontrast.flower.site")
@@ -104,7 +105,7 @@ class SiteRuntime:
         self.index = site_names(config).index(self.name)  # one of the plan's sites (checked above)
         policy = self.data.site_policy
         self.report = SiteReport(self.workdir / REPORT_DIR / self.name, self.name, config.rounds,
-                                 getattr(policy, "max_epsilon", None))
+                                 getattr(policy, "max_epsilon", None), threads=torch.get_num_threads())
 
     def _write_shared(self, shared: dict[str, bytes], pins: dict[str, str]) -> None:
         """Files the plan pins by SHA-256 (FedPCL's backbones), received as bytes: written only if
@@ -165,7 +166,7 @@ class SiteRuntime:
 def runtime(run_id: int, run_config: str, settings: dict[str, str], shared: dict[str, bytes]) -> SiteRuntime:
     """This site's runtime for run ``run_id`` (built at its first message; kept by a long-lived
     process, the site's worker)."""
-    torch.set_num_threads(int(settings.get("threads", "1")))
+    apply_threads(settings.get("threads") or None)  # the SuperNode's --threads, else the cores it may use
     key = (int(run_id), settings["site-name"])
     if key not in _RUNTIMES:
         _RUNTIMES[key] = SiteRuntime(RunConfig.from_dict(json.loads(run_config)), settings, shared)
@@ -178,6 +179,29 @@ def refusal(exc: BaseException) -> str:
     if isinstance(exc, FedContrastError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
+
+
+REFUSAL_RECORD = "refusal"  # a reply's record when the site refused or failed: {"kind", "site", "sentence"}
+
+
+def refusal_reply(site: str, exc: BaseException | str) -> dict[str, Any]:
+    """A refusal (its policy, its folder, a shared file: ``refused``) or a failure (anything else:
+    ``failed``) as the site's reply, which the operator's ServerApp reads and names within seconds."""
+    kind = "refused" if isinstance(exc, (FedContrastError, str)) else "failed"
+    return {REFUSAL_RECORD: {"kind": kind, "site": site, "sentence": exc if isinstance(exc, str) else refusal(exc)}}
+
+
+def answer(**request: Any) -> tuple[dict[str, Any], bytes | None]:
+    """:func:`handle`, where a refusal or a failure becomes the site's reply (one sentence, printed on
+    the site's terminal too) instead of a ClientApp that stops without one."""
+    try:
+        return handle(**request)
+    except Exception as exc:  # noqa: BLE001 - every failure reaches the operator as one sentence
+        name = str((request.get("settings") or {}).get("site-name") or "this site")
+        reply = refusal_reply(name, exc)
+        print(f"fedcontrast flower site: error: site {name} {reply[REFUSAL_RECORD]['kind']}: "
+              f"{reply[REFUSAL_RECORD]['sentence']}", flush=True)
+        return reply, None
 
 
 def _state_in(data: bytes | None, site: SiteRuntime) -> dict[str, Any]:

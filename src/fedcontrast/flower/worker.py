@@ -20,7 +20,7 @@ from pathlib import Path
 
 def serve(socket_path: str, key_path: str) -> None:
     from .site_app import (  # imported before the first message: torch, the plugins
-        handle,
+        answer,
         refusal,
     )
 
@@ -39,17 +39,35 @@ def serve(socket_path: str, key_path: str) -> None:
                     request = conn.recv()
                 except (OSError, EOFError):
                     continue
-                try:
-                    conn.send(("ok", *handle(**request)))
+                try:  # a refusal or a failure is the site's reply (site_app.answer)
+                    conn.send(("ok", *answer(**request)))
                 except Exception as exc:  # noqa: BLE001 - the ClientApp names it to the operator
                     conn.send(("error", refusal(exc)))
+
+
+def quiet_flower() -> None:
+    """Flower's logger in this process (its output goes straight to the SuperNode's terminal or log
+    file): its own handler at WARNING (FLWR_LOG_LEVEL overrides), without colour codes, and not passed
+    on to the root logger as well (each of its lines would appear twice)."""
+    import contextlib
+    import logging
+
+    with contextlib.suppress(ImportError):
+        import flwr.common.logger  # noqa: F401  # its handler, added at import
+    flwr = logging.getLogger("flwr")
+    flwr.propagate = False
+    for handler in flwr.handlers:
+        if not os.environ.get("FLWR_LOG_LEVEL"):
+            handler.setLevel(logging.WARNING)
+        if hasattr(handler, "colored"):
+            handler.colored = False
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="a Flower site's long-lived worker")
     parser.add_argument("--socket")
     parser.add_argument("--key")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, help="torch threads (default: the cores this process may use)")
     parser.add_argument("--runtime-api", metavar="HOST:PORT",
                         help="take the tasks of the SuperNode whose Runtime API is here (started with --isolation "
                              "process) and run each in this process (flower/runner.py), instead of answering the "
@@ -59,10 +77,11 @@ def main() -> None:
         parser.error("give --runtime-api, or --socket and --key")
     import logging
 
-    import torch
+    from ..threads import apply_threads
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the site's round lines on its terminal
-    torch.set_num_threads(args.threads)
+    quiet_flower()
+    apply_threads(args.threads)
     try:
         if args.runtime_api:
             from .runner import serve_runtime

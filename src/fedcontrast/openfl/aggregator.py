@@ -30,13 +30,13 @@ from .packing import PERSONAL_PACKED, pack
 from .plan import DEFAULT_ROUND_TIMEOUT, EVALUATE_TASK
 from .protocol import (
     FAILURE_EXIT_CODE,
-    FAILURE_METRIC,
     FAILURE_SLEEP_CODE,
     MESSAGE_ALLOWANCE,
     STOP_GRACE_S,
     STOPPED,
     WAITING_NOTICE_S,
     FederationStopped,
+    failure_sentence,
 )
 from .records import RoundReport
 from .runner import PERSONAL_TAG
@@ -79,6 +79,10 @@ class SafeAggregator(SecureRounds, Aggregator):
                  min_sites: int | None = None, rounds_to_train: int = 1, **kwargs: Any) -> None:
         self.failure: str | None = None  # set before super(): recovery may replay a round end
         self.absent: set[str] = set()  # sites that did not answer in the last round that ended
+        from ..threads import apply_threads
+
+        self.threads = apply_threads()  # its launcher's share (`fedcontrast federation`), else the cores it may use
+        logger.info("%s", self.threads.line())
         try:
             config = RunConfig.from_dict(run_config or {})
             cert_dir = check_aggregator_plan(config, {"run_config": run_config, "model_shape": model_shape,
@@ -187,11 +191,12 @@ class SafeAggregator(SecureRounds, Aggregator):
     def send_local_task_results(self, collaborator_name, round_number, task_name, data_size, named_tensors):
         if kind_of(task_name, SECAGG_TASK) is not None:  # a secure-aggregation message, for the relay
             return self.secure_message(collaborator_name, round_number, task_name, named_tensors)
-        if any(t.name == FAILURE_METRIC for t in named_tensors):  # never persisted: a restart starts afresh
+        if (said := failure_sentence(named_tensors, self.tensor_codec)) is not None:  # never persisted (a restart
+            # starts afresh); the site's sentence travels in its failure metric
             with self.lock:
                 self.absent.add(collaborator_name)
                 self._fail(f"collaborator {collaborator_name} reported that its task {task_name!r} failed in round "
-                           f"{round_number + 1}; the reason is in that site's own log")
+                           f"{round_number + 1}: {said}")
             return
         notice = self.stop_notice(collaborator_name)
         if notice is not None:  # the federation stopped before this upload came: not taken; the sender is told why

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 from openfl.component.collaborator.collaborator import Collaborator
 from openfl.utilities import TensorKey
 
@@ -24,7 +23,15 @@ from ..deploy.certificates import (
 )
 from ..errors import FedContrastError
 from .plan import DEFAULT_RECONNECT_INTERVAL_MAX, DEFAULT_WAIT_FOR_AGGREGATOR, check_wait_settings
-from .protocol import FAILURE_METRIC, FAILURE_SLEEP_CODE, SECAGG_REFUSED, STOPPED, WAITING_NOTICE_S, CollaboratorStopped
+from .protocol import (
+    FAILURE_METRIC,
+    FAILURE_SLEEP_CODE,
+    SECAGG_REFUSED,
+    STOPPED,
+    WAITING_NOTICE_S,
+    CollaboratorStopped,
+    failure_values,
+)
 from .startup_checks import check_settings_in_effect
 
 # one logger for the plan's components, as log lines name it
@@ -275,13 +282,13 @@ class SafeCollaborator(Collaborator):
             where = f" (traceback in {trace})"
         except OSError:
             where = ""
-        try:
+        reason = str(exc) if isinstance(exc, FedContrastError) else f"{type(exc).__name__}: {exc}"
+        try:  # the sentence travels in the failure metric: the aggregator names it to the operator and every site
             key = TensorKey(FAILURE_METRIC, self.collaborator_name, round_number, True, ("metric",))
             self.client.send_local_task_results(round_number, name, -1,
-                                                [self.nparray_to_named_tensor(key, np.array(1.0))])
+                                                [self.nparray_to_named_tensor(key, failure_values(reason))])
         except (Exception, CollaboratorStopped):  # the aggregator may be gone, or stopped already: this site's own
             # failure is what it reports (a gone aggregator's round timeout covers the rest)
             logger.debug("could not tell the aggregator about the failure", exc_info=True)
-        reason = str(exc) if isinstance(exc, FedContrastError) else f"{type(exc).__name__}: {exc}"
         raise CollaboratorStopped(f"fedcontrast collaborator: error: task {name!r} of round {round_number + 1} failed: "
                                   f"{reason}{where}") from None

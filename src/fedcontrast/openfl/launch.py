@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FedContrastError
+from ..threads import SHARED_ENV, Threads, choose_threads, party_env, usable_cores
 from .fx import collaborator_names, fx_executable, read_workspace_config
 from .records import FINAL_DOWNLINK, FINAL_MODEL, ROUNDS_FILE, describe_withheld, metric_kind
 
@@ -28,23 +29,29 @@ class FederationFailed(FedContrastError):
     exit_code = 1
 
 
-def _env(threads: int | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
+def _env(threads: int | Threads | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a party: ``threads`` handed on (:func:`fedcontrast.threads.party_env`; a bare
+    number counts as the user's)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(extra or {})}
-    if threads is not None and "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = str(threads)
+    if threads is not None:
+        choice = threads if isinstance(threads, Threads) else Threads(int(threads), usable_cores(), given=True)
+        env.pop(SHARED_ENV, None)
+        env.update(party_env(choice))
     return env
 
 
-def threads_per_collaborator(collaborators: int) -> int:
-    """CPU threads for each collaborator process when all run on this machine at once.
+def federation_threads(collaborators: int, given: int | None = None) -> Threads:
+    """Each party's threads when the aggregator and ``collaborators`` collaborators all run on this
+    machine at once (:func:`fedcontrast.threads.choose_threads`: ``given``, else the cores this process
+    may use, divided among them). Several processes each using every core fight over them (OpenMP
+    spin-waits); one share each is faster. The count changes the last bits of float sums: a simulator
+    run matches a federation bit for bit only at the same count."""
+    return choose_threads(given, parties=max(1, collaborators) + 1)
 
-    Several processes each using every core fight over them (OpenMP spin-waits); one share each is
-    faster. Note that the thread count changes the last bits of float sums, so a simulator run
-    matches a federation bit for bit only at the same count. ``OMP_NUM_THREADS`` overrides.
-    """
-    if "OMP_NUM_THREADS" in os.environ:
-        return int(os.environ["OMP_NUM_THREADS"])
-    return max(1, (os.cpu_count() or 1) // max(1, collaborators))
+
+def threads_per_collaborator(collaborators: int) -> int:
+    """The thread count of each party of :func:`federation_threads`."""
+    return federation_threads(collaborators).threads
 
 
 def initialize_plan(workspace: Path) -> None:
@@ -81,7 +88,7 @@ def failure_reason(log_path: Path) -> str:
     return lines[-1] if lines else "its log is empty"
 
 
-def start(workspace: Path, args: list[str], log_name: str, threads: int | None = None,
+def start(workspace: Path, args: list[str], log_name: str, threads: int | Threads | None = None,
           env: dict[str, str] | None = None) -> subprocess.Popen:
     """``fx ARGS`` in ``workspace``, logging to ``logs/LOG_NAME``; ``env``: variables added to this one
     process's environment (e.g. a site's own ``FEDCONTRAST_SITE_POLICY``)."""
@@ -127,8 +134,9 @@ def _explain_failure(ws: Path, processes: dict[str, subprocess.Popen], failed: l
 
 def run_federation(workspace: str | Path, *, timeout: float = 3600, poll: float = 0.1,
                    on_round: Callable[[dict[str, Any]], None] | None = None,
-                   collaborators: list[str] | None = None) -> list[dict[str, Any]]:
-    """Start the aggregator and the collaborators of ``workspace`` and wait for the end.
+                   collaborators: list[str] | None = None, threads: Threads | None = None) -> list[dict[str, Any]]:
+    """Start the aggregator and the collaborators of ``workspace`` and wait for the end (``threads``:
+    each party's, default :func:`federation_threads`).
 
     Returns the per-round records (``save/rounds.jsonl``). Raises :class:`FederationFailed` naming
     the party that failed (the others are stopped) or on ``timeout``.
@@ -137,7 +145,7 @@ def run_federation(workspace: str | Path, *, timeout: float = 3600, poll: float 
     config = read_workspace_config(ws)
     names = collaborators if collaborators is not None else collaborator_names(ws)
     (ws / "logs").mkdir(exist_ok=True)
-    threads = threads_per_collaborator(len(names))
+    threads = threads or federation_threads(len(names))
     processes = {"aggregator": start(ws, ["aggregator", "start"], "aggregator.log", threads)}
     for name in names:
         processes[name] = start(ws, ["collaborator", "start", "-n", name], f"{name}.log", threads)
@@ -203,7 +211,8 @@ def format_round(record: dict[str, Any]) -> str:
              if "accuracy" in v.get("evaluation", {})}
     if sites:
         parts.append("sites' held-out accuracy " + " ".join(f"{s} {a:.4f}" for s, a in sites.items())
-                     + f" (weighted mean {record['site_accuracy']:.4f})")
+                     + (f" (weighted mean over {len(sites)} sites {record['site_accuracy']:.4f})" if len(sites) > 1
+                        else ""))  # one site's number is no mean
     elif record.get("sites") and not record.get("incomplete"):
         parts.append("no site released its held-out accuracy")
     if record.get("withheld"):
@@ -251,10 +260,10 @@ def null_reasons(records: list[dict[str, Any]], summary: dict[str, Any]) -> dict
     return why
 
 
-def export_results(workspace: str | Path, out_dir: str | Path) -> dict[str, Any]:
+def export_results(workspace: str | Path, out_dir: str | Path, facts: dict[str, Any] | None = None) -> dict[str, Any]:
     """Copy the final model and write accuracy.png (the aggregator's test accuracy when it has test
     data, every site's held-out accuracy and their sample-weighted mean), rounds.csv and
-    summary.json into ``out_dir``."""
+    summary.json into ``out_dir`` (``facts``: recorded in it too, e.g. each party's threads)."""
     from ..outputs import plot_curves, write_json
 
     ws, out = Path(workspace), Path(out_dir)
@@ -300,5 +309,6 @@ def export_results(workspace: str | Path, out_dir: str | Path) -> dict[str, Any]
                "final_downlink": str(out / FINAL_DOWNLINK), "accuracy_curve": curve,
                "site_accuracy_curve": mean_curve, "plot": str(plot) if curves else None}
     summary["why_null"] = null_reasons(records, summary)
+    summary.update(facts or {})
     write_json(out / "summary.json", summary)
     return summary

@@ -35,3 +35,40 @@ class CollaboratorStopped(SystemExit):
 def stopped(sentence: object) -> CollaboratorStopped:
     """The collaborator's end with ``sentence`` (e.g. a :class:`~fedcontrast.errors.SiteRefusal`)."""
     return CollaboratorStopped(f"{COLLABORATOR_ERROR}{sentence}")
+
+
+FAILURE_SENTENCE_BYTES = 1000  # a failed task's sentence travels in its failure metric, one value per UTF-8 byte
+
+
+def failure_values(sentence: str):
+    """A failed task's sentence as the values of its failure metric (float32, one per byte: what
+    OpenFL's lossless pipeline carries exactly), so that the aggregator can say it too."""
+    import numpy as np
+
+    data = sentence.encode()[:FAILURE_SENTENCE_BYTES]
+    return np.frombuffer(data, dtype=np.uint8).astype(np.float32) if data else np.zeros(1, np.float32)
+
+
+def failure_sentence(named_tensors, codec) -> str | None:
+    """The sentence the failure metric among ``named_tensors`` carries (None: no failure metric; a
+    pointer to the site's log when it carries none, e.g. an older collaborator's single 1.0)."""
+    import numpy as np
+    from openfl.utilities import TensorKey
+
+    named_tensor = next((t for t in named_tensors if t.name == FAILURE_METRIC), None)
+    if named_tensor is None:
+        return None
+    unsaid = "the reason is in that site's own log"
+    try:
+        metadata = [{"int_to_float": p.int_to_float, "int_list": p.int_list, "bool_list": p.bool_list}
+                    for p in named_tensor.transformer_metadata]
+        key = TensorKey(named_tensor.name, "aggregator", named_tensor.round_number, named_tensor.report,
+                        tuple(named_tensor.tags))
+        _, values = codec.decompress(key, data=named_tensor.data_bytes, transformer_metadata=metadata,
+                                     require_lossless=True)
+        codes = [int(v) for v in np.asarray(values, dtype=np.float64).ravel()]
+        if len(codes) < 2 or not all(0 < c < 256 for c in codes):
+            return unsaid
+        return bytes(codes).decode(errors="replace").strip() or unsaid
+    except Exception:  # noqa: BLE001 - the sentence is a courtesy: the failure itself is known without it
+        return unsaid

@@ -331,7 +331,8 @@ class RoundReport(Callback):
                           if "accuracy" in v.get("evaluation", {}))
         kept = describe_withheld({s: [m for m in n if metric_kind(m) == "evaluation"] for s, n in withheld.items()})
         logger.info("round %d/%d: accuracy at the sites on their own held-out data: %s%s%s", round_num, self.rounds,
-                    shown or "n/a", f" (weighted mean {mean:.4f})" if mean is not None else "",
+                    shown or "n/a", f" (weighted mean over {shown.count(',') + 1} sites {mean:.4f})"
+                    if mean is not None and shown.count(",") else "",  # one site's number is no mean
                     f"; {kept}" if kept else "")
 
 

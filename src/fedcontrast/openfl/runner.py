@@ -58,6 +58,10 @@ class PluginTaskRunner(TaskRunner):
     def __init__(self, data_loader=None, run_config: dict[str, Any] | None = None,
                  state_dir: str = "local_state/sites", report_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(data_loader, **kwargs)
+        from ..threads import apply_threads
+
+        self.threads = apply_threads()  # --threads of `fedcontrast site start`, its launcher's share, or the cores
+        logger.info("%s", self.threads.line())
         try:
             self._build(data_loader, run_config)
         except FedContrastError as exc:  # e.g. no public set for FLESD: one sentence, no traceback
@@ -162,8 +166,8 @@ class PluginTaskRunner(TaskRunner):
         result, weight, metrics, epsilon = done.result, done.weight, done.released, done.epsilon
         loader.reported_train_size = weight  # OpenFL also sends a "train" task's data size: the same value
         if site.privacy is not None and self.config.privacy is not None:  # one with the other
-            logger.info("%s, round %d: ε = %.4g so far (δ = %g)", col_name, round_num, epsilon.get("dp_epsilon", 0.0),
-                        self.config.privacy.delta)
+            logger.info("%s, round %d: ε spent so far %.4g (δ = %g)", col_name, round_num,
+                        epsilon.get("dp_epsilon", 0.0), self.config.privacy.delta)
         self._save_state(col_name, site.state)
         # One packed upload per round, sent with the round's last task (two tasks uploading the
         # same tensor name in one round would confuse OpenFL's aggregation).
@@ -220,7 +224,7 @@ class PluginTaskRunner(TaskRunner):
         if col_name not in self._reports:
             policy = getattr(self.data_loader, "site_policy", None)
             self._reports[col_name] = SiteReport(self.report_dir / col_name, col_name, self.config.rounds,
-                                                 getattr(policy, "max_epsilon", None))
+                                                 getattr(policy, "max_epsilon", None), threads=self.threads.threads)
         return self._reports[col_name]
 
     # --- per-site state on the site's disk ------------------------------------------------------

@@ -71,9 +71,11 @@ def _number(value: Any) -> Any:
 class SiteReport:
     """One collaborator's per-round table, updated by the task runner after each of its tasks."""
 
-    def __init__(self, folder: str | Path, site: str, rounds: int, budget: float | None) -> None:
+    def __init__(self, folder: str | Path, site: str, rounds: int, budget: float | None, *,
+                 threads: int | None = None) -> None:
         self.folder = Path(folder)
         self.site, self.rounds, self.budget = site, rounds, budget
+        self.threads = threads  # the torch threads it computed with (fedcontrast.threads), in every row
         self.rows = {row["round"]: row for row in read_rows(self.folder)}
 
     def row(self, round_num: int) -> dict[str, Any]:
@@ -122,6 +124,8 @@ class SiteReport:
         for row in rows:
             row["bytes_sent"] = sum(row.get("bytes_sent_by_task", {}).values())
             row["epsilon_budget"] = self.budget
+            if self.threads is not None:
+                row["threads"] = self.threads
         atomic_write_text(self.folder / ROWS_FILE, "".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
         text = io.StringIO(newline="")
         writer = csv.DictWriter(text, fieldnames=CSV_COLUMNS, extrasaction="ignore")
@@ -144,8 +148,8 @@ def format_row(row: dict[str, Any], site: str) -> str:
     parts.append(f"received {row.get('bytes_received', 0) / 1e6:.3g} MB, sent {row.get('bytes_sent', 0) / 1e6:.3g} MB")
     if row.get("epsilon_spent") is not None:
         budget = row.get("epsilon_budget")
-        parts.append(f"ε {row['epsilon_round']:.4g} this round, {row['epsilon_spent']:.4g} spent"
-                     + (f" of the policy's {budget:g}" if budget is not None else ""))
+        parts.append(f"ε this round {row['epsilon_round']:.4g} (its steps alone), spent so far "
+                     f"{row['epsilon_spent']:.4g}" + (f" of budget {budget:g}" if budget is not None else ""))
     return f"{site}, round {row['round']}/{row['rounds']} ({label}): {'; '.join(parts)}"
 
 
@@ -276,8 +280,9 @@ def score_in_workspace(workspace: str | Path, name: str | None = None) -> tuple[
     folder = pick_site_report(ws, name)
     name = folder.name
     if not (folder / FINAL_INFO).is_file():
-        rows = read_rows(folder)
-        last = f"its report reaches round {rows[-1]['round']} of {rows[-1]['rounds']}" if rows else "no round yet"
+        done = [r for r in read_rows(folder) if r.get("evaluation") is not None]
+        last = (f"the last model it scored is the one after round {done[-1]['round']} of {done[-1]['rounds']}"
+                if done else "no model scored yet")
         raise ConfigError(f"{folder} holds no final model yet ({last}): a site takes the final model home in the "
                           "federation's final round; score it once the federation has finished")
     settings = load_plan_file(ws / "plan" / "plan.yaml").get("data_loader", {}).get("settings") or {}
