@@ -191,6 +191,9 @@ class SafeAggregator(SecureRounds, Aggregator):
     def send_local_task_results(self, collaborator_name, round_number, task_name, data_size, named_tensors):
         if kind_of(task_name, SECAGG_TASK) is not None:  # a secure-aggregation message, for the relay
             return self.secure_message(collaborator_name, round_number, task_name, named_tensors)
+        notice = self.stop_notice(collaborator_name)
+        if notice is not None:  # the federation stopped before this upload came: not taken; the sender is told why
+            raise FederationStopped(notice)
         if (said := failure_sentence(named_tensors, self.tensor_codec)) is not None:  # never persisted (a restart
             # starts afresh); the site's sentence travels in its failure metric
             with self.lock:
@@ -198,9 +201,6 @@ class SafeAggregator(SecureRounds, Aggregator):
                 self._fail(f"collaborator {collaborator_name} reported that its task {task_name!r} failed in round "
                            f"{round_number + 1}: {said}")
             return
-        notice = self.stop_notice(collaborator_name)
-        if notice is not None:  # the federation stopped before this upload came: not taken; the sender is told why
-            raise FederationStopped(notice)
         super().send_local_task_results(collaborator_name, round_number, task_name, data_size, named_tensors)
 
     def process_task_results(self, collaborator_name, round_number, task_name, data_size, named_tensors):
