@@ -116,3 +116,25 @@ def test_tensors_cross_as_one_packed_record_and_come_back_exactly():
     for name, value in arrays.items():
         assert back[name].dtype == value.dtype and back[name].shape == value.shape
         assert np.array_equal(back[name], value)
+
+
+def test_a_standby_never_holds_longer_than_the_supernodes_idle_sleep():
+    """A gap measured across a wait for a silent site (15 s here) must not hold the next round's message
+    for 15 s: that once took the sites past the round's timeout. The hold is capped at the 3 s idle sleep."""
+    from fedcontrast.flower.standby import HOLD_MAX_S, Standby
+
+    class Pushed:
+        def __init__(self):
+            self.messages = []
+
+        def push_messages(self, messages):
+            self.messages += messages
+            return [f"m{len(self.messages)}-{i}" for i in range(len(messages))]
+
+    grid = Pushed()
+    standby = Standby(grid, {"hosp1": 1, "hosp2": 2}, ttl=30.0)
+    standby.sites = {"hosp1", "hosp2"}
+    standby.gap = {"hosp1": 15.0, "hosp2": 0.4}
+    standby.push(["hosp1", "hosp2"])
+    holds = {m.metadata.dst_node_id: float(m.content["standby"]["hold"]) for m in grid.messages}
+    assert HOLD_MAX_S == 3.0 and holds == {1: 3.0, 2: pytest.approx(0.7)}

@@ -28,6 +28,10 @@ from .client_app import STANDBY_MAX_S, STANDBY_MESSAGE
 from .records import flwr_app
 
 DEFAULT_S = 1.0  # a standby's hold before this site's gap was measured
+# The longest hold asked for: the SuperNode's own idle sleep. A longer hold could only delay a site past
+# what its idle poll would (a gap measured across a start-up or round that waited out a timeout for a
+# silent site once held the next round's message for 15 s, past that round's timeout).
+HOLD_MAX_S = 3.0
 MARGIN_S = 0.3  # added to the gap: the site starts its standby before the ServerApp sees its reply
 
 
@@ -71,7 +75,8 @@ class Standby:
         for site in sites:
             if not (every or site in self.sites):
                 continue
-            hold = round(min(DEFAULT_S if site not in self.gap else self.gap[site] + MARGIN_S, STANDBY_MAX_S), 3)
+            hold = round(min(DEFAULT_S if site not in self.gap else self.gap[site] + MARGIN_S, HOLD_MAX_S,
+                             STANDBY_MAX_S), 3)
             out[site] = app.Message(app.RecordDict({"standby": app.ConfigRecord({"hold": hold})}),
                                     dst_node_id=self.node_of[site], message_type=STANDBY_MESSAGE, ttl=hold + self.ttl)
         if out:
