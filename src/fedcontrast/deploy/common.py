@@ -8,11 +8,25 @@ in any package: every archive is checked. OpenFL's flows: :mod:`fedcontrast.open
 from __future__ import annotations
 
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import FedContrastError
 
 SECRET_SUFFIXES = (".key", ".pem")
+
+# One line of `fedcontrast doctor` on any folder (an OpenFL workspace, a Flower folder).
+OK, WARN, FAIL = "OK", "WARN", "FAIL"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # OK, WARN or FAIL
+    message: str
+
+    def line(self) -> str:
+        return f"{self.status:<5} {self.name}: {self.message}"
 
 
 class DeploymentError(FedContrastError):

@@ -13,25 +13,14 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..deploy.common import FAIL, OK, WARN, Check
 from ..errors import ConfigError
 
 OPERATOR, RUN, SITE = "Flower operator's folder", "run folder", "Flower site's work folder"
 RUN_FILES = ("progress.json", "outcome.json", "summary.json", "metrics.csv", "rounds.jsonl")
-OK, WARN, FAIL = "OK", "WARN", "FAIL"
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str  # OK, WARN or FAIL
-    message: str
-
-    def line(self) -> str:
-        return f"{self.status:<5} {self.name}: {self.message}"
 
 
 def folder_kind(folder: str | Path) -> str | None:

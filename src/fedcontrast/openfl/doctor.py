@@ -7,25 +7,13 @@ when its connection fails); running them first saves a round-trip with the opera
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import RunConfig, site_names
+from ..deploy.common import FAIL, OK, WARN, Check
 from ..deploy.workspace import read_data_lines
 from ..errors import ConfigError, FedContrastError, SiteRefusal
 from .fx import read_workspace_plan
-
-OK, WARN, FAIL = "OK", "WARN", "FAIL"
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: str  # OK, WARN or FAIL
-    message: str
-
-    def line(self) -> str:
-        return f"{self.status:<5} {self.name}: {self.message}"
 
 
 def data_lines(workspace: Path) -> dict[str, str]:
