@@ -47,13 +47,17 @@ def test_secure_federation_equals_the_simulators_secure_run_and_the_plain_mean(m
 
 
 def test_a_site_that_never_answers_is_dropped_from_the_secure_sum_and_named(make_workspace):
-    config = small_config(algorithm="fedavg", clients=3, rounds=1, secure_aggregation={"threshold": 2})
+    """…and left out of the later rounds: round 2's secure sum does not wait for it again (issue 37)."""
+    config = small_config(algorithm="fedavg", clients=3, rounds=2, secure_aggregation={"threshold": 2})
     ws = make_workspace(config, round_timeout=20, min_sites=2)
     records = run_federation(ws, timeout=FEDERATION_TIMEOUT, collaborators=["site_0", "site_1"])
-    assert [r["round"] for r in records] == [1]
+    assert [r["round"] for r in records] == [1, 2] and all(r["absent"] == ["site_2"] for r in records)
     log = (ws / "logs" / "aggregator.log").read_text()
     assert "no advert message from site_2 within 20 s; the secure sum goes on without them" in log
-    assert "aggregated the secure sum of site_0, site_1" in log
+    assert "site site_2 dropped from later rounds after missing round 1's timeout" in log
+    assert log.count("no advert message from site_2") == 1 and "no answer from site_2" not in log
+    assert log.count("aggregated the secure sum of site_0, site_1") == 2
+    assert records[1]["trained_at"] - records[0]["trained_at"] < 20  # it waited 20 s more before
 
 
 def test_a_site_with_a_nan_upload_withdraws_at_the_site_and_the_round_goes_on(make_workspace, test_plugins):

@@ -24,6 +24,7 @@ from ..errors import FedContrastError
 from ..privacy.secagg_relay import relay_for
 from ..privacy.secagg_terms import SumLayout
 from . import aggregation, grpc_bounds
+from .attendance import AttendanceRounds
 from .enrolment import EnrolledCertificates, check_enrolled_certificates
 from .grpc_bounds import certificate_name
 from .packing import PERSONAL_PACKED, pack
@@ -61,13 +62,12 @@ logger = logging.getLogger("fedcontrast.openfl.components")
 Aggregator._get_sleep_time = staticmethod(lambda: 1)
 
 
-
-
-class SafeAggregator(SecureRounds, Aggregator):
+class SafeAggregator(AttendanceRounds, SecureRounds, Aggregator):
     """The stock aggregator, plus: a failed round, a round past ``round_timeout`` seconds (unless
-    ``min_sites`` sites answered: then it is aggregated without the others, who are named) or a
-    site's failed task stops the federation cleanly with exit code 3; the sites' evaluations are
-    recorded per site; one evaluation-only round follows the ``rounds_to_train`` training rounds."""
+    ``min_sites`` sites answered: then it is aggregated without the others, who are named and not
+    waited for in later rounds until they connect again: :mod:`.attendance`) or a site's failed task
+    stops the federation cleanly with exit code 3; the sites' evaluations are recorded per site; one
+    evaluation-only round follows the ``rounds_to_train`` training rounds."""
 
     seen: set[str]
     quit_since: float | None
@@ -306,7 +306,7 @@ class SafeAggregator(SecureRounds, Aggregator):
                 if self.min_sites is not None and done and len(done) >= self.min_sites:
                     logger.warning("%s: no answer from %s within %.0f s; aggregated without them (min_sites %d)",
                                    label, ", ".join(missing), self.round_timeout, self.min_sites)
-                    self.stragglers = missing
+                    self.drop_silent(missing)  # its stragglers, left out of the later rounds too
                     self._end_of_round_check()
                 else:
                     self.absent = set(missing)

@@ -206,6 +206,7 @@ class SecureRounds:
         def stop_notice(self, collaborator_name: str) -> str | None: ...
         def _fail(self, reason: str) -> None: ...
         def _end_of_round_check(self) -> None: ...
+        def drop_silent(self, missing: list[str]) -> None: ...
 
     def secure_message(self, collaborator: str, round_number: int, task_name: str, named_tensors: Any) -> None:
         """A site's secure-aggregation message of OpenFL's round ``round_number`` (counted from 0; the
@@ -266,6 +267,7 @@ class SecureRounds:
                        "(min_sites %s)", self.round_number + 1, phase, ", ".join(dropped), self.round_timeout,
                        self.min_sites)
         self.absent |= set(dropped)
+        self.drop_silent(dropped)  # the later rounds do not wait for them (openfl/attendance.py)
         self.round_started = time.monotonic()
         self.end_secure_round()
         return True

@@ -1,0 +1,117 @@
+"""A site that missed a round's timeout (the round closed without it, as min_sites allows) costs that
+one round only: the later rounds close as soon as every site still attending has reported, until the
+dropped site connects again and takes part from the next round (issue 37)."""
+
+import logging
+import time
+
+from fedcontrast.openfl.attendance import AttendanceRounds
+from fedcontrast.openfl.launch import read_rounds, start, stop_all
+
+from .conftest import FEDERATION_TIMEOUT, small_config
+
+
+class StockRounds:
+    """What the mixin needs of OpenFL's Aggregator: a round ends once every site is done (its
+    WaitForAllPolicy), and stragglers get no tasks."""
+
+    def __init__(self, sites, rounds_to_train):
+        self.authorized_cols, self.rounds_to_train = list(sites), rounds_to_train
+        self.round_number, self.collaborators_done, self.stragglers = 0, [], []
+        self.failure, self.relay, self.lock, self.ended = None, None, _NoLock(), []
+
+    def _end_of_round_with_stragglers_check(self):
+        if len(self.collaborators_done) == len(self.authorized_cols):
+            self._end_of_round_check()
+
+    def _end_of_round_check(self):
+        self.ended.append((self.round_number, list(self.stragglers)))
+        self.round_number += 1
+        self.stragglers, self.collaborators_done = [], []
+
+    def get_tasks(self, name):
+        return ([] if name in self.stragglers else ["train"]), self.round_number, 0, False
+
+    def report(self, name):  # a site's results of the round (OpenFL's process_task_results)
+        if name not in self.stragglers:
+            self.collaborators_done.append(name)
+            self._end_of_round_with_stragglers_check()
+
+
+class _NoLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class Aggregator(AttendanceRounds, StockRounds):
+    pass
+
+
+def test_a_dropped_site_is_not_waited_for_until_it_connects_again(caplog):
+    agg = Aggregator(["site_0", "site_1", "site_2"], rounds_to_train=5)
+    caplog.set_level(logging.INFO, logger="fedcontrast.openfl.components")
+    for site in ("site_0", "site_1"):
+        agg.report(site)
+    assert agg.round_number == 0  # round 1 waits for site_2 …
+    agg.drop_silent(["site_2"])  # … until its timeout (the watchdog), then closes without it
+    agg._end_of_round_check()
+    assert agg.ended == [(0, ["site_2"])]
+    assert "site site_2 dropped from later rounds after missing round 1's timeout; it rejoins when it connects" \
+        in caplog.text
+    for site in ("site_0", "site_1"):  # round 2 closes as soon as the attending sites reported
+        agg.report(site)
+    assert agg.ended[-1] == (1, ["site_2"]) and agg.round_number == 2
+    assert agg.get_tasks("site_2")[0] == []  # it connects again in round 3: no tasks in this one …
+    assert "site site_2 connected again (dropped after missing round 1's timeout); it takes part again from round 4" \
+        in caplog.text
+    for site in ("site_0", "site_1"):
+        agg.report(site)
+    assert agg.ended[-1] == (2, ["site_2"])
+    assert agg.get_tasks("site_2")[0] == ["train"]  # … and is waited for again from round 4
+    for site in ("site_0", "site_1"):
+        agg.report(site)
+    assert agg.round_number == 3
+    agg.report("site_2")
+    assert agg.ended[-1] == (3, []) and agg.round_number == 4
+
+
+def test_a_site_missing_the_last_round_is_not_announced_as_dropped(caplog):
+    agg = Aggregator(["site_0", "site_1"], rounds_to_train=1)
+    caplog.set_level(logging.INFO, logger="fedcontrast.openfl.components")
+    agg.report("site_0")
+    agg.drop_silent(["site_1"])
+    agg._end_of_round_check()
+    assert agg.ended == [(0, ["site_1"])] and "dropped from later rounds" not in caplog.text
+
+
+ROUND_TIMEOUT = 12
+
+
+def test_a_site_never_started_costs_only_the_first_round(make_workspace):
+    """3 sites, site_2 never started, 3 training rounds and the evaluation round: only round 1 waits
+    out the round timeout; before, every round (the evaluation one included) did."""
+    ws = make_workspace(small_config(algorithm="fedavg", clients=3, rounds=3), round_timeout=ROUND_TIMEOUT,
+                        min_sites=2)
+    procs = {"aggregator": start(ws, ["aggregator", "start"], "aggregator.log")}
+    procs.update({s: start(ws, ["collaborator", "start", "-n", s], f"{s}.log") for s in ("site_0", "site_1")})
+    try:
+        assert procs["aggregator"].wait(timeout=FEDERATION_TIMEOUT) == 0
+        ended = time.time()
+        for site in ("site_0", "site_1"):
+            assert procs[site].wait(timeout=60) == 0
+    finally:
+        stop_all(procs)
+    records = read_rounds(ws)
+    assert [r["round"] for r in records] == [1, 2, 3] and all(r["absent"] == ["site_2"] for r in records)
+    log = (ws / "logs" / "aggregator.log").read_text()
+    assert f"round 1: no answer from site_2 within {ROUND_TIMEOUT} s" in log
+    assert "site site_2 dropped from later rounds after missing round 1's timeout; it rejoins when it connects" in log
+    assert "no answer from site_2 within" not in log.split("dropped from later rounds", 1)[1]  # never waited again
+    # rounds 2 and 3 and the evaluation round close as soon as site_0 and site_1 reported: each well
+    # below the timeout it waited before (when each took ROUND_TIMEOUT s or more)
+    times = [r["trained_at"] for r in records] + [ended]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert all(gap < ROUND_TIMEOUT for gap in gaps), gaps
