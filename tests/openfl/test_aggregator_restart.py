@@ -22,6 +22,7 @@ from fedcontrast.errors import ConfigError
 from fedcontrast.lab.deployment import OPERATOR, CrossSiloLab
 from fedcontrast.lab.netns import netns_unavailable
 from fedcontrast.openfl.collaborator import BoundedRetry, QuietClientLog
+from fedcontrast.openfl.launch import run_federation, start, stop_all
 from fedcontrast.openfl.plan import DEFAULT_WAIT_FOR_AGGREGATOR, build_plan, deployment_defaults
 from fedcontrast.openfl.protocol import CollaboratorStopped
 
@@ -220,3 +221,43 @@ def test_across_namespaces_the_same_sites_finish_after_the_aggregator_is_down_fo
             assert "trying again for up to 10 min (the plan's wait_for_aggregator)" in said
             assert "Round: 2 Received Tasks" in said.split(f"reached the aggregator at {address} again after", 1)[1]
             assert lab.log(exp, site).count("Requesting tasks") <= 6  # once a minute at most, not 20 a second
+
+
+def test_an_aggregator_restarted_after_the_end_says_the_federation_finished(make_workspace):
+    """Issue 37: it used to serve nothing for a minute and print only OpenFL's ✔️ OK."""
+    ws = make_workspace(small_config(algorithm="fedavg", rounds=1))
+    run_federation(ws, timeout=FEDERATION_TIMEOUT)
+    started = time.monotonic()
+    proc = start(ws, ["aggregator", "start"], "restarted.log")
+    try:
+        assert proc.wait(timeout=45) == 0
+    finally:
+        stop_all({"aggregator": proc})
+    said = " ".join((ws / "logs" / "restarted.log").read_text().split())
+    assert "fedcontrast aggregator: federation ws finished already (round 1 of 1, " in said, said[-2000:]
+    assert (f"nothing to run; final model save/final_model.pt, round records save/rounds.jsonl (`fedcontrast report "
+            f"{ws}` prints them") in said
+    assert "to run it again, create a new workspace (`fedcontrast workspace create`, then `fx plan initialize`)" in said
+    assert "Traceback" not in said and time.monotonic() - started < 40
+
+
+class _Callbacks:
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def test_a_site_told_to_quit_before_any_task_says_the_federation_had_finished(tmp_path, capsys, monkeypatch):
+    from types import SimpleNamespace
+
+    from fedcontrast.openfl.collaborator import SafeCollaborator
+
+    monkeypatch.chdir(tmp_path)
+    site = SafeCollaborator.__new__(SafeCollaborator)  # its loop only: the aggregator answers "quit" at once
+    site.callbacks, site.collaborator_name = _Callbacks(), "site_0"
+    site.client = SimpleNamespace(get_tasks=lambda: (None, 2, 0, True))
+    site.task_runner = SimpleNamespace(report_dir=tmp_path / "local_state" / "site_report")
+    site.run()
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("fedcontrast collaborator: the federation finished already (the aggregator had no round left for "
+            "site_0): nothing to do; its outputs are in local_state/site_report/site_0/ (rounds.csv") in out
+    assert "to take part in a new run, the operator must create a new workspace" in out

@@ -25,6 +25,7 @@ from ..privacy.secagg_relay import relay_for
 from ..privacy.secagg_terms import SumLayout
 from . import aggregation, grpc_bounds
 from .attendance import AttendanceRounds
+from .ending import EndingLines
 from .enrolment import EnrolledCertificates, check_enrolled_certificates
 from .grpc_bounds import certificate_name
 from .packing import PERSONAL_PACKED, pack
@@ -62,12 +63,11 @@ logger = logging.getLogger("fedcontrast.openfl.components")
 Aggregator._get_sleep_time = staticmethod(lambda: 1)
 
 
-class SafeAggregator(AttendanceRounds, SecureRounds, Aggregator):
-    """The stock aggregator, plus: a failed round, a round past ``round_timeout`` seconds (unless
-    ``min_sites`` sites answered: then it is aggregated without the others, who are named and not
-    waited for in later rounds until they connect again: :mod:`.attendance`) or a site's failed task
-    stops the federation cleanly with exit code 3; the sites' evaluations are recorded per site; one
-    evaluation-only round follows the ``rounds_to_train`` training rounds."""
+class SafeAggregator(EndingLines, AttendanceRounds, SecureRounds, Aggregator):
+    """The stock aggregator, plus: a failed round, a round past ``round_timeout`` seconds (unless ``min_sites``
+    sites answered: then it is aggregated without the others, named and not waited for later: :mod:`.attendance`)
+    or a site's failed task stops the federation cleanly with exit code 3; the sites' evaluations are recorded
+    per site; one evaluation-only round follows the ``rounds_to_train`` training rounds (:mod:`.ending`)."""
 
     seen: set[str]
     quit_since: float | None

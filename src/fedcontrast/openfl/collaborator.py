@@ -22,6 +22,7 @@ from ..deploy.certificates import (
     check_own_certificate,
 )
 from ..errors import FedContrastError
+from .ending import site_outputs
 from .plan import DEFAULT_RECONNECT_INTERVAL_MAX, DEFAULT_WAIT_FOR_AGGREGATOR, check_wait_settings
 from .protocol import (
     FAILURE_METRIC,
@@ -240,11 +241,13 @@ class SafeCollaborator(Collaborator):
                 raise CollaboratorStopped("fedcontrast collaborator: error: "
                                           f"secure aggregation cannot start: {exc}") from None
 
-    # A copy of OpenFL 1.9's Collaborator.run (it has no hook for these): the same loop, except three
+    # A copy of OpenFL 1.9's Collaborator.run (it has no hook for these): the same loop, except the
     # places marked "added"/"changed" — a quit with FAILURE_SLEEP_CODE ends this site with the reason,
-    # an idle wait is capped at poll_interval, and a failing task goes to _task_failed.
+    # an idle wait is capped at poll_interval, a failing task goes to _task_failed, and a quit
+    # before any task says that the federation had finished already.
     def run(self) -> None:
         self.callbacks.on_experiment_begin()
+        worked = False  # added: told to quit before any task, the federation had finished already
         while True:
             tasks, round_number, sleep_time, time_to_quit = self.client.get_tasks()
             if time_to_quit:
@@ -257,6 +260,7 @@ class SafeCollaborator(Collaborator):
                 time.sleep(min(sleep_time, self.poll_interval))  # changed: see poll_interval
                 continue
             logger.info("Round: %d Received Tasks: %s", round_number, tasks)
+            worked = True
             self.callbacks.on_round_begin(round_number)
             logs = {}
             for task in tasks:
@@ -270,6 +274,8 @@ class SafeCollaborator(Collaborator):
             self.callbacks.on_round_end(round_number, logs)
         self.callbacks.on_experiment_end()
         logger.info("Received shutdown signal. Exiting...")
+        if not worked:  # added
+            site_outputs(self)
 
     def _task_failed(self, task, round_number: int, exc: Exception) -> None:
         """Keep the traceback in this site's log folder, tell the aggregator (a number only: the reason
