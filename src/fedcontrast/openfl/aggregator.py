@@ -417,4 +417,4 @@ class SafeAggregator(EndingLines, AttendanceRounds, SecureRounds, Aggregator):
             time.sleep(max(1.0, STOP_GRACE_S - (time.monotonic() - self.stop_told_at)))
             print(f"fedcontrast aggregator: error: federation stopped: {self.failure}", file=sys.stderr, flush=True)
             raise SystemExit(FAILURE_EXIT_CODE)
-        return done
+        return done and self.ended()  # where the outputs are (openfl/ending.py)

@@ -243,8 +243,8 @@ class SafeCollaborator(Collaborator):
 
     # A copy of OpenFL 1.9's Collaborator.run (it has no hook for these): the same loop, except the
     # places marked "added"/"changed" — a quit with FAILURE_SLEEP_CODE ends this site with the reason,
-    # an idle wait is capped at poll_interval, a failing task goes to _task_failed, and a quit
-    # before any task says that the federation had finished already.
+    # an idle wait is capped at poll_interval, a failing task goes to _task_failed, and the end names
+    # this site's outputs (or says that the federation had finished before its first task).
     def run(self) -> None:
         self.callbacks.on_experiment_begin()
         worked = False  # added: told to quit before any task, the federation had finished already
@@ -274,8 +274,7 @@ class SafeCollaborator(Collaborator):
             self.callbacks.on_round_end(round_number, logs)
         self.callbacks.on_experiment_end()
         logger.info("Received shutdown signal. Exiting...")
-        if not worked:  # added
-            site_outputs(self)
+        site_outputs(self, finished_already=not worked)  # added: where this site's outputs are
 
     def _task_failed(self, task, round_number: int, exc: Exception) -> None:
         """Keep the traceback in this site's log folder, tell the aggregator (a number only: the reason

@@ -1,6 +1,7 @@
-"""What an OpenFL party says of a federation that finished already (an aggregator restarted after
-the end, a site started against it): that it did and where its outputs are, instead of OpenFL's bare
-``✔️ OK``."""
+"""What an OpenFL party says when it ends, instead of OpenFL's bare ``✔️ OK``: where its outputs are
+(the aggregator's final model, round records and log; a site's own report folder), and, of a
+federation that finished already (an aggregator restarted after the end, a site started against
+it), that it did."""
 
 from __future__ import annotations
 
@@ -74,9 +75,19 @@ class EndingLines:
             raise SystemExit(0)
         return recovered
 
+    def ended(self) -> bool:
+        """The federation ended well (every site still there told to quit): where the outputs are, once. True."""
+        if self.failure is None and not self.__dict__.get("_ended_said"):
+            self.__dict__["_ended_said"] = True
+            rounds = self.report.rounds
+            say(f"federation finished ({rounds} round{'' if rounds == 1 else 's'}); "
+                f"{aggregator_outputs(self.report.out_dir)}")
+        return True
 
-def site_outputs(collaborator: Any) -> None:
-    """A collaborator told to quit before its first task: the federation had finished already."""
+
+def site_outputs(collaborator: Any, finished_already: bool = False) -> None:
+    """A collaborator's last line: where this site's outputs are (``finished_already``: told to quit
+    before its first task, the federation had finished already)."""
     runner = getattr(collaborator, "task_runner", None)
     name = getattr(collaborator, "collaborator_name", "this site")
     folder = getattr(runner, "report_dir", None)
@@ -84,6 +95,11 @@ def site_outputs(collaborator: Any) -> None:
     log = output_log()
     files = (f"its outputs are in {where} (rounds.csv, rounds.jsonl, accuracy.png, final_model.pt; `fedcontrast "
              f"report {Path.cwd()}` prints its rows){f', log {log}' if log else ''}")
-    line = (f"the federation finished already (the aggregator had no round left for {name}): nothing to do; "
-            f"{files}; to take part in a new run, the operator must {NEW_RUN}")
+    if finished_already:
+        line = (f"the federation finished already (the aggregator had no round left for {name}): nothing to do; "
+                f"{files}; to take part in a new run, the operator must {NEW_RUN}")
+    else:
+        rounds = getattr(getattr(runner, "config", None), "rounds", None)
+        count = f" ({rounds} round{'' if rounds == 1 else 's'})" if rounds else ""
+        line = f"{name} finished the federation{count}; {files}"
     print(f"fedcontrast collaborator: {line}", file=sys.stdout, flush=True)
