@@ -43,7 +43,8 @@ from fedcontrast.sim import run_simulation
 from fedcontrast.threads import choose_threads
 
 SITES = ["hosp1", "hosp2", "hosp3"]
-ISOLATION = {"process": "Flower", "subprocess": "Flower, a ClientApp process per message (before)"}
+ISOLATION = {"node": "Flower, the site's process as its node", "process": "Flower",
+             "subprocess": "Flower, a ClientApp process per message (before)"}
 ROUND_LINE = re.compile(r"round (\d+)/(\d+) done in ([0-9.]+) s")
 
 

@@ -377,14 +377,14 @@ def test_a_site_that_never_connected_joins_when_its_node_is_listed(tmp_path):
 
 def test_the_final_evaluation_skips_a_dropped_site(tmp_path):
     grid = Grid()
-    server = FlowerServer(grid, config(), tmp_path, NODES, round_timeout=1, start_timeout=1, min_sites=2)
+    server = FlowerServer(grid, config(), tmp_path, NODES, round_timeout=3, start_timeout=1, min_sites=2)
     server.connect()
     grid.silent = {"hosp2"}
     server.run_round(1)  # its one timeout
     t0 = time.monotonic()
     server.run_round(2)
-    server.final_evaluation()
-    assert time.monotonic() - t0 < 0.9 and ("hosp2", "evaluate") not in grid.sent
+    server.final_evaluation()  # neither waits for hosp2 (each would take the 3 s timeout): a margin for a busy host
+    assert time.monotonic() - t0 < 2.5 and ("hosp2", "evaluate") not in grid.sent
 
 
 def test_the_run_says_where_every_partys_outputs_are(tmp_path, capsys):

@@ -163,7 +163,9 @@ def cmd_supernode(args: argparse.Namespace) -> int:
                                 isolation=isolation)  # its checks come first
     print(f"{args.name}: {threads.line()}", flush=True)
     worker = None
-    if isolation == "process":  # the worker takes the SuperNode's tasks itself (flower/runner.py)
+    if isolation == "node":  # one process: the site's node (flower/node.py), its threads set in the command
+        pass
+    elif isolation == "process":  # the worker takes the SuperNode's tasks itself (flower/runner.py)
         worker = start_worker(None, threads.threads, runtime_api=runtime_api_address(args.port))
     elif address is not None:
         worker = start_worker(address, threads.threads)
@@ -337,10 +339,12 @@ def _add_flower(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--no-worker", dest="worker", action="store_false",
                    help="run each message in the ClientApp process Flower starts for it (imports and the folder "
                         "read every round), not in the site's long-lived worker (implies --isolation subprocess)")
-    w.add_argument("--isolation", choices=("process", "subprocess"), default="process",
-                   help="process (default): the site's long-lived worker takes each message from the SuperNode "
-                        "itself (Flower's --isolation process; no process started per message); subprocess: "
-                        "Flower starts a ClientApp process for every message, which asks the worker")
+    w.add_argument("--isolation", choices=("node", "process", "subprocess"), default="node",
+                   help="node (default): the site's one long-lived process is its Flower node, with Flower's own "
+                        "client (no flower-supernode, no process per message); process: Flower's SuperNode, whose "
+                        "messages the site's long-lived worker takes itself (Flower's --isolation process); "
+                        "subprocess: Flower's SuperNode starts a ClientApp process for every message, which asks "
+                        "the worker")
     w.add_argument("--retry-refused", type=float, default=90.0, metavar="SECONDS",
                    help="how long to keep trying when the SuperLink refuses this key (a SuperNode of this key stopped "
                         "less than a minute ago still counts as connected) (90)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .console import say
+from .replies import pull_replies
 
 
 class Attendance:
@@ -44,7 +45,7 @@ class Attendance:
             return []
         back: set[str] = set()
         if self.late:
-            for reply in self.grid.pull_messages(list(self.late)):
+            for reply in pull_replies(self.grid, list(self.late)):
                 site = self.late.pop(reply.metadata.reply_to_message_id, None)
                 if site is not None:
                     back.add(site)

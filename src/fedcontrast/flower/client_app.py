@@ -23,7 +23,9 @@ STATE_RECORD = "fedcontrast"  # context.state[STATE_RECORD]["state"]: the site's
 WORKER_WAIT_S = 120.0  # how long a message waits for a worker that is still starting
 STANDBY_MESSAGE = "query.standby"  # the ServerApp's standby between two messages (server_app.FlowerServer.standby)
 STANDBY_MAX_S = 60.0  # the longest hold a standby message may ask for
-LONG_LIVED = False  # True in the site's runner (flower/runner.py): one process answers every message of the site
+LONG_LIVED = False  # True in the site's runner (flower/runner.py) and node (flower/node.py): one process answers
+# every message of the site
+STANDBY = False  # True in the site's runner: its SuperNode sleeps 3 s when idle, so the ServerApp may send it standbys
 
 
 def node_settings(context) -> dict[str, str]:
@@ -114,7 +116,7 @@ def handler(msg, context):
     except Exception as exc:  # noqa: BLE001 - every failure reaches the operator as one sentence, in a reply
         print(f"fedcontrast flower site: error: site {name} failed: {exc}", flush=True)
         reply, state = {REFUSAL_RECORD: {"kind": "failed", "site": name, "sentence": str(exc)}}, None
-    if LONG_LIVED and msg.metadata.message_type == "query" and "site" in reply:  # the ServerApp may send it standbys
+    if STANDBY and msg.metadata.message_type == "query" and "site" in reply:  # the ServerApp may send it standbys
         reply["site"] = {**reply["site"], "standby": 1}
     if state is not None:
         context.state[STATE_RECORD] = ConfigRecord({"state": state})

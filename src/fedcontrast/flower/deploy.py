@@ -349,16 +349,20 @@ def start_worker(address: tuple[str, str] | None, threads: int | None, *,
 
 
 # --- a site ------------------------------------------------------------------------------------------
+ISOLATIONS = ("node", "process", "subprocess")  # fedcontrast flower supernode --isolation
+
+
 def supernode_command(*, superlink: str, ca: str | Path, key: str | Path, name: str, data: str | Path,
                       workdir: str | Path, public: str | Path | None = None, policy: str | Path | None = None,
                       port: int = 9094, wait: float = 600.0, threads: int | None = None,
                       worker: tuple[str, str] | None = None, isolation: str = "subprocess") -> list[str]:
     """The site's SuperNode, after checking that each file it names exists (one sentence each).
-    ``isolation``: Flower's ``subprocess`` (its SuperExec starts a ``flwr-clientapp`` process per
-    message) or ``process`` (the site's worker takes the tasks itself: :func:`start_worker` with
-    ``runtime_api``)."""
-    if isolation not in ("subprocess", "process"):
-        raise ConfigError(f"isolation {isolation!r} is not one of: process, subprocess")
+    ``isolation``: ``node`` (the site's own process is its Flower node, :mod:`.node`: no
+    ``flower-supernode``), Flower's ``process`` (the site's worker takes the SuperNode's tasks itself:
+    :func:`start_worker` with ``runtime_api``) or Flower's ``subprocess`` (its SuperExec starts a
+    ``flwr-clientapp`` process per message)."""
+    if isolation not in ISOLATIONS:
+        raise ConfigError(f"isolation {isolation!r} is not one of: {', '.join(ISOLATIONS)}")
     for label, path in (("the federation's CA certificate (--ca)", ca), ("this site's private key (--key)", key),
                         ("this site's data folder (--data)", data), ("the public folder (--public)", public),
                         ("this site's policy (--policy)", policy)):
@@ -368,7 +372,8 @@ def supernode_command(*, superlink: str, ca: str | Path, key: str | Path, name: 
         raise ConfigError(f"--superlink {superlink!r} must be HOST:PORT (the operator's SuperLink)")
     check_private_key_mode(Path(key))
     public_of_private(Path(key))  # also checks the key's format
-    _check_free(port)
+    if isolation != "node":  # the node serves no Runtime API
+        _check_free(port)
     node_config = {"site-name": name, "data": str(Path(data).resolve()), "workdir": str(Path(workdir).resolve()),
                    "tls": "true", "node-auth": "true", "threads": str(int(threads or 0) or ""),
                    "signing-key": str(Path(key).resolve())}  # signs its secure-aggregation keys (flower/secure.py)
@@ -378,10 +383,15 @@ def supernode_command(*, superlink: str, ca: str | Path, key: str | Path, name: 
         node_config["policy"] = str(Path(policy).resolve())
     if worker is not None:  # (socket, key file) of the site's long-lived worker
         node_config["worker"], node_config["worker-key"] = worker
+    config = " ".join(f"{k}={json.dumps(v)}" for k, v in node_config.items())
+    if isolation == "node":  # the site's own process is its Flower node (flower/node.py)
+        return [sys.executable, "-m", "fedcontrast.flower.node", "--root-certificates", str(Path(ca).resolve()),
+                "--superlink", superlink, "--auth-supernode-private-key", str(Path(key).resolve()),
+                "--node-config", config, "--max-wait-time", str(wait),
+                *(["--threads", str(threads)] if threads else [])]
     return [flower_bin("flower-supernode"), "--root-certificates", str(Path(ca).resolve()), "--superlink", superlink,
             "--auth-supernode-private-key", str(Path(key).resolve()),
-            "--node-config", " ".join(f"{k}={json.dumps(v)}" for k, v in node_config.items()),
-            "--port", str(port), "--max-wait-time", str(wait), "--isolation", isolation]
+            "--node-config", config, "--port", str(port), "--max-wait-time", str(wait), "--isolation", isolation]
 
 
 def runtime_api_address(port: int) -> str:

@@ -128,7 +128,8 @@ def serve_runtime(address: str, *, stop=None) -> None:
 
     from . import client_app, site_app  # noqa: F401  # torch and the plugins, before the first message
 
-    client_app.LONG_LIVED = True  # its start-up reply says so: the ServerApp may send it standby messages
+    client_app.LONG_LIVED = True  # one process answers every message: secure-aggregation secrets stay here
+    client_app.STANDBY = True  # its start-up reply says so: the ServerApp may send it standby messages
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per poll in the site's log
     client = None
     last_task = 0.0

@@ -46,7 +46,9 @@ from .attendance import Attendance
 from .client_app import REFUSAL_RECORD
 from .console import say
 from .records import CONFIG_KEY, flwr_app, from_array_record, plan_pins, to_array_record
+from .replies import pull_replies
 from .standby import Standby
+from .trace import trace
 
 logger = logging.getLogger("fedcontrast.flower.server")
 
@@ -111,19 +113,22 @@ class FlowerServer:
         """Sends one message per site and waits up to ``timeout`` seconds for every reply. A site that
         fails or stays silent stops the run, named with its reason — unless ``drop`` and ``min_sites``
         let the round go on without it (named, in :attr:`absent`)."""
+        trace("server", "push", what=what)
         ids = dict(zip(self.grid.push_messages(list(messages.values())), messages))  # message id → site
+        trace("server", "pushed", what=what)
         self.standby.begin(messages)  # a standby behind each (none after the final evaluation)
         pending, replies, failed = set(ids), {}, {}
         deadline = time.monotonic() + timeout
         may_drop = drop and self.min_sites is not None
         while pending and time.monotonic() < deadline:
-            for reply in self.grid.pull_messages([*pending, *self.standby.sent]):
+            for reply in pull_replies(self.grid, [*pending, *self.standby.sent]):
                 if self.standby.dropped(reply.metadata.reply_to_message_id):  # a standby's reply: nothing in it
                     continue
                 site = ids.get(reply.metadata.reply_to_message_id)
                 if site is None:
                     continue
                 pending.discard(reply.metadata.reply_to_message_id)
+                trace("server", "reply", site=site)
                 self.standby.note(site, reply)  # when; a start-up reply: does it take standby messages
                 why = _refused(reply, site)
                 if why is None:
@@ -213,8 +218,10 @@ class FlowerServer:
                 self.run_round(round_num)
             finally:  # a round that stops the run (on_rejected: stop) is recorded first
                 write_metrics_csv(self.out / "metrics.csv", self.rows)
+            trace("server", "save")
             runs.save(self.out, self.config, self.run_label, round_num, self.downlink, self.core.state_dict(),
                       self.rows)
+            trace("server", "saved")
             acc = [r["accuracy"] for r in self.rows if r["site"] == GLOBAL_SITE and r["round"] == round_num - 1]
             say(f"round {round_num}/{self.config.rounds} done in {time.perf_counter() - r0:.1f} s"
                 + (f"; sites' held-out accuracy of the model after round {round_num - 1}: {acc[0]:.4f}" if acc else ""))
@@ -256,7 +263,9 @@ class FlowerServer:
         if self.relay is not None:
             self._secure_round(round_num, replies, evaluations, previous)
             return
+        trace("server", "aggregate")
         result = self.core.aggregate(round_num, uploads, weights, previous)  # validation, screen, blame: the core's
+        trace("server", "aggregated")
         self.downlink = result.downlink
         if result.note:
             say(f"round {round_num} aggregated without rejected upload(s): {result.note}")
