@@ -325,12 +325,16 @@ class SecureAggregationConfig:
     weight a site uploads is clipped to ``[-clip, clip]`` before masking (the bound the aggregator can
     no longer check itself). ``max_samples``: a site's count is clipped to it and uploads are scaled by
     it (``n_k·w_k / max_samples`` and ``n_k / max_samples`` are what is summed). ``bits``: the ring, 32
-    (bytes as float32 uploads) or 64."""
+    (bytes as float32 uploads) or 64. ``neighbours``: whom a site masks with and shares its secrets
+    among (:mod:`fedcontrast.privacy.secagg_graph`): ``auto`` (SecAgg+'s random graph of degree
+    ``2·⌈3·log2 n⌉`` once that is under half the sites, else every site), ``full`` (every site,
+    Bonawitz et al.'s protocol) or an even degree."""
 
     threshold: int | None = None
     clip: float = 10.0
     max_samples: float = 100000.0
     bits: int = 32
+    neighbours: str | int = "auto"
 
     def __post_init__(self) -> None:
         _check_types(self, "secure_aggregation.")
@@ -341,6 +345,9 @@ class SecureAggregationConfig:
         _check(_finite(self.max_samples) and self.max_samples >= 1,
                f"secure_aggregation.max_samples must be a number >= 1, got {self.max_samples!r}")
         _check(self.bits in (32, 64), f"secure_aggregation.bits must be 32 or 64, got {self.bits!r}")
+        _check(self.neighbours in ("auto", "full") or (isinstance(self.neighbours, int) and not isinstance(
+            self.neighbours, bool) and self.neighbours >= 4 and self.neighbours % 2 == 0),
+               f"secure_aggregation.neighbours must be auto, full or an even number >= 4, got {self.neighbours!r}")
 
     def sites_needed(self, sites: int) -> int:
         """The threshold for a round of ``sites`` sites."""

@@ -253,10 +253,19 @@ class SecAggSite:
     peers: dict[str, dict[str, bytes]] = field(default_factory=dict, repr=False)  # verified adverts
     held: dict[str, tuple[int, bytes, bytes]] = field(default_factory=dict, repr=False)  # shares others sent me
     signed: list[str] | None = None  # the survivor set this site signed (one per round)
+    # SecAgg+ (:mod:`.secagg_graph`): the shares' threshold t_k among ``sites`` (this site's
+    # neighbourhood) and the graph's parameters its advert signs; None and (): the full graph
+    share_threshold: int | None = None
+    graph_terms: tuple[Any, ...] = ()
+
+    @property
+    def t_shares(self) -> int:
+        """The shares that rebuild one of this site's secrets (and the consistency signatures it needs)."""
+        return self.threshold if self.share_threshold is None else self.share_threshold
 
     def _advert_bytes(self, site: str, advert: dict[str, bytes]) -> bytes:
         return bound("advert", self.session, self.round_num, self.threshold, site,
-                     advert["c_pk"], advert["s_pk"], advert["commit"])
+                     advert["c_pk"], advert["s_pk"], advert["commit"], *self.graph_terms)
 
     def advertise(self) -> dict[str, bytes]:
         advert = {"c_pk": self._c.public_key().public_bytes(*RAW), "s_pk": self._s.public_key().public_bytes(*RAW),
@@ -277,9 +286,9 @@ class SecAggSite:
                                              "(keys swapped, forged or replayed on the way)")
             self.peers[site] = advert
         n = len(self.sites)
-        b_shares = _split(self._b, self.threshold, n)
+        b_shares = _split(self._b, self.t_shares, n)
         s_shares = _split(self._s.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                                                serialization.NoEncryption()), self.threshold, n)
+                                                serialization.NoEncryption()), self.t_shares, n)
         out = {}
         for k, site in enumerate(self.sites):
             if site == self.name:  # its own shares stay here
@@ -332,11 +341,11 @@ class SecAggSite:
             raise SecureAggregationError(f"site {self.name} has signed no survivor set in round {self.round_num}")
         valid = [s for s in self.signed if s in signatures and s in signing_keys
                  and verify(signing_keys[s], signatures[s], self._consistency_bytes(s, self.signed))]
-        if len(valid) < self.threshold:
+        if len(valid) < self.t_shares:
             bad = sorted(s for s in signatures if s not in valid)
             raise SecureAggregationError(
                 f"only {len(valid)} of the sites told that {', '.join(self.signed)} survived round "
-                f"{self.round_num} signed that same set, fewer than the threshold {self.threshold}"
+                f"{self.round_num} signed that same set, fewer than the threshold {self.t_shares}"
                 + (f" (no valid signature from {', '.join(bad)})" if bad else "")
                 + ": the aggregator may have told sites different survivor sets; nothing is revealed")
         return valid
@@ -352,6 +361,8 @@ class SecAggSite:
                                          f"the threshold {self.threshold}: nothing is revealed")
         out = {}
         for site in survivors:
+            if site not in self.held and self.share_threshold is not None:
+                continue  # SecAgg+: a survivor outside this site's neighbourhood holds no share here
             index, b_share, _ = self.held[site]
             out[site] = ("b", index, b_share)
         for site in dropped:

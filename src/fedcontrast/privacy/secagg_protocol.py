@@ -44,6 +44,7 @@ import numpy as np
 
 from ..config.sections import minimum_threshold
 from .secagg import Quantizer, SecAggSite, SecureAggregationError, fingerprint
+from .secagg_graph import graph_for
 
 PHASES = ("advert", "boxes", "masked", "consistency", "reveal")
 ANSWERS = {"adverts": 1, "boxes": 2, "survivors": 3, "signatures": 4}  # what a site fetches → the phase that closed
@@ -160,11 +161,14 @@ class SecAggSteps:
     :meth:`advert` → :meth:`boxes` (given every site's advert) → :meth:`masked` (given the shares
     addressed to it) → :meth:`consistency` (given the survivors) → :meth:`reveal` (given their
     signatures). ``peer_key(site, certificate)``: that site's long-term public key once checked
-    (:class:`PinnedKeys`); raises otherwise. ``session``: :func:`session_digest` of this site's plan."""
+    (:class:`PinnedKeys`); raises otherwise. ``session``: :func:`session_digest` of this site's plan.
+    ``neighbours``: the plan's ``secure_aggregation.neighbours``; above a few dozen sites (SecAgg+,
+    :mod:`.secagg_graph`) the site sees only its neighbourhood's adverts, shares and signatures, and
+    refuses any set of the relay that names a site outside it."""
 
     def __init__(self, name: str, sites: list[str], threshold: int, round_num: int, signing_key: Any,
                  certificate: str, peer_key: Callable[[str, str], Any], vector: np.ndarray, quantizer: Quantizer,
-                 session: bytes = b"") -> None:
+                 session: bytes = b"", neighbours: str | int = "full") -> None:
         if name not in sites:
             raise SecureAggregationError(f"site {name} is not a site of this plan ({', '.join(sites)})")
         if not minimum_threshold(len(sites)) <= threshold <= len(sites):
@@ -174,6 +178,11 @@ class SecAggSteps:
                                          "operator that lies could unmask this site; this site takes no part")
         self.plan_sites, self.threshold = list(sites), threshold
         self.site = SecAggSite(name, list(sites), threshold, round_num, signing_key, session)
+        self.graph = graph_for(list(sites), threshold, neighbours, session, round_num)
+        self.around = self.graph.closed(name)  # this site and its neighbours (everyone in the full graph)
+        if not self.graph.full:
+            self.site.share_threshold = self.graph.threshold
+            self.site.graph_terms = ("neighbours", self.graph.k, self.graph.threshold)
         self.certificate, self.peer_key, self.vector, self.quantizer = certificate, peer_key, vector, quantizer
         self.keys: dict[str, Any] = {name: signing_key.public_key()}
         self.u1: list[str] = []
@@ -188,18 +197,23 @@ class SecAggSteps:
     def _round(self) -> str:
         return f"round {self.site.round_num}"
 
-    def _members(self, names: list[str], within: list[str], what: str) -> list[str]:
-        """``names`` (the relay's set) checked: within the previous set, holding this site, at least the threshold."""
+    def _members(self, names: list[str], within: list[str], what: str, threshold: int | None = None) -> list[str]:
+        """``names`` (the relay's set) checked: within the previous set, holding this site, at least the
+        threshold (in SecAgg+, ``t_k`` of this site's neighbourhood)."""
+        threshold = self.graph.threshold if threshold is None else threshold
         strangers = sorted(set(names) - set(within))
         if strangers:
+            where = ("the sites of the phase before" if self.graph.full or set(strangers) <= self.around
+                     else f"this site's neighbourhood in {self._round()}'s graph")
             raise SecureAggregationError(f"the aggregator's {what} of {self._round()} names {', '.join(strangers)}, "
-                                         "outside the sites of the phase before: refused, nothing more is sent")
+                                         f"outside {where}: refused, nothing more is sent")
         if self.name not in names:
             raise SecureAggregationError(f"the aggregator left this site ({self.name}) out of {self._round()}'s {what}")
-        if len(names) < self.threshold:
-            raise SecureAggregationError(f"the aggregator's {what} of {self._round()} has {len(names)} sites, fewer "
-                                         "than "
-                                         f"the threshold {self.threshold}: refused, nothing more is sent (fewer would "
+        if len(names) < threshold:
+            mine = "" if self.graph.full else " of this site's neighbourhood"
+            raise SecureAggregationError(f"the aggregator's {what} of {self._round()} has {len(names)} sites{mine}, "
+                                         "fewer than "
+                                         f"the threshold {threshold}: refused, nothing more is sent (fewer would "
                                          "let it unmask a single site)")
         return [s for s in within if s in names]  # in the plan's order
 
@@ -210,7 +224,7 @@ class SecAggSteps:
 
     def boxes(self, answer: bytes | None) -> bytes:
         adverts = _answer(answer)
-        self.u1 = self._members(list(adverts), self.plan_sites, "key adverts")
+        self.u1 = self._members(list(adverts), [s for s in self.plan_sites if s in self.around], "key adverts")
         for peer in self.u1:
             check_advert(peer, adverts[peer], "the aggregator's adverts")
         if adverts[self.name] != self.sent_advert:
@@ -240,7 +254,13 @@ class SecAggSteps:
         told = _answer(answer)
         if set(told) != {"survivors"}:
             raise SecureAggregationError("the aggregator's survivor set is malformed; refused")
-        self.u3 = self._members(_names(told["survivors"], "the aggregator's survivor set"), self.u2, "survivor set")
+        survivors = _names(told["survivors"], "the aggregator's survivor set")
+        if self.graph.full:
+            self.u3 = self._members(survivors, self.u2, "survivor set")
+        else:  # SecAgg+: U3 is global (≥ the plan's threshold); its part in this neighbourhood within U2 (≥ t_k)
+            self._members([s for s in survivors if s in self.around], self.u2, "survivor set")
+            self._members(survivors, self.plan_sites, "survivor set", self.threshold)
+            self.u3 = [s for s in self.plan_sites if s in survivors]
         return json.dumps({"signature": _b64(self.site.sign_survivors(self.u3))}).encode()
 
     def reveal(self, answer: bytes | None) -> bytes:
@@ -275,9 +295,10 @@ class SecAggClient:
 
     def __init__(self, name: str, sites: list[str], threshold: int, round_num: int, signing_key: Any,
                  certificate_pem: str, peer_key: Callable[[str, str], Any], send: Callable[[str, bytes], None],
-                 fetch: Callable[[str], bytes | None], *, poll: float = 0.1, session: bytes = b"") -> None:
+                 fetch: Callable[[str], bytes | None], *, poll: float = 0.1, session: bytes = b"",
+                 neighbours: str | int = "full") -> None:
         self.args = name, sites, threshold, round_num, signing_key, certificate_pem, peer_key
-        self.session = session
+        self.session, self.neighbours = session, neighbours
         self.send, self.fetch, self.poll = send, fetch, poll
 
     def withdraw(self, reason: str) -> None:
@@ -289,7 +310,7 @@ class SecAggClient:
         wall-clock seconds from its first message to its last (``secagg_s``, waits for the others
         included) and the CPU seconds of its own protocol work (``secagg_cpu_s``: keys, shares, masks)."""
         began, cpu, self.waited_cpu, sent = time.perf_counter(), time.process_time(), 0.0, 0
-        steps = SecAggSteps(*self.args, vector, quantizer, self.session)
+        steps = SecAggSteps(*self.args, vector, quantizer, self.session, self.neighbours)
         payload = steps.advert()
         for kind, answer, step in STEPS:
             self.send(kind, payload)

@@ -15,6 +15,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric import x25519
 
 from .secagg import Quantizer, SecAggSite, SecureAggregationError, _combine, commitment, prg, s_public
+from .secagg_graph import Graph, graph_for
 from .secagg_protocol import (
     ANSWERS,
     BOX_BYTES,
@@ -81,12 +82,15 @@ def rebuild(target: str, what: str, shares: list[tuple[str, int, bytes]], thresh
 
 def unmask(masked: dict[str, np.ndarray], reveals: dict[str, dict[str, tuple[str, int, bytes]]],
            adverts: dict[str, dict[str, bytes]], sites: list[str], threshold: int, quantizer: Quantizer,
-           blamed: dict[str, str] | None = None) -> np.ndarray:
+           blamed: dict[str, str] | None = None, graph: Graph | None = None) -> np.ndarray:
     """The sum of the survivors' vectors from their masked vectors (``masked``: survivor → vector) and
     the survivors' reveals (survivor → its :meth:`SecAggSite.reveal`). Every rebuilt secret is checked
     against the advert (``commit`` for a self-mask seed, ``s_pk`` for a dropped site's key); senders of
-    shares that disagree go into ``blamed`` (sender → sentence) and are left out."""
+    shares that disagree go into ``blamed`` (sender → sentence) and are left out. ``graph`` (SecAgg+,
+    :mod:`.secagg_graph`): each secret is rebuilt from ``graph.threshold`` shares of its site's
+    neighbourhood, and a dropped site's masks removed only with its surviving neighbours."""
     survivors = [s for s in sites if s in masked]
+    t_shares = threshold if graph is None else graph.threshold
     if len(survivors) < threshold:
         raise SecureAggregationError(f"only {len(survivors)} of {len(sites)} sites sent masked uploads, fewer than the "
                                      f"threshold {threshold}; the round ends without a sum")
@@ -105,12 +109,12 @@ def unmask(masked: dict[str, np.ndarray], reveals: dict[str, dict[str, tuple[str
                 def seed_committed(secret: bytes, a: dict[str, bytes] = advert) -> bool:
                     return "commit" not in a or commitment(secret) == a["commit"]
 
-                secret, bad = rebuild(site, "self-mask seed", shares, threshold, seed_committed)
+                secret, bad = rebuild(site, "self-mask seed", shares, t_shares, seed_committed)
             else:
                 def key_advertised(secret: bytes, a: dict[str, bytes] = advert) -> bool:
                     return s_public(secret) == a["s_pk"]
 
-                secret, bad = rebuild(site, "pairwise-mask key", shares, threshold, key_advertised)
+                secret, bad = rebuild(site, "pairwise-mask key", shares, t_shares, key_advertised)
             if blamed is not None:
                 blamed.update(bad)
             if survived:
@@ -118,26 +122,34 @@ def unmask(masked: dict[str, np.ndarray], reveals: dict[str, dict[str, tuple[str
                 continue
             dropped_key = x25519.X25519PrivateKey.from_private_bytes(secret)
             for other in survivors:  # the dropped site's pairwise masks left in the survivors' vectors
+                if graph is not None and other not in graph.closed(site):
+                    continue
                 pairwise = prg(SecAggSite._pair_seed(dropped_key, adverts[other]["s_pk"]), size, quantizer.unsigned)
                 total = total - pairwise if sites.index(other) < sites.index(site) else total + pairwise
     return quantizer.decode(total)
 
 
 # --- the aggregator ---------------------------------------------------------------------------------
-def relay_for(sites: list[str], settings: Any, layout: SumLayout) -> SecAggRelay:
-    """The relay of a federation of ``sites`` under ``settings`` (the plan's secure_aggregation)."""
+def relay_for(sites: list[str], settings: Any, layout: SumLayout, session: bytes | None = None) -> SecAggRelay:
+    """The relay of a federation of ``sites`` under ``settings`` (the plan's secure_aggregation).
+    ``session``: :func:`~.secagg_protocol.session_digest`, which the neighbourhood graph derives
+    from (SecAgg+); without it, the full graph (and the sites must be told ``neighbours="full"``)."""
     return SecAggRelay(sites, settings.sites_needed(len(sites)), layout.words,
-                       Quantizer.for_sites(settings.clip, len(sites), settings.bits))
+                       Quantizer.for_sites(settings.clip, len(sites), settings.bits),
+                       neighbours="full" if session is None else settings.neighbours, session=session or b"")
 
 
 class SecAggRelay:
     """The aggregator's side for a federation of ``sites`` (names, in the plan's order): one round at
     a time, begun by the engine (:meth:`begin`); a message of any other round is refused.
     ``words``: the length of every site's vector; ``quantizer``: the ring (the same at every site).
-    Thread-safe."""
+    ``neighbours`` and ``session``: the round's graph (:func:`~.secagg_graph.graph_for`; each site
+    sees only its neighbourhood's adverts, shares and signatures). Thread-safe."""
 
-    def __init__(self, sites: list[str], threshold: int, words: int, quantizer: Quantizer) -> None:
+    def __init__(self, sites: list[str], threshold: int, words: int, quantizer: Quantizer, *,
+                 neighbours: str | int = "full", session: bytes = b"") -> None:
         self.all_sites, self.threshold, self.words, self.quantizer = list(sites), threshold, words, quantizer
+        self.neighbours, self.session = neighbours, session
         self.at_least = 0  # the engine's own floor (e.g. OpenFL's min_sites): fewer present ends the round
         self.lock = threading.RLock()
         self.round = -1
@@ -146,6 +158,7 @@ class SecAggRelay:
     def begin(self, round_num: int) -> None:
         with self.lock:
             self.round, self.phase = round_num, 0
+            self.graph = graph_for(self.all_sites, self.threshold, self.neighbours, self.session, round_num)
             self.members: list[list[str]] = [list(self.all_sites)]  # U0 (all), U1 … U5
             self.received: list[dict[str, Any]] = [{} for _ in PHASES]
             self.dropped: dict[str, str] = {}  # site → why it is out (the phase it missed, or its withdrawal)
@@ -225,14 +238,15 @@ class SecAggRelay:
                                               f"({self.dropped[site]})"}).encode()
             if self.phase < ANSWERS[kind]:
                 return None
+            mine = self.graph.closed(site)  # every site in the full graph
             if kind == "adverts":
-                return json.dumps(self.received[0]).encode()
+                return json.dumps({s: a for s, a in self.received[0].items() if s in mine}).encode()
             if kind == "boxes":
                 boxes = {sender: box[site] for sender, box in self.received[1].items() if site in box}
-                return json.dumps({"peers": self.members[2], "boxes": boxes}).encode()
+                return json.dumps({"peers": [s for s in self.members[2] if s in mine], "boxes": boxes}).encode()
             if kind == "survivors":
                 return json.dumps({"survivors": self.members[3]}).encode()
-            return json.dumps({"signatures": self.received[3]}).encode()
+            return json.dumps({"signatures": {s: v for s, v in self.received[3].items() if s in mine}}).encode()
 
     def total(self, round_num: int) -> np.ndarray:
         """The sum of the survivors' vectors of ``round_num`` (float64), once unmasked."""
@@ -264,7 +278,7 @@ class SecAggRelay:
             masked = {s: self.received[2][s] for s in self.members[3]}
             cpu = time.process_time()
             self.sum = unmask(masked, self.received[4], adverts, self.members[2], self.threshold, self.quantizer,
-                              self.blamed)
+                              self.blamed, None if self.graph.full else self.graph)
             self.unmask_cpu_s = time.process_time() - cpu
 
     def _check_advert(self, site: str, payload: bytes) -> dict[str, str]:
@@ -279,7 +293,7 @@ class SecAggRelay:
 
     def _check_boxes(self, site: str, payload: bytes) -> dict[str, str]:
         boxes = _json(payload, f"site {site}", "boxes")
-        peers = {s for s in self.members[1] if s != site}
+        peers = {s for s in self.members[1] if s != site and s in self.graph.closed(site)}
         if not isinstance(boxes, dict) or set(boxes) != peers:
             raise SecureAggregationError(f"site {site} sent shares for "
                                          f"{sorted(boxes) if isinstance(boxes, dict) else '?'}"
@@ -311,13 +325,15 @@ class SecAggRelay:
 
     def _check_reveal(self, site: str, payload: bytes) -> dict[str, tuple[str, int, bytes]]:
         reveal = _json(payload, f"site {site}", "reveal")
-        survivors = set(self.members[3])
-        dropped = set(self.members[2]) - survivors
+        mine = self.graph.closed(site)  # SecAgg+: it holds shares of its neighbourhood only
+        survivors = set(self.members[3]) & mine
+        dropped = set(self.members[2]) & mine - set(self.members[3])
         if not isinstance(reveal, dict) or set(reveal) != survivors | dropped:
             raise SecureAggregationError(f"site {site} revealed shares for other sites than the round's")
-        index = self.members[1].index(site) + 1  # a share's x-coordinate: the holder's place in U1
         out = {}
         for target, entry in reveal.items():
+            # a share's x-coordinate: the holder's place among those of U1 that hold the target's shares
+            index = self.graph.holders(target, self.members[1]).index(site) + 1
             kind = "b" if target in survivors else "s"
             if not (isinstance(entry, list) and len(entry) == 3 and entry[0] == kind and entry[1] == index):
                 raise SecureAggregationError(f"site {site}'s share for {target} is malformed (a {kind} share at index "

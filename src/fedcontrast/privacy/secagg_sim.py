@@ -29,6 +29,7 @@ class SecureRound:
     plain_bytes_per_site: float
     site_seconds: float = 0.0  # one site's protocol work (keys, shares, masking, signing, reveal), mean over sites
     aggregator_seconds: float = 0.0  # routing and unmasking
+    neighbours: int = 0  # k: each site's neighbours (sites − 1: the full graph)
 
 
 def secure_sum(vectors: dict[str, np.ndarray], settings: Any, round_num: int, *, dropped: tuple[str, ...] = (),
@@ -54,10 +55,12 @@ def secure_sum(vectors: dict[str, np.ndarray], settings: Any, round_num: int, *,
             raise SecureAggregationError(f"site {site}'s key is not the one this federation holds for it")
         return private[site].public_key()
 
-    relay = SecAggRelay(names, t, next(iter(vectors.values())).size, quantizer)
+    neighbours = getattr(settings, "neighbours", "full")
+    relay = SecAggRelay(names, t, next(iter(vectors.values())).size, quantizer, neighbours=neighbours,
+                        session=session)
     relay.begin(round_num)
-    steps = {n: SecAggSteps(n, names, t, round_num, private[n], pem[n], peer_key, vectors[n], quantizer, session)
-             for n in names}
+    steps = {n: SecAggSteps(n, names, t, round_num, private[n], pem[n], peer_key, vectors[n], quantizer, session,
+                            neighbours) for n in names}
     cpu, sent = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
 
     def at(site: str, call: Callable[[], bytes]) -> bytes:
@@ -84,7 +87,7 @@ def secure_sum(vectors: dict[str, np.ndarray], settings: Any, round_num: int, *,
     total = relay.total(round_num)
     plain = next(iter(vectors.values())).size * 4
     return total, SecureRound(len(names), t, float(sent[names[0]]), float(plain), sum(cpu.values()) / len(names),
-                              relay.unmask_cpu_s)
+                              relay.unmask_cpu_s, relay.graph.k)
 
 
 def secure_terms_sum(algorithm: Any, uploads: dict[str, dict[str, Any]], weights: dict[str, float], settings: Any,

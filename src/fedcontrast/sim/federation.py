@@ -220,7 +220,8 @@ class Federation:
         rows.append(metric_row(round_num, "aggregator", "secure_aggregation", len(uploads),
                                {"bytes_per_site": cost.bytes_per_site,
                                 "plain_bytes_per_site": cost.plain_bytes_per_site, "threshold": cost.threshold,
-                                "site_cpu_s": cost.site_seconds, "aggregator_cpu_s": cost.aggregator_seconds}))
+                                "neighbours": cost.neighbours, "site_cpu_s": cost.site_seconds,
+                                "aggregator_cpu_s": cost.aggregator_seconds}))
         return total, self.downlink.global_tensors
 
     def received(self, site: Site) -> dict[str, torch.Tensor]:

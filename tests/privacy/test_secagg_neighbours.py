@@ -1,0 +1,204 @@
+"""SecAgg+ (privacy/secagg_graph.py): each site masks with and shares among its neighbours on a random
+ring graph that every party derives from the session and the round. The sum is checked against the
+plain sum of the clipped vectors (an independent reference) with dropouts at each phase; the graph is
+shown to be the same at every party and different for another round or session; a relay that names
+a site outside a site's neighbourhood is refused; and a pairwise mask left out is shown to break the
+sum (the masks cancel only with the right neighbours)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from fedcontrast.config.sections import SecureAggregationConfig, default_threshold
+from fedcontrast.errors import FedContrastError
+from fedcontrast.privacy.secagg import Quantizer, SecureAggregationError
+from fedcontrast.privacy.secagg_graph import graph_for, neighbourhood_size, neighbourhood_threshold, ring
+from fedcontrast.privacy.secagg_protocol import PHASES, STEPS, PinnedKeys, SecAggSteps, session_digest
+from fedcontrast.privacy.secagg_relay import SecAggRelay
+from fedcontrast.privacy.secagg_sim import secure_sum
+
+from .test_secagg_protocol import make_keys, pem_key
+
+SESSION = session_digest({"algorithm": "fedavg", "rounds": 3}, ["x"], "run-1")
+N, K, CLIP = 16, 6, 10.0  # 2k + 1 = 13 < 16: the neighbourhood graph; t_k = 5 of each site's 7 holders
+
+
+class Round:
+    """One round with ``n`` sites, degree ``k``, every message carried step by step; ``answer`` may
+    be replaced to make the relay lie; ``die``: site → the message kind it never sends."""
+
+    def __init__(self, n=N, k=K, *, round_num=0, words=32, seed=0, die=None):
+        self.names = [f"site_{i:02d}" for i in range(n)]
+        self.keys, self.pems = make_keys(self.names)
+        self.threshold, self.round, self.die = default_threshold(n), round_num, die or {}
+        self.quantizer = Quantizer.for_sites(CLIP, n, 64)
+        self.relay = SecAggRelay(self.names, self.threshold, words, self.quantizer, neighbours=k, session=SESSION)
+        self.relay.begin(round_num)
+        rng = np.random.default_rng(seed)
+        self.vectors = {s: rng.uniform(-1.5 * CLIP, 1.5 * CLIP, words) for s in self.names}  # some clipped
+        self.steps = {s: SecAggSteps(s, self.names, self.threshold, round_num, self.keys[s], self.pems[s],
+                                     PinnedKeys(pem_key), self.vectors[s], self.quantizer, SESSION, k)
+                      for s in self.names}
+        self.errors: dict[str, str] = {}
+
+    def answer(self, site, kind):
+        return self.relay.answer(site, self.round, kind)
+
+    def run(self):
+        payloads = {s: self.steps[s].advert() for s in self.names}
+        for kind, answer, step in (*STEPS, ("reveal", None, None)):
+            for s, payload in payloads.items():
+                if self.die.get(s) != kind:
+                    self.relay.receive(s, self.round, kind, payload)
+            if self.relay.open and PHASES[self.relay.phase] == kind:
+                self.relay.close()
+            if step is None:
+                break
+            payloads = {}
+            for s in self.names:
+                if s in self.relay.dropped or s in self.errors or _gone(self.die.get(s), kind):
+                    continue
+                try:
+                    payloads[s] = getattr(self.steps[s], step)(self.answer(s, answer))
+                except SecureAggregationError as exc:
+                    self.errors[s] = str(exc)
+        return self
+
+
+def _gone(missed, kind):
+    return missed is not None and PHASES.index(missed) <= PHASES.index(kind)
+
+
+def reference(vectors, sites):
+    """The plain sum of the clipped vectors of ``sites``."""
+    return sum(np.clip(vectors[s], -CLIP, CLIP) for s in sites)
+
+
+# --- the rule and the graph ----------------------------------------------------------------------------
+def test_the_rule_for_k_and_t_k():
+    assert neighbourhood_size(50) == 49  # 2·⌈3·log2 50⌉ = 34, 2k + 1 ≥ 50: the full graph
+    assert neighbourhood_size(100) == 40 and neighbourhood_size(1000) == 60
+    assert neighbourhood_size(100, "full") == 99
+    assert neighbourhood_size(30, 10) == 10 and neighbourhood_size(20, 10) == 19
+    assert neighbourhood_threshold(40) == 28 and neighbourhood_threshold(6) == 5
+    for k in (6, 40, 60):  # two sets of t_k of the k + 1 holders always share a holder
+        assert 2 * neighbourhood_threshold(k) > k + 1
+    graph = graph_for([f"s{i}" for i in range(50)], 34, "auto", SESSION, 0)
+    assert graph.full and graph.threshold == 34  # the full graph keeps the plan's threshold: today's protocol
+
+
+@pytest.mark.parametrize("value", [5, 2, "some", True, 1.5])
+def test_the_setting_is_checked(value):
+    with pytest.raises(FedContrastError, match="neighbours"):
+        SecureAggregationConfig(neighbours=value)
+    assert SecureAggregationConfig(neighbours=6).neighbours == 6
+
+
+def test_the_graph_is_k_regular_symmetric_and_the_same_at_every_party():
+    lab = Round()
+    graph = lab.relay.graph
+    assert not graph.full and graph.k == K
+    for s in lab.names:
+        assert lab.steps[s].graph == graph  # each site derived it itself
+        assert len(graph.closed(s)) == K + 1 and s in graph.closed(s)
+        assert all(s in graph.closed(v) for v in graph.closed(s))
+
+
+def test_the_graph_differs_for_another_round_or_session():
+    names = [f"site_{i}" for i in range(200)]
+    base = ring(names, SESSION, 3, 40)
+    assert sorted(base) == sorted(names) and base == ring(names, SESSION, 3, 40)
+    assert base != ring(names, SESSION, 4, 40)
+    assert base != ring(names, session_digest({"algorithm": "fedavg", "rounds": 3}, ["x"], "run-2"), 3, 40)
+
+
+def test_the_ring_order_is_uniform():
+    """Fisher–Yates over the keystream: each of 4 sites is first in about a quarter of 4000 sessions."""
+    from scipy import stats
+
+    firsts = Counter(ring(["a", "b", "c", "d"], i.to_bytes(4, "big"), 0, 2)[0] for i in range(4000))
+    assert stats.chisquare([firsts[s] for s in "abcd"]).pvalue > 1e-3
+
+
+# --- the sum ---------------------------------------------------------------------------------------------
+def test_every_site_answers_the_sum_is_the_plain_sum_of_the_clipped_vectors():
+    lab = Round().run()
+    assert not lab.errors and lab.relay.survivors == lab.names
+    assert np.abs(lab.relay.total(0) - reference(lab.vectors, lab.names)).max() <= lab.quantizer.error_bound(N)
+    for site, reveal in lab.relay.received[4].items():  # each site revealed shares of its neighbourhood only
+        assert set(reveal) <= lab.relay.graph.closed(site)
+
+
+@pytest.mark.parametrize("dying", [{"site_03": "advert"}, {"site_05": "boxes"},
+                                   {"site_07": "masked", "site_11": "masked"},
+                                   {"site_02": "consistency"}, {"site_09": "reveal"}])
+def test_dropouts_at_each_phase_still_give_the_survivors_sum(dying):
+    lab = Round(die=dying).run()
+    assert not lab.errors
+    in_sum = [s for s in lab.names if dying.get(s) in (None, "consistency", "reveal")]
+    assert lab.relay.survivors == in_sum
+    assert np.abs(lab.relay.total(0) - reference(lab.vectors, in_sum)).max() <= lab.quantizer.error_bound(N)
+
+
+def test_the_simulator_sums_through_the_neighbourhoods():
+    rng = np.random.default_rng(1)
+    vectors = {f"s{i:02d}": rng.uniform(-CLIP, CLIP, 20) for i in range(N)}
+    settings = SecureAggregationConfig(neighbours=K, clip=CLIP)
+    total, cost = secure_sum(vectors, settings, 2, dropped=("s04",), session=SESSION)
+    assert cost.neighbours == K
+    survivors = [s for s in vectors if s != "s04"]
+    quantizer = Quantizer.for_sites(CLIP, N, settings.bits)
+    assert np.abs(total - reference(vectors, survivors)).max() <= quantizer.error_bound(N)
+
+
+def test_a_pairwise_mask_left_out_breaks_the_sum():
+    """The masks cancel only with the right neighbours: a site that leaves one neighbour out of its
+    pairwise masks leaves that neighbour's mask in the sum, which then decodes to noise."""
+    lab = Round()
+    site = lab.names[0]
+    steps, left_out = lab.steps[site], sorted(lab.relay.graph.closed(site) - {site})[0]
+    mask = steps.site.mask
+    steps.site.mask = lambda vector, quantizer, peers=None: mask(vector, quantizer, [p for p in peers if p != left_out])
+    lab.run()
+    assert not lab.errors
+    assert np.abs(lab.relay.total(0) - reference(lab.vectors, lab.names)).max() > 1e3
+
+
+# --- a relay that lies ---------------------------------------------------------------------------------
+def test_a_share_request_naming_a_non_neighbour_is_refused_and_nothing_sent():
+    lab = Round()
+    target = lab.names[0]
+    stranger = next(s for s in lab.names if s not in lab.relay.graph.closed(target))
+    honest = lab.answer
+
+    def lying(site, kind):
+        if site == target and kind == "adverts":
+            return json.dumps(dict(lab.relay.received[0])).encode()  # every site's advert, not its neighbourhood's
+        return honest(site, kind)
+
+    lab.answer = lying
+    lab.run()
+    assert stranger in lab.errors[target] and "outside this site's neighbourhood" in lab.errors[target]
+    assert target not in lab.relay.received[1]  # it sent no shares at all
+
+
+def test_a_shared_set_naming_a_non_neighbour_is_refused():
+    lab = Round()
+    target = lab.names[1]
+    stranger = next(s for s in lab.names if s not in lab.relay.graph.closed(target))
+    honest = lab.answer
+
+    def lying(site, kind):
+        if site == target and kind == "boxes":
+            mine = json.loads(honest(site, kind))
+            return json.dumps({**mine, "peers": mine["peers"] + [stranger]}).encode()
+        return honest(site, kind)
+
+    lab.answer = lying
+    lab.run()
+    assert "outside this site's neighbourhood" in lab.errors[target]
+    assert target not in lab.relay.received[2]  # it never masked: nothing of its vector left the site
