@@ -202,3 +202,22 @@ def test_a_shared_set_naming_a_non_neighbour_is_refused():
     lab.run()
     assert "outside this site's neighbourhood" in lab.errors[target]
     assert target not in lab.relay.received[2]  # it never masked: nothing of its vector left the site
+
+
+def test_the_deployments_relay_draws_the_graph_its_sites_draw():
+    """OpenFL's aggregator builds its relay from the plan and the run label (relay_for), each site
+    its steps from session_digest of the same: one graph. Without them the relay keeps the full
+    graph, as the sites do by default (Flower, until it passes its session)."""
+    from fedcontrast.privacy.secagg_relay import relay_for
+    from fedcontrast.privacy.secagg_terms import SumLayout
+
+    names = [f"site_{i:03d}" for i in range(100)]
+    plan, settings = {"algorithm": "fedavg", "clients": 100}, SecureAggregationConfig()
+    layout = SumLayout({"w": (4,)}, {}, 1.0)
+    relay = relay_for(names, settings, layout, plan, "fed_1234")
+    relay.begin(3)
+    assert relay.graph.k == 40
+    site = graph_for(names, settings.sites_needed(100), settings.neighbours, session_digest(plan, names, "fed_1234"), 3)
+    assert site == relay.graph
+    plain = relay_for(names, settings, layout)
+    assert plain.graph.full and plain.graph.threshold == settings.sites_needed(100)

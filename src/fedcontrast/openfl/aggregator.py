@@ -104,11 +104,11 @@ class SafeAggregator(EndingLines, AttendanceRounds, SecureRounds, Aggregator):
                 check_tensor_db(kwargs.get("persistent_db_path") or "tensor.db")
             # Every upload is bounded by the plugin's declaration before it is taken in (see _bounded_stream).
             self.max_upload_bytes = upload_limit(config, model_shape or {}, kwargs.get("assigner"))
-            # Secure aggregation: the relay between the sites (openfl/secure.py); the aggregation function
-            # sums through it.
-            secure = config.secure_aggregation
+            # Secure aggregation: the relay between the sites (openfl/secure.py), which the aggregation sums through.
+            secure = config.secure_aggregation  # its graph from the plan and run every site holds (secagg_graph.py)
             self.relay = None if secure is None else relay_for(site_names(config), secure, SumLayout.of(
-                *declared_uploads(config, model_shape or {}, kwargs.get("assigner")), secure))
+                *declared_uploads(config, model_shape or {}, kwargs.get("assigner")), secure),
+                config.to_dict(), str(kwargs.get("federation_uuid", "")))
         except FedContrastError as exc:
             print(f"fedcontrast aggregator: error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None

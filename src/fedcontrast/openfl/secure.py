@@ -167,7 +167,8 @@ class OpenFLChannel:
                                bool(getattr(policy, "require_secure_aggregation", False)))
         session = session_digest(config.to_dict(), sites, str(getattr(col, "federation_uuid", "")))
         client = SecAggClient(site, sites, settings.sites_needed(len(sites)), round_num, self.signing_key,
-                              self.certificate, peer_keys, send, fetch, poll=0.05, session=session)
+                              self.certificate, peer_keys, send, fetch, poll=0.05, session=session,
+                              neighbours=settings.neighbours)
         if vector is None:  # this site's own input failed its checks: it takes no part in the round
             client.withdraw(reason)
             return {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ from .secagg_protocol import (
     _json,
     _unb64,
     check_advert,
+    session_digest,
 )
 from .secagg_terms import SumLayout
 
@@ -130,13 +131,16 @@ def unmask(masked: dict[str, np.ndarray], reveals: dict[str, dict[str, tuple[str
 
 
 # --- the aggregator ---------------------------------------------------------------------------------
-def relay_for(sites: list[str], settings: Any, layout: SumLayout, session: bytes | None = None) -> SecAggRelay:
+def relay_for(sites: list[str], settings: Any, layout: SumLayout, plan: Mapping[str, Any] | None = None,
+              run: str = "") -> SecAggRelay:
     """The relay of a federation of ``sites`` under ``settings`` (the plan's secure_aggregation).
-    ``session``: :func:`~.secagg_protocol.session_digest`, which the neighbourhood graph derives
-    from (SecAgg+); without it, the full graph (and the sites must be told ``neighbours="full"``)."""
+    ``plan`` (the run configuration as a mapping) and ``run`` (the engine's run label): the session
+    the sites derive (:func:`~.secagg_protocol.session_digest`), which the neighbourhood graph is
+    drawn from (SecAgg+); without them, the full graph (the sites must then use ``neighbours="full"``)."""
     return SecAggRelay(sites, settings.sites_needed(len(sites)), layout.words,
                        Quantizer.for_sites(settings.clip, len(sites), settings.bits),
-                       neighbours="full" if session is None else settings.neighbours, session=session or b"")
+                       neighbours="full" if plan is None else settings.neighbours,
+                       session=b"" if plan is None else session_digest(plan, sites, run))
 
 
 class SecAggRelay:
