@@ -221,3 +221,14 @@ def test_the_deployments_relay_draws_the_graph_its_sites_draw():
     assert site == relay.graph
     plain = relay_for(names, settings, layout)
     assert plain.graph.full and plain.graph.threshold == settings.sites_needed(100)
+
+
+def test_the_audit_states_the_neighbourhood_guarantee_and_the_full_graph_is_unchanged():
+    from fedcontrast.audit.report import _neighbourhoods
+    from fedcontrast.privacy.secagg_graph import failure_bounds
+
+    assert _neighbourhoods(50, "auto") == [] and _neighbourhoods(200, "full") == []
+    line = _neighbourhoods(100, "auto")[0]
+    assert "40 of the 100 sites" in line and "28 of its 41 holders" in line and "2^-83" in line and "2^-25" in line
+    bounds = failure_bounds(1000, 60)
+    assert bounds["follows"] < 2.0**-100 and bounds["lies"] < 2.0**-30 and bounds["fails"] < 2.0**-30

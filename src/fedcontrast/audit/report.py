@@ -372,6 +372,22 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
                        secure_ring=_secure_ring(config, algorithm))
 
 
+def _neighbourhoods(n: int, setting: str | int) -> list[str]:
+    """SecAgg+'s graph and what it withstands (privacy/secagg_graph.py), when the round uses it."""
+    from ..privacy.secagg_graph import failure_bounds, neighbourhood_size, neighbourhood_threshold
+
+    k = neighbourhood_size(n, setting)
+    if k >= n - 1:
+        return []
+    bound = {key: f"2^{math.log2(v):.0f}" if v > 0 else "0" for key, v in failure_bounds(n, k).items()}
+    return [f"neighbourhoods (SecAgg+; OpenFL and the simulator): each site masks with and shares among {k} of the "
+            f"{n} sites, {neighbourhood_threshold(k)} of its {k + 1} holders rebuild a secret; the threshold above "
+            f"holds for the full graph only: with 5 % of the sites colluding, an operator that follows the protocol "
+            f"unmasks an honest site with probability ≤ {bound['follows']} per round, one that lies about dropouts "
+            f"≤ {bound['lies']}, and a round fails with 5 % dropouts ≤ {bound['fails']} (docs/privacy.md); "
+            "neighbours: full for the full graph's guarantee"]
+
+
 def _secure_ring(config: RunConfig, algorithm: Any) -> list[str]:
     """What secure aggregation's ring does to the terms, and whom the protocol withstands, for the privacy officer."""
     from ..config.sections import colluders_tolerated
@@ -393,6 +409,7 @@ def _secure_ring(config: RunConfig, algorithm: Any) -> list[str]:
              f"threshold {t} of {n} sites: an operator that lies to the sites learns only sums of at least "
              f"{t - colluders_tolerated(n, t)} honest sites while at most {colluders_tolerated(n, t)} site(s) collude "
              f"with it (Bonawitz et al.'s protocol against an active adversary; 2t > n + colluders)",
+             *_neighbourhoods(n, secure.neighbours),
              f"a hostile site can move each summed term by up to ±{quantizer.reach:g} (any word of the ring, "
              f"{quantizer.reach / secure.clip:.1f} × the clip {secure.clip:g}), not only within the clip: masked "
              "uploads cannot be checked; robust rules cannot run, so clip and add DP at the site"]

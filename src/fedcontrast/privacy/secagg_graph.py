@@ -115,3 +115,19 @@ def graph_for(sites: list[str], threshold: int, setting: str | int, session: byt
     place = {s: i for i, s in enumerate(order)}
     around = {s: frozenset(order[(place[s] + d) % n] for d in range(-(k // 2), k // 2 + 1)) for s in sites}
     return Graph(tuple(sites), k, neighbourhood_threshold(k), around)
+
+
+def _tail(k: int, p: float, at_least: int) -> float:
+    return sum(math.comb(k, i) * p**i * (1 - p) ** (k - i) for i in range(max(at_least, 0), k + 1))
+
+
+def failure_bounds(sites: int, k: int, colluding: float = 0.05, dropping: float = 0.05) -> dict[str, float]:
+    """Per round, union-bounded over the sites, with a ``colluding`` fraction of the sites and a
+    ``dropping`` one fixed independently of the graph (docs/privacy.md): the probability that an
+    operator following the protocol can rebuild both secrets of an honest site (``t_k`` colluding
+    neighbours), that one lying about dropouts can (``2t_k − k − 1``), and that the round fails
+    (a site with more than ``k + 1 − t_k`` of its holders gone)."""
+    t = neighbourhood_threshold(k)
+    return {"follows": min(1.0, sites * _tail(k, colluding, t)),
+            "lies": min(1.0, sites * _tail(k, colluding, 2 * t - k - 1)),
+            "fails": min(1.0, sites * _tail(k, dropping, k + 2 - t))}
