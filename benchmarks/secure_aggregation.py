@@ -2,7 +2,7 @@
 secure-sum variants of FedSSC, FedPCL, FLESD; digits).
 
     .venv/bin/python benchmarks/secure_aggregation.py [--sites 3 10 50] [--rounds 5] [--seeds 0 1 2]
-        [--algorithms fedavg moon | fedssc fedpcl flesd] [--threads 2]
+        [--algorithms fedavg moon | fedssc fedpcl flesd] [--threads 2] [--neighbours auto full]
 
 Per configuration, the same run twice (same seed, threads, shards), plain and with
 `secure_aggregation` (32-bit ring, default clip and threshold ⌊2n/3⌋ + 1; the deployments' own relay
@@ -13,7 +13,9 @@ per site and at the aggregator, and the final accuracy over the seeds. A plugin 
 (``SECURE_VARIANTS``: FedSSC ``class_reps: pooled``, FedPCL ``local_sets: global``); where that is
 not its default, its default runs too, without secure aggregation, so the table shows what the
 variant costs in accuracy. FedAvg/FedProx/MOON write the section ``secure_aggregation``, the other
-plugins ``secure_aggregation_plugins``.
+plugins ``secure_aggregation_plugins``. ``--neighbours``: the graphs to run secure aggregation with
+(``secure_aggregation.neighbours``: ``auto`` is SecAgg+'s neighbourhood graph above ~80 sites, ``full``
+every pair of sites; one row each, column k).
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ SECURE_VARIANTS = {"fedavg": {}, "fedprox": {}, "moon": {}, "flesd": {},
 WEIGHT_PLUGINS = ("fedavg", "fedprox", "moon")
 
 
-def one(algorithm: str, settings: dict, sites: int, rounds: int, seed: int, secure: bool, out: Path) -> dict:
+def one(algorithm: str, settings: dict, sites: int, rounds: int, seed: int, secure: bool | str, out: Path) -> dict:
+    """One run; ``secure``: False, or the graph (``auto``, ``full`` or k) to run secure aggregation with."""
+    neighbours = int(secure) if isinstance(secure, str) and secure.isdigit() else secure
     config = RunConfig(algorithm=algorithm, dataset="digits", clients=sites, rounds=rounds, seed=seed,
                        min_samples=5, hyperparameters={algorithm: settings} if settings else {},
-                       secure_aggregation={} if secure else None)
+                       secure_aggregation={"neighbours": neighbours} if secure else None)
     stamps: list[float] = []
     summary = run_simulation(config, out, progress=lambda d, t, row: stamps.append(time.perf_counter()))
     with open(out / "metrics.csv") as f:
@@ -62,6 +66,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--threads", type=int, default=2, help="torch threads (1 on a shared machine)")
+    parser.add_argument("--neighbours", nargs="+", default=["auto"],
+                        help="secure_aggregation.neighbours to run with: auto, full or an even k")
     parser.add_argument("--section", default=None, help="the RESULTS.md section to write (default: "
                         "secure_aggregation, or secure_aggregation_plugins for FedSSC/FedPCL/FLESD)")
     args = parser.parse_args()
@@ -74,12 +80,13 @@ def main() -> None:
     lines = [f"{title}: `benchmarks/secure_aggregation.py`", "",
              f"Command: `.venv/bin/python benchmarks/secure_aggregation.py --sites {' '.join(map(str, args.sites))} "
              f"--rounds {args.rounds} --seeds {' '.join(map(str, args.seeds))} --algorithms {' '.join(args.algorithms)} "
-             f"--threads {args.threads}" + (f" --section {args.section}" if args.section else "") + f"` on {machine()}, {time.strftime('%Y-%m-%d')}. Digits, Dir(0.5), the default "
+             f"--threads {args.threads} --neighbours {' '.join(args.neighbours)}"
+             + (f" --section {args.section}" if args.section else "") + f"` on {machine()}, {time.strftime('%Y-%m-%d')}. Digits, Dir(0.5), the default "
              "10 local epochs, 32-bit ring, default threshold ⌊2n/3⌋ + 1, the consistency round (five messages per site).", "",
-             "| algorithm | secure variant | sites | s / round plain | s / round secure | ratio | bytes / site / round "
+             "| algorithm | secure variant | sites | k | s / round plain | s / round secure | ratio | bytes / site / round "
              "plain | secure | ratio | protocol CPU per site | at the aggregator | final accuracy: default, plain | "
              "variant, plain | variant, secure |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for algorithm in args.algorithms:
         variant = SECURE_VARIANTS[algorithm]
         label = ", ".join(f"{k}: {v}" for k, v in variant.items()) or "(the default)"
@@ -88,23 +95,31 @@ def main() -> None:
                 return [one(algorithm, settings, sites, args.rounds, seed, secure,
                             tmp / f"{algorithm}{sites}{seed}{secure}{bool(settings)}") for seed in args.seeds]
 
-            plain, secure = runs(variant, False), runs(variant, True)
+            plain = runs(variant, False)
             default = accuracy(runs({}, False)) if variant else "(same)"
             r_plain = statistics.median(r["round_s"] for r in plain)
-            r_secure = statistics.median(r["round_s"] for r in secure)
-            cost = secure[0]["cost"]
-            line = (f"| {algorithm} | {label} | {sites} | {r_plain:.3f} | {r_secure:.3f} | {r_secure / r_plain:.2f}× | "
-                    f"{cost['plain_bytes_per_site']:.0f} | {cost['bytes_per_site']:.0f} | "
-                    f"{cost['bytes_per_site'] / cost['plain_bytes_per_site']:.3f}× | {cost['site_cpu_s'] * 1000:.0f} ms | "
-                    f"{cost['aggregator_cpu_s'] * 1000:.0f} ms | {default} | {accuracy(plain)} | {accuracy(secure)} |")
-            print(line, flush=True)
-            lines.append(line)
+            for graph in args.neighbours:
+                secure = runs(variant, graph)
+                r_secure = statistics.median(r["round_s"] for r in secure)
+                cost = secure[0]["cost"]
+                k = int(cost.get("neighbours") or sites - 1)
+                full = " (full)" if k >= sites - 1 else ""
+                line = (f"| {algorithm} | {label} | {sites} | {k}{full} | {r_plain:.3f} | "
+                        f"{r_secure:.3f} | {r_secure / r_plain:.2f}× | "
+                        f"{cost['plain_bytes_per_site']:.0f} | {cost['bytes_per_site']:.0f} | "
+                        f"{cost['bytes_per_site'] / cost['plain_bytes_per_site']:.3f}× | "
+                        f"{cost['site_cpu_s'] * 1000:.0f} ms | {cost['aggregator_cpu_s'] * 1000:.0f} ms | {default} | "
+                        f"{accuracy(plain)} | {accuracy(secure)} |")
+                print(line, flush=True)
+                lines.append(line)
     lines += ["", f"Total {(time.perf_counter() - t0) / 60:.1f} min. Times are wall-clock of the simulator's round "
               "(sites one after another in one process), so the protocol's work of every site adds up in one round "
               "here; in a deployment each site does its own share. Accuracy: mean ± std over the seeds (FedPCL: "
               "personalised, by nearest global prototype; FLESD: linear probe)."]
     if not plugins:
-        lines.append("Goal (issues 26, 33): under 1.3× the round time and 1.2× the bytes at 10 sites for FedAvg.")
+        lines.append("Goal (issues 26, 33): under 1.3× the round time and 1.2× the bytes at 10 sites for FedAvg; "
+                     "issue 38: at most 2× at 100 sites. k: each site's neighbours (SecAgg+, "
+                     "`secure_aggregation.neighbours`; full: every other site).")
     write_section(args.section or ("secure_aggregation_plugins" if plugins else "secure_aggregation"), "\n".join(lines))
 
 

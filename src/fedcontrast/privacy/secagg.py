@@ -28,6 +28,10 @@ order, checks and dropouts are in :mod:`.secagg_protocol`):
    named, never summed), removes the masks from the sum of the masked vectors and decodes it: the sum
    of the survivors' clipped vectors, within ``Quantizer.error_bound(n)`` per element.
 
+Above a few dozen sites the masks and shares run over each site's neighbourhood on a random graph
+instead of every site (SecAgg+, Bell et al., CCS 2020: :mod:`.secagg_graph`): ``SecAggSite.sites`` is
+then its neighbourhood and ``share_threshold`` its ``t_k``.
+
 Nothing here is a home-made cipher or RNG: X25519, HKDF-SHA256, SHA-256, ChaCha20(-Poly1305),
 ECDSA/RSA-PSS/Ed25519 come from ``cryptography``; Shamir sharing from ``pycryptodome``; randomness
 from ``os.urandom``.

@@ -26,6 +26,13 @@ reveal), and it works out U2 − U3 itself. Every signature is bound to the sess
 key with the engine's ``peer_key`` (certificate or registration, then the site's own pinned roster,
 :class:`PinnedKeys`) before it sends a share.
 
+Above a few dozen sites (SecAgg+, :mod:`.secagg_graph`) a site sees only its neighbourhood on the
+round's graph, which it derives itself: the adverts, shares and consistency signatures of its
+neighbours; its U1 and U2 are the relay's sets within its neighbourhood (at least ``t_k`` of it), U3
+the global survivor set (at least ``threshold`` sites, its neighbourhood's part within its U2); it
+reveals once ``t_k`` of its neighbours signed that U3. Below that, the full graph: everything above,
+unchanged.
+
 Messages are JSON (bytes in base64) except the masked vector (raw ring words); each is checked for
 its exact shape before it is used, and a malformed one raises :class:`SecureAggregationError` naming
 the sender. The guarantee, as the paper proves it, is in docs/privacy.md.
