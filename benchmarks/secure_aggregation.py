@@ -15,7 +15,9 @@ not its default, its default runs too, without secure aggregation, so the table 
 variant costs in accuracy. FedAvg/FedProx/MOON write the section ``secure_aggregation``, the other
 plugins ``secure_aggregation_plugins``. ``--neighbours``: the graphs to run secure aggregation with
 (``secure_aggregation.neighbours``: ``auto`` is SecAgg+'s neighbourhood graph above ~80 sites, ``full``
-every pair of sites; one row each, column k).
+every pair of sites; one row each, column k). ``--protocol-only WORDS``: no training, the protocol alone
+on random vectors of WORDS values (every party in this process, one round, no dropouts), for as many
+sites as ``--sites`` (e.g. 1000): the section ``secure_aggregation_protocol``.
 """
 
 from __future__ import annotations
@@ -54,6 +56,41 @@ def one(algorithm: str, settings: dict, sites: int, rounds: int, seed: int, secu
     return {"round_s": per_round, "accuracy": summary["final_accuracy"], "cost": cost[-1] if cost else None}
 
 
+def protocol_only(args) -> None:
+    """The protocol's CPU alone (:func:`~fedcontrast.privacy.secagg_sim.secure_sum`) per site count and graph."""
+    import numpy as np
+
+    from fedcontrast.config.sections import SecureAggregationConfig
+    from fedcontrast.privacy.secagg_sim import secure_sum
+
+    lines = ["## Secure aggregation's protocol alone: `benchmarks/secure_aggregation.py --protocol-only`", "",
+             f"Command: `.venv/bin/python benchmarks/secure_aggregation.py --protocol-only {args.protocol_only} "
+             f"--sites {' '.join(map(str, args.sites))} --neighbours {' '.join(args.neighbours)}` on {machine()}, "
+             f"{time.strftime('%Y-%m-%d')}. One round, every party in one process, vectors of {args.protocol_only} "
+             "values in [-1, 1], 32-bit ring, default threshold, no dropouts.", "",
+             "| sites | k | t_k | CPU per site (keys, shares, masking, signatures, reveal) | "
+             "at the aggregator (unmask) | all, wall | bytes / site |", "|---|---|---|---|---|---|---|"]
+    rng = np.random.default_rng(0)
+    for sites in args.sites:
+        vectors = {f"site_{i:04d}": rng.uniform(-1, 1, args.protocol_only) for i in range(sites)}
+        for graph in args.neighbours:
+            settings = SecureAggregationConfig(neighbours=int(graph) if graph.isdigit() else graph)
+            began = time.perf_counter()
+            _, cost = secure_sum(vectors, settings, 1, session=b"benchmark")
+            wall = time.perf_counter() - began
+            from fedcontrast.privacy.secagg_graph import neighbourhood_threshold
+
+            k = cost.neighbours
+            t_k = cost.threshold if k >= sites - 1 else neighbourhood_threshold(k)
+            full = " (full)" if k >= sites - 1 else ""
+            line = (f"| {sites} | {k}{full} | {t_k} | {cost.site_seconds * 1000:.0f} ms | "
+                    f"{cost.aggregator_seconds:.2f} s | {wall:.1f} s | {cost.bytes_per_site:.0f} |")
+            print(line, flush=True)
+            lines.append(line)
+    lines += ["", "In a deployment each site does its own work at once; here the sites' work adds up in one process."]
+    write_section("secure_aggregation_protocol", "\n".join(lines))
+
+
 def accuracy(runs: list[dict]) -> str:
     values = [100 * r["accuracy"] for r in runs]
     return f"{statistics.mean(values):.2f} ± {statistics.pstdev(values):.2f} %"
@@ -68,10 +105,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (1 on a shared machine)")
     parser.add_argument("--neighbours", nargs="+", default=["auto"],
                         help="secure_aggregation.neighbours to run with: auto, full or an even k")
+    parser.add_argument("--protocol-only", type=int, default=0, metavar="WORDS",
+                        help="time the protocol alone on vectors of WORDS values (no training)")
     parser.add_argument("--section", default=None, help="the RESULTS.md section to write (default: "
                         "secure_aggregation, or secure_aggregation_plugins for FedSSC/FedPCL/FLESD)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.protocol_only:
+        protocol_only(args)
+        return
     tmp = Path(tempfile.mkdtemp())
     t0 = time.perf_counter()
     plugins = not set(args.algorithms) <= set(WEIGHT_PLUGINS)

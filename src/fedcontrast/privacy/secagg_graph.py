@@ -28,6 +28,7 @@ import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
@@ -105,13 +106,19 @@ class Graph:
 
 def graph_for(sites: list[str], threshold: int, setting: str | int, session: bytes, round_num: int) -> Graph:
     """The graph of a round of ``sites`` (plan order) with the plan's ``threshold`` and ``neighbours``
-    ``setting``; the full graph keeps the plan's threshold for the shares, as before."""
+    ``setting``; the full graph keeps the plan's threshold for the shares, as before. (Kept for the
+    last few rounds: the simulator's parties, all in one process, draw the same graph once.)"""
+    return _graph(tuple(sites), threshold, setting, session, round_num)
+
+
+@lru_cache(maxsize=8)
+def _graph(sites: tuple[str, ...], threshold: int, setting: str | int, session: bytes, round_num: int) -> Graph:
     n = len(sites)
     k = neighbourhood_size(n, setting)
     if k >= n - 1:
         everyone = frozenset(sites)
         return Graph(tuple(sites), n - 1, threshold, {s: everyone for s in sites})
-    order = ring(sites, session, round_num, k)
+    order = ring(list(sites), session, round_num, k)
     place = {s: i for i, s in enumerate(order)}
     around = {s: frozenset(order[(place[s] + d) % n] for d in range(-(k // 2), k // 2 + 1)) for s in sites}
     return Graph(tuple(sites), k, neighbourhood_threshold(k), around)

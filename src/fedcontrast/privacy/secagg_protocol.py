@@ -222,7 +222,8 @@ class SecAggSteps:
                                          "fewer than "
                                          f"the threshold {threshold}: refused, nothing more is sent (fewer would "
                                          "let it unmask a single site)")
-        return [s for s in within if s in names]  # in the plan's order
+        named = set(names)
+        return [s for s in within if s in named]  # in the plan's order
 
     def advert(self) -> bytes:
         advert = self.site.advertise()
@@ -267,7 +268,8 @@ class SecAggSteps:
         else:  # SecAgg+: U3 is global (≥ the plan's threshold); its part in this neighbourhood within U2 (≥ t_k)
             self._members([s for s in survivors if s in self.around], self.u2, "survivor set")
             self._members(survivors, self.plan_sites, "survivor set", self.threshold)
-            self.u3 = [s for s in self.plan_sites if s in survivors]
+            told = set(survivors)
+            self.u3 = [s for s in self.plan_sites if s in told]
         return json.dumps({"signature": _b64(self.site.sign_survivors(self.u3))}).encode()
 
     def reveal(self, answer: bytes | None) -> bytes:

@@ -91,6 +91,10 @@ def unmask(masked: dict[str, np.ndarray], reveals: dict[str, dict[str, tuple[str
     :mod:`.secagg_graph`): each secret is rebuilt from ``graph.threshold`` shares of its site's
     neighbourhood, and a dropped site's masks removed only with its surviving neighbours."""
     survivors = [s for s in sites if s in masked]
+    by_target: dict[tuple[str, str], list[tuple[str, int, bytes]]] = {}  # (target, kind) → its shares, in one pass
+    for sender, r in reveals.items():
+        for target, (k, idx, share) in r.items():
+            by_target.setdefault((target, k), []).append((sender, idx, share))
     t_shares = threshold if graph is None else graph.threshold
     if len(survivors) < threshold:
         raise SecureAggregationError(f"only {len(survivors)} of {len(sites)} sites sent masked uploads, fewer than the "
@@ -103,8 +107,7 @@ def unmask(masked: dict[str, np.ndarray], reveals: dict[str, dict[str, tuple[str
         for site in sites:
             survived = site in survivors
             kind = "b" if survived else "s"
-            shares = [(sender, idx, share) for sender, r in reveals.items() for target, (k, idx, share) in r.items()
-                      if target == site and k == kind]
+            shares = by_target.get((site, kind), [])
             advert = adverts[site]
             if survived:
                 def seed_committed(secret: bytes, a: dict[str, bytes] = advert) -> bool:
@@ -122,9 +125,8 @@ def unmask(masked: dict[str, np.ndarray], reveals: dict[str, dict[str, tuple[str
                 total = total - prg(secret, size, quantizer.unsigned)
                 continue
             dropped_key = x25519.X25519PrivateKey.from_private_bytes(secret)
-            for other in survivors:  # the dropped site's pairwise masks left in the survivors' vectors
-                if graph is not None and other not in graph.closed(site):
-                    continue
+            for other in (survivors if graph is None else [s for s in survivors if s in graph.closed(site)]):
+                # the dropped site's pairwise masks left in the survivors' vectors
                 pairwise = prg(SecAggSite._pair_seed(dropped_key, adverts[other]["s_pk"]), size, quantizer.unsigned)
                 total = total - pairwise if sites.index(other) < sites.index(site) else total + pairwise
     return quantizer.decode(total)
@@ -154,6 +156,7 @@ class SecAggRelay:
                  neighbours: str | int = "full", session: bytes = b"") -> None:
         self.all_sites, self.threshold, self.words, self.quantizer = list(sites), threshold, words, quantizer
         self.neighbours, self.session = neighbours, session
+        self.place = {s: i for i, s in enumerate(self.all_sites)}  # a site's position in the plan
         self.at_least = 0  # the engine's own floor (e.g. OpenFL's min_sites): fewer present ends the round
         self.lock = threading.RLock()
         self.round = -1
@@ -163,6 +166,8 @@ class SecAggRelay:
         with self.lock:
             self.round, self.phase = round_num, 0
             self.graph = graph_for(self.all_sites, self.threshold, self.neighbours, self.session, round_num)
+            self._holders: dict[str, dict[str, int]] = {}  # target → holder → x-coordinate (:meth:`_holder_index`)
+            self._u1: set[str] | None = None
             self.members: list[list[str]] = [list(self.all_sites)]  # U0 (all), U1 … U5
             self.received: list[dict[str, Any]] = [{} for _ in PHASES]
             self.dropped: dict[str, str] = {}  # site → why it is out (the phase it missed, or its withdrawal)
@@ -327,6 +332,17 @@ class SecAggRelay:
             raise SecureAggregationError(f"site {site}'s consistency signature is malformed ({exc})") from None
         return message["signature"]
 
+    def _holder_index(self, target: str) -> dict[str, int]:
+        """The x-coordinate of each share of ``target``'s secrets: its holder's place among those of U1
+        that hold them (its neighbourhood; every site of U1 in the full graph), from 1."""
+        if target not in self._holders:
+            if self._u1 is None:
+                self._u1 = set(self.members[1])
+            u1 = self._u1
+            mine = sorted((s for s in self.graph.closed(target) if s in u1), key=self.place.__getitem__)
+            self._holders[target] = {s: i + 1 for i, s in enumerate(mine)}
+        return self._holders[target]
+
     def _check_reveal(self, site: str, payload: bytes) -> dict[str, tuple[str, int, bytes]]:
         reveal = _json(payload, f"site {site}", "reveal")
         mine = self.graph.closed(site)  # SecAgg+: it holds shares of its neighbourhood only
@@ -336,8 +352,7 @@ class SecAggRelay:
             raise SecureAggregationError(f"site {site} revealed shares for other sites than the round's")
         out = {}
         for target, entry in reveal.items():
-            # a share's x-coordinate: the holder's place among those of U1 that hold the target's shares
-            index = self.graph.holders(target, self.members[1]).index(site) + 1
+            index = self._holder_index(target)[site]
             kind = "b" if target in survivors else "s"
             if not (isinstance(entry, list) and len(entry) == 3 and entry[0] == kind and entry[1] == index):
                 raise SecureAggregationError(f"site {site}'s share for {target} is malformed (a {kind} share at index "
