@@ -137,12 +137,18 @@ def _kdf(secret: bytes, info: bytes) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
 
 
+def expand(secret: bytes, what: bytes) -> bytes:
+    """The 32-byte key a shared secret stands for: a 32-byte secret itself (the full graph), a 16-byte
+    one (SecAgg+: half the Shamir work, 128 bits like X25519) through HKDF-SHA256 for ``what``."""
+    return secret if len(secret) == 32 else _kdf(secret, b"fedcontrast secagg+ " + what)
+
+
 def _split(secret: bytes, t: int, n: int) -> list[tuple[int, bytes]]:
-    """A 32-byte secret as ``n`` shares (index, 32 bytes), any ``t`` of which rebuild it."""
+    """A 32- or 16-byte secret as ``n`` shares (index, as many bytes), any ``t`` of which rebuild it."""
     from Crypto.Protocol.SecretSharing import Shamir
 
-    halves = [Shamir.split(t, n, secret[i:i + 16]) for i in (0, 16)]
-    return [(a[0], a[1] + b[1]) for a, b in zip(*halves)]
+    halves = [Shamir.split(t, n, secret[i:i + 16]) for i in range(0, len(secret), 16)]
+    return [(parts[0][0], b"".join(p[1] for p in parts)) for parts in zip(*halves)]
 
 
 def _combine(shares: list[tuple[int, bytes]]) -> bytes:
@@ -155,7 +161,7 @@ def _combine(shares: list[tuple[int, bytes]]) -> bytes:
 
     coefficients = _lagrange_at_zero(tuple(i for i, _ in shares))
     out = b""
-    for h in (0, 16):
+    for h in range(0, len(shares[0][1]), 16):
         total = _Element(0)
         for c, (_, share) in zip(coefficients, shares):
             total = total + c * _Element(share[h:h + 16])
@@ -261,6 +267,20 @@ class SecAggSite:
     # neighbourhood) and the graph's parameters its advert signs; None and (): the full graph
     share_threshold: int | None = None
     graph_terms: tuple[Any, ...] = ()
+    _secrets: tuple[bytes, bytes] | None = field(default=None, repr=False)  # SecAgg+: the 16-byte b and s it shares
+
+    def short_secrets(self) -> None:
+        """SecAgg+: share 16-byte secrets whose :func:`expand` are the self-mask seed and the ``s`` key."""
+        self._secrets = (os.urandom(16), os.urandom(16))
+        self._b = expand(self._secrets[0], b"self mask")
+        self._s = x25519.X25519PrivateKey.from_private_bytes(expand(self._secrets[1], b"mask key"))
+
+    @property
+    def secrets(self) -> tuple[bytes, bytes]:
+        """What this site shares and commits to: its self-mask seed and its ``s`` key (or their 16-byte seeds)."""
+        return self._secrets or (self._b, self._s.private_bytes(serialization.Encoding.Raw,
+                                                                serialization.PrivateFormat.Raw,
+                                                                serialization.NoEncryption()))
 
     @property
     def t_shares(self) -> int:
@@ -273,7 +293,7 @@ class SecAggSite:
 
     def advertise(self) -> dict[str, bytes]:
         advert = {"c_pk": self._c.public_key().public_bytes(*RAW), "s_pk": self._s.public_key().public_bytes(*RAW),
-                  "commit": commitment(self._b)}
+                  "commit": commitment(self.secrets[0])}
         return {**advert, "signature": sign(self.signing_key, self._advert_bytes(self.name, advert))}
 
     def share(self, adverts: dict[str, dict[str, bytes]], signing_keys: dict[str, Any]) -> dict[str, bytes]:
@@ -290,9 +310,7 @@ class SecAggSite:
                                              "(keys swapped, forged or replayed on the way)")
             self.peers[site] = advert
         n = len(self.sites)
-        b_shares = _split(self._b, self.t_shares, n)
-        s_shares = _split(self._s.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                                                serialization.NoEncryption()), self.t_shares, n)
+        b_shares, s_shares = (_split(secret, self.t_shares, n) for secret in self.secrets)
         out = {}
         for k, site in enumerate(self.sites):
             if site == self.name:  # its own shares stay here
@@ -311,7 +329,8 @@ class SecAggSite:
             except InvalidTag:
                 raise SecureAggregationError(f"the shares from site {sender} do not decrypt at site {self.name}: "
                                              "altered on the way") from None
-            self.held[sender] = (plain[0], plain[1:33], plain[33:65])
+            half = (len(plain) - 1) // 2
+            self.held[sender] = (plain[0], plain[1:1 + half], plain[1 + half:])
 
     def mask(self, vector: np.ndarray, quantizer: Quantizer, peers: list[str] | None = None) -> np.ndarray:
         """The vector as the aggregator receives it: encoded, plus the self mask and pairwise masks

@@ -56,6 +56,15 @@ from .secagg_graph import graph_for
 PHASES = ("advert", "boxes", "masked", "consistency", "reveal")
 ANSWERS = {"adverts": 1, "boxes": 2, "survivors": 3, "signatures": 4}  # what a site fetches → the phase that closed
 KEY_BYTES, SHARE_BYTES, BOX_BYTES = 32, 32, 1 + 32 + 32 + 16  # a box: index, b share, s share, Poly1305 tag
+
+
+def share_bytes(graph: Any) -> int:
+    """A share's bytes: 32 in the full graph, 16 in SecAgg+'s (:meth:`~.secagg.SecAggSite.short_secrets`)."""
+    return SHARE_BYTES if graph.full else 16
+
+
+def box_bytes(graph: Any) -> int:
+    return BOX_BYTES - 2 * (SHARE_BYTES - share_bytes(graph))
 ADVERT_FIELDS = ("c_pk", "s_pk", "commit", "signature", "certificate")
 MAX_SIGNATURE, MAX_CERTIFICATE, MAX_REASON = 1024, 16384, 500
 
@@ -190,6 +199,7 @@ class SecAggSteps:
         if not self.graph.full:
             self.site.share_threshold = self.graph.threshold
             self.site.graph_terms = ("neighbours", self.graph.k, self.graph.threshold)
+            self.site.short_secrets()
         self.certificate, self.peer_key, self.vector, self.quantizer = certificate, peer_key, vector, quantizer
         self.keys: dict[str, Any] = {name: signing_key.public_key()}
         self.u1: list[str] = []
@@ -255,7 +265,8 @@ class SecAggSteps:
         if set(mine["boxes"]) != set(self.u2) - {self.name}:
             raise SecureAggregationError(f"the aggregator's shares for {self.name} do not match {self._round()}'s "
                                          "sites")
-        self.site.receive({p: _unb64(b, BOX_BYTES, f"the shares from {p}") for p, b in mine["boxes"].items()})
+        size = box_bytes(self.graph)
+        self.site.receive({p: _unb64(b, size, f"the shares from {p}") for p, b in mine["boxes"].items()})
         return self.site.mask(self.vector, self.quantizer, self.u2).tobytes()
 
     def consistency(self, answer: bytes | None) -> bytes:

@@ -14,20 +14,20 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric import x25519
 
-from .secagg import Quantizer, SecAggSite, SecureAggregationError, _combine, commitment, prg, s_public
+from .secagg import Quantizer, SecAggSite, SecureAggregationError, _combine, commitment, expand, prg, s_public
 from .secagg_graph import Graph, graph_for
 from .secagg_protocol import (
     ANSWERS,
-    BOX_BYTES,
     KEY_BYTES,
     MAX_REASON,
     MAX_SIGNATURE,
     PHASES,
-    SHARE_BYTES,
     _json,
     _unb64,
+    box_bytes,
     check_advert,
     session_digest,
+    share_bytes,
 )
 from .secagg_terms import SumLayout
 
@@ -116,15 +116,15 @@ def unmask(masked: dict[str, np.ndarray], reveals: dict[str, dict[str, tuple[str
                 secret, bad = rebuild(site, "self-mask seed", shares, t_shares, seed_committed)
             else:
                 def key_advertised(secret: bytes, a: dict[str, bytes] = advert) -> bool:
-                    return s_public(secret) == a["s_pk"]
+                    return s_public(expand(secret, b"mask key")) == a["s_pk"]
 
                 secret, bad = rebuild(site, "pairwise-mask key", shares, t_shares, key_advertised)
             if blamed is not None:
                 blamed.update(bad)
             if survived:
-                total = total - prg(secret, size, quantizer.unsigned)
+                total = total - prg(expand(secret, b"self mask"), size, quantizer.unsigned)
                 continue
-            dropped_key = x25519.X25519PrivateKey.from_private_bytes(secret)
+            dropped_key = x25519.X25519PrivateKey.from_private_bytes(expand(secret, b"mask key"))
             for other in (survivors if graph is None else [s for s in survivors if s in graph.closed(site)]):
                 # the dropped site's pairwise masks left in the survivors' vectors
                 pairwise = prg(SecAggSite._pair_seed(dropped_key, adverts[other]["s_pk"]), size, quantizer.unsigned)
@@ -309,7 +309,7 @@ class SecAggRelay:
                                          f", not for exactly its peers {sorted(peers)}")
         for peer, box in boxes.items():
             try:
-                _unb64(box, BOX_BYTES, "a box")
+                _unb64(box, box_bytes(self.graph), "a box")
             except SecureAggregationError as exc:
                 raise SecureAggregationError(f"site {site}'s shares for {peer}: {exc}") from None
         return boxes
@@ -357,7 +357,7 @@ class SecAggRelay:
             if not (isinstance(entry, list) and len(entry) == 3 and entry[0] == kind and entry[1] == index):
                 raise SecureAggregationError(f"site {site}'s share for {target} is malformed (a {kind} share at index "
                                              f"{index} was expected)")
-            out[target] = (kind, index, _unb64(entry[2], SHARE_BYTES, f"site {site}'s share for {target}"))
+            out[target] = (kind, index, _unb64(entry[2], share_bytes(self.graph), f"site {site}'s share for {target}"))
         return out
 
 
