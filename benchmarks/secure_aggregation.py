@@ -34,6 +34,7 @@ import torch
 from _results import machine, write_section
 
 from fedcontrast.config import RunConfig
+from fedcontrast.privacy.secagg_graph import neighbourhood_size
 from fedcontrast.sim import run_simulation
 
 # The settings under which a plugin is secure-summable (empty: its default already is).
@@ -140,7 +141,8 @@ def main() -> None:
             plain = runs(variant, False)
             default = accuracy(runs({}, False)) if variant else "(same)"
             r_plain = statistics.median(r["round_s"] for r in plain)
-            for graph in args.neighbours:
+            graphs = {neighbourhood_size(sites, int(g) if g.isdigit() else g): g for g in reversed(args.neighbours)}
+            for graph in reversed(list(graphs.values())):  # one run per distinct k (auto is full at 50 sites)
                 secure = runs(variant, graph)
                 r_secure = statistics.median(r["round_s"] for r in secure)
                 cost = secure[0]["cost"]
