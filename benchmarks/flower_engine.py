@@ -10,12 +10,12 @@ image folders (the digits shards of a Dir(0.5) partition, each site's test/ held
 defaults; the operator holds no data. "localhost": every party a process of this host, talking to
 localhost; "across hosts": each party on its own network namespace.
 
-Figures: seconds per round (median of rounds 2 …: OpenFL from its round records, Flower from its
-ServerApp's round lines), start-up (the engine's start command → first round aggregated), the peak
+Figures: seconds per round (median of the gaps between consecutive rounds' records, each written
+when the round is aggregated, on both engines), start-up (the engine's start command → first round aggregated), the peak
 resident memory of each site's process tree (OpenFL: `fedcontrast site start` → fx collaborator;
-Flower: `fedcontrast flower supernode` → its worker, flower-supernode, flower-superexec and the
-ClientApp processes), the sites' held-out accuracy of the final model; the simulator's seconds per
-round on the same configuration and shards.
+Flower: `fedcontrast flower supernode` → its node (default), or its worker, flower-supernode,
+flower-superexec and the ClientApp processes), the sites' held-out accuracy of the final model; the
+simulator's seconds per round on the same configuration and shards.
 """
 
 from __future__ import annotations
@@ -200,11 +200,9 @@ def flower(lab, rounds: int, port: int, venv: Path, local: bool, isolation: str 
     started = time.time()
     proc = subprocess.Popen(lab.net.command(OPERATOR, [fc, "flower", "run", name]), cwd=lab.disk(OPERATOR), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seconds, first = [], None
+    first = None
     for line in proc.stdout:
-        found = ROUND_LINE.search(line)
-        if found:
-            seconds.append(float(found.group(3)))
+        if ROUND_LINE.search(line):
             first = first or time.time() - started
     code = proc.wait()
     peaks = memory.finish()
@@ -217,7 +215,9 @@ def flower(lab, rounds: int, port: int, venv: Path, local: bool, isolation: str 
     if code != 0:
         raise SystemExit(f"the Flower federation failed (exit {code}); see {folder}")
     summary = json.loads((folder / "run" / "summary.json").read_text())
-    return {"per_round": statistics.median(seconds[1:]), "startup": first, "memory": peaks,
+    # as OpenFL's: between consecutive rounds' records (each written when the round is aggregated)
+    done = [json.loads(line)["time"] for line in (folder / "run" / "rounds.jsonl").read_text().splitlines()]
+    return {"per_round": statistics.median([b - a for a, b in zip(done, done[1:])]), "startup": first, "memory": peaks,
             "accuracy": summary["final_accuracy"]}
 
 
@@ -282,12 +282,12 @@ def main() -> None:
              f"({os.cpu_count()} cores).", "",
              "The same job on the same image folders (digits shards of a Dir(0.5) partition; each site's test/ held out), "
              "with the documented commands of each engine; every round includes each site's evaluation of what it "
-             "received. Flower: `fedcontrast flower supernode` with its long-lived site worker (default: "
-             "`--isolation process`, the worker takes the SuperNode's tasks itself and the ServerApp sends standby "
-             "messages between rounds; \"before\": `--isolation subprocess`, a `flwr-clientapp` process per "
-             "message that asks the worker, no standby). Memory: peak "
+             "received. Flower: `fedcontrast flower supernode --isolation node` (the default: the site's one process "
+             "is its Flower node, no flower-supernode), `--isolation process` (Flower's SuperNode; the site's worker "
+             "takes its tasks, standby messages between rounds) and, as before issue 37, `--isolation subprocess` (a "
+             "`flwr-clientapp` process per message that asks the worker). Memory: peak "
              "resident memory of each site's whole process tree (MiB; shared pages counted in each process).", "",
-             "| engine | placement | s / round (median, rounds 2 …) | ÷ simulator | ÷ OpenFL (same placement) | "
+             "| engine | placement | s / round (median gap between rounds) | ÷ simulator | ÷ OpenFL (same placement) | "
              "start → round 1 aggregated | ÷ OpenFL | peak memory per site (MiB) | "
              "sites' held-out accuracy, final model |",
              "|---|---|---|---|---|---|---|---|---|"]
