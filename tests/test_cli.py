@@ -61,6 +61,16 @@ def test_simulate_then_resume_and_compare(tmp_path, capsys):
                  *TINY, *runs]) == 0
     out = capsys.readouterr().out
     assert "| fedavg |" in out and "| moon |" in out and "| moon:mu=0.5 |" in out
+    from fedcontrast.cli.app import build_parser
+    from fedcontrast.cli.common import config_from_args
+    from fedcontrast.sim.compare import run_comparison
+
+    labels: list[str] = []  # each run's header: which of how many, the time left (finished runs reused)
+    base = config_from_args(build_parser().parse_args(["compare", "--algorithms", "fedavg", *TINY]),
+                            default_algorithm_for_set=False)
+    run_comparison(base, ["fedavg", "moon"], [0, 1], tmp_path / "cmp", progress_factory=labels.append)
+    assert labels[0] == "fedavg seed 0 (run 1 of 4)" and labels[1].startswith("fedavg seed 1 (run 2 of 4; about ")
+    assert labels[3].startswith("moon seed 1 (run 4 of 4; about ") and labels[3].endswith(" left)")
     import yaml
     assert yaml.safe_load((tmp_path / "cmp" / "moon-mu0.5-s1" / "config.yaml").read_text())[
         "hyperparameters"]["moon"]["mu"] == 0.5

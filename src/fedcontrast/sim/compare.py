@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import statistics
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -60,11 +61,14 @@ def run_comparison(base: RunConfig, algorithms: Sequence[str], seeds: Sequence[i
     from .ray_executor import make_executor, site_progress
 
     executor = make_executor(base, progress=site_progress() if progress_factory else None)  # one for every run
+    total, began = len(algorithms) * len(seeds), time.monotonic()
     try:
         for algorithm in algorithms:
             for seed in seeds:
                 config = configs[algorithm].replace(seed=seed)
-                progress: Progress | None = progress_factory(f"{algorithm} seed {seed}") if progress_factory else None
+                progress: Progress | None = (progress_factory(
+                    f"{algorithm} seed {seed} (run {len(sum(walls.values(), [])) + 1} of {total}"
+                    + _eta(began, len(sum(walls.values(), [])), total) + ")") if progress_factory else None)
                 run_name = algorithm.replace(":", "-").replace(",", "-").replace("=", "")
                 summary = run_simulation(config, out / f"{run_name}-s{seed}", resume=resume, progress=progress,
                                          executor=executor)
@@ -100,6 +104,14 @@ def run_comparison(base: RunConfig, algorithms: Sequence[str], seeds: Sequence[i
     write_json(out / "compare.json", {"reference": reference, "reference_final_accuracy": ref_final,
                                       "table": table, "mean_curves": mean_curves})
     return table
+
+
+def _eta(began: float, done: int, total: int) -> str:
+    """``; about 3 min left`` from the runs done so far (nothing before the first ends)."""
+    if done == 0:
+        return ""
+    left = (time.monotonic() - began) / done * (total - done)
+    return f"; about {left / 60:.0f} min left" if left >= 90 else f"; about {left:.0f} s left"
 
 
 def _write_table(out: Path, table: list[dict[str, Any]], reference: str, ref_final: float, *, rounds: int) -> None:
