@@ -97,6 +97,8 @@ def timed_run(config, run_dir: Path, executor=None, *, memory: bool = False) -> 
 
     times: list[float] = []
     train: list[float] = []
+    waited: list[float] = []  # per round: seconds the driver spent waiting for the sites (ray.wait)
+    waiting = [0.0]
     per_site: list[tuple[int, float]] = []
     last = [time.perf_counter()]
 
@@ -104,6 +106,8 @@ def timed_run(config, run_dir: Path, executor=None, *, memory: bool = False) -> 
         now = time.perf_counter()
         if row is not None:
             times.append(now - last[0])
+            waited.append(waiting[0])
+        waiting[0] = 0.0
         last[0] = now
 
     stock_sites, stock_site = fed.SequentialExecutor.train_sites, fed.Federation.train_site
@@ -114,9 +118,9 @@ def timed_run(config, run_dir: Path, executor=None, *, memory: bool = False) -> 
         train.append(time.perf_counter() - t0)
         return out
 
-    def train_site(self, site, round_num, received):
+    def train_site(self, site, round_num, received, *rest):
         t0 = time.perf_counter()
-        out = stock_site(self, site, round_num, received)
+        out = stock_site(self, site, round_num, received, *rest)
         if round_num > 0:
             per_site.append((len(site.data), time.perf_counter() - t0))
         return out
@@ -125,6 +129,7 @@ def timed_run(config, run_dir: Path, executor=None, *, memory: bool = False) -> 
     collect = None
     if executor is not None:
         collect = type(executor).collect
+        executor.ray = TimedWait(executor.ray, waiting)
 
         def timed_collect(self, handle):
             out = collect(self, handle)
@@ -138,9 +143,30 @@ def timed_run(config, run_dir: Path, executor=None, *, memory: bool = False) -> 
         fed.SequentialExecutor.train_sites, fed.Federation.train_site = stock_sites, stock_site
         if collect is not None:
             type(executor).collect = collect
+            executor.ray = executor.ray.module
     if memory:
         return {"pss": peak.peak, "pss_driver": peak.peak_driver, "workers": peak.workers}
-    return {"round": median_after_first(times), "train": median_after_first(train), "per_site": per_site}
+    driver = [t - (w if executor is not None else s) for t, w, s in zip(times, waited, train)]
+    return {"round": median_after_first(times), "train": median_after_first(train), "per_site": per_site,
+            "driver": median_after_first(driver)}
+
+
+class TimedWait:
+    """The ``ray`` module as the executor sees it, adding the seconds spent in ``ray.wait`` (the driver
+    idle, waiting for sites) to ``total[0]``."""
+
+    def __init__(self, module, total: list[float]) -> None:
+        self.module, self.total = module, total
+
+    def __getattr__(self, name: str):
+        return getattr(self.module, name)
+
+    def wait(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return self.module.wait(*args, **kwargs)
+        finally:
+            self.total[0] += time.perf_counter() - t0
 
 
 def median_after_first(values: list[float]) -> float:
@@ -183,7 +209,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local-epochs", type=int, default=2)
     parser.add_argument("--predict-sites", type=int, default=1000)
     parser.add_argument("--predict-cores", type=int, default=64)
+    parser.add_argument("--driver", action="store_true",
+                        help="the driver's part and site groups instead: FedAvg, sequential vs ray with a task per "
+                             "site vs ray with groups of sites (the ray_executor_driver section)")
+    parser.add_argument("--dataset", default="digits")
+    parser.add_argument("--min-samples", type=int, default=5)
+    parser.add_argument("--runs", nargs="+", default=list(DRIVER_RUNS), choices=list(DRIVER_RUNS))
+    parser.add_argument("--json", help="--driver: also write the rows to this JSON file")
+    parser.add_argument("--before", help="--driver: rows of an earlier --json (e.g. the code before a change), "
+                                         "shown beside these")
+    parser.add_argument("--no-section", action="store_true", help="print only; leave RESULTS.md as it is")
     args = parser.parse_args(argv)
+    if args.driver:
+        return driver_main(args)
 
     from _results import machine, write_section
 
@@ -235,6 +273,84 @@ def main(argv: list[str] | None = None) -> int:
         executor.close()
     write_section("ray_executor", report(args, rows, startup, overhead, machine()))
     return 0 if all(r["equal"] for r in rows) else 1
+
+
+DRIVER_RUNS = {"sequential": "sequential, 1 thread", "ray1": "ray, a task per site",
+               "ray": "ray, groups of sites (automatic)"}
+
+
+def driver_main(args) -> int:
+    """Sequential vs ray with a task per site vs ray with groups of sites (``--sites-per-task``
+    automatic), FedAvg: s per round and the driver's part of it (ms per site), side by side."""
+    import json
+
+    from _results import machine, write_section
+
+    from fedcontrast import device_check
+    from fedcontrast.config import RunConfig, TrainingConfig
+    from fedcontrast.sim.ray_executor import RayExecutor
+
+    def config(sites: int, run: str) -> RunConfig:
+        executor = ({"kind": "sequential", "site_cpus": 1} if run == "sequential" else
+                    {"kind": "ray", "site_cpus": 1, "cpus": 2, **({"sites_per_task": 1} if run == "ray1" else {})})
+        data = {"min_samples": args.min_samples} if args.dataset != "fedprox_synthetic" else {}
+        return RunConfig(algorithm="fedavg", dataset=args.dataset, clients=sites, rounds=args.rounds, device="cpu",
+                         executor=executor, training=TrainingConfig(local_epochs=args.local_epochs, batch_size=32),
+                         **data)
+
+    executor = RayExecutor(config(2, "ray")) if any(r != "sequential" for r in args.runs) else None
+    rows = []
+    try:
+        for sites in args.sites:
+            with tempfile.TemporaryDirectory() as tmp:
+                tmp = Path(tmp)
+                for run in args.runs:
+                    t0 = time.perf_counter()
+                    timing = timed_run(config(sites, run), tmp / run, None if run == "sequential" else executor)
+                    row = {"dataset": args.dataset, "sites": sites, "run": run, "round": timing["round"],
+                           "driver": timing["driver"], "whole": time.perf_counter() - t0,
+                           "equal": None if run == "sequential" or "sequential" not in args.runs else
+                           device_check.differences(device_check._metrics(tmp / "sequential"),
+                                                    device_check._metrics(tmp / run)) == []}
+                    rows.append(row)
+                    print(f"{args.dataset} {sites} sites, {DRIVER_RUNS[run]}: {row['round']:.3f} s/round, driver "
+                          f"{row['driver']:.3f} s ({1000 * row['driver'] / sites:.3f} ms/site); metrics equal to "
+                          f"sequential: {row['equal']}", flush=True)
+    finally:
+        if executor is not None:
+            executor.close()
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    before = json.loads(Path(args.before).read_text()) if args.before else []
+    if not args.no_section:
+        write_section("ray_executor_driver", driver_report(args, rows, before, machine()))
+    return 0 if all(r["equal"] is not False for r in rows) else 1
+
+
+def driver_report(args, rows: list[dict], before: list[dict], machine: str) -> str:
+    seq = {(r["dataset"], r["sites"]): r["round"] for r in rows + before if r["run"] == "sequential"}
+    lines = ["## The simulator's driver and site groups on Ray: `benchmarks/ray_executor.py --driver`", "",
+             f"Command: `.venv/bin/python benchmarks/ray_executor.py --driver --dataset {args.dataset} --sites "
+             f"{' '.join(map(str, args.sites))} --rounds {args.rounds} --local-epochs {args.local_epochs}"
+             f"{f' --min-samples {args.min_samples}' if args.dataset != 'fedprox_synthetic' else ''} --runs "
+             f"{' '.join(args.runs)}{' --before BEFORE.json' if before else ''}` ({machine}).", "",
+             f"FedAvg on {args.dataset}, {args.local_epochs} local epoch(s), batch 32, one thread per site; a local "
+             "Ray on 2 CPUs (2 site slots), started once. A round's time is the median of rounds "
+             f"2–{args.rounds}. The driver's part: the round's time less the time the driver waited for sites "
+             "(in `ray.wait`; sequential: less the sites' training, which now includes each site measuring its "
+             "upload for the screen) — validation, the upload screen, aggregation, the abnormal-move check, "
+             "evaluation, checkpoint and records.", "",
+             "| code | sites | run | s per round | ÷ sequential | driver per round | driver per site "
+             "| metrics equal to sequential |", "|---|---|---|---|---|---|---|---|"]
+    for label, group in (("before", before), ("now", rows)):
+        for r in group:
+            base = seq.get((r["dataset"], r["sites"])) if label == "now" else next(
+                (b["round"] for b in before if b["run"] == "sequential" and b["sites"] == r["sites"]), None)
+            ratio = f"{base / r['round']:.2f}×" if base and r["run"] != "sequential" else "—"
+            equal = {None: "—", True: "yes", False: "NO"}[r["equal"]]
+            lines.append(f"| {label} | {r['sites']} | {DRIVER_RUNS[r['run']]} | {r['round']:.3f} s | {ratio} | "
+                         f"{r['driver']:.3f} s | {1000 * r['driver'] / r['sites']:.3f} ms | {equal} |")
+    return "\n".join(lines)
 
 
 def report(args, rows: list[dict], startup: float, overhead: float, machine: str) -> str:

@@ -51,3 +51,38 @@ def test_rejects_bad_inputs():
         normalised_weights({"a": 0, "b": 0})
     with pytest.raises(UploadError, match="no site"):
         weighted_average({}, {})
+
+
+def _loop_average(uploads, weights):
+    """The reference: one site and one tensor at a time, in float64, in sorted-site order."""
+    sites = sorted(uploads)
+    share = normalised_weights({s: weights[s] for s in sites})
+    out = {}
+    for name, ref in uploads[sites[0]].items():
+        acc = torch.zeros(ref.shape, dtype=torch.float64)
+        for site in sites:
+            acc += share[site] * uploads[site][name].to(torch.float64)
+        out[name] = acc.to(ref.dtype)
+    return out
+
+
+@pytest.mark.parametrize("budget", [None, 1, 37, 5000])
+def test_the_stacked_average_equals_the_loop_over_sites_bit_for_bit(monkeypatch, budget):
+    import fedcontrast.aggregation as aggregation
+
+    if budget is not None:  # blocks of one site, of a few sites, of many
+        monkeypatch.setattr(aggregation, "BLOCK_VALUES", budget)
+        monkeypatch.setattr(aggregation.site_blocks, "__defaults__", (budget,))
+    g = torch.Generator().manual_seed(3)
+    shapes = {"model.w": (7, 5), "model.b": (5,), "model.s": (), "model.h": (3, 2, 2)}
+    uploads = {f"site_{k}": {n: (torch.randn(s, generator=g) * 10 ** float(torch.randint(-3, 4, (), generator=g)))
+                             for n, s in shapes.items()} for k in range(57)}
+    uploads["site_3"]["model.h"] = uploads["site_3"]["model.h"].to(torch.float64)
+    for k in range(57):
+        uploads[f"site_{k}"]["model.h"] = uploads[f"site_{k}"]["model.h"].to(torch.float64)
+    weights = {s: float(torch.randint(1, 500, (), generator=g)) for s in uploads}
+    got, want = weighted_average(uploads, weights), _loop_average(uploads, weights)
+    assert set(got) == set(want)
+    for name in want:
+        assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape
+        assert torch.equal(got[name], want[name]), name

@@ -35,6 +35,22 @@ def write_metrics_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     atomic_write_text(path, text.getvalue())
 
 
+def append_metrics_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """Add ``rows`` (a round's) to ``path``, a metrics.csv written by :func:`write_metrics_csv` (written
+    whole when it does not exist yet): a round costs its own rows, not the run's. A write cut short (a
+    kill, a full disk) is repaired by a resume, which rewrites the file from the checkpoint's rows."""
+    if not path.exists():
+        write_metrics_csv(path, rows)
+        return
+    text = io.StringIO(newline="")
+    csv.DictWriter(text, fieldnames=METRIC_COLUMNS).writerows(rows)
+    try:
+        with open(path, "ab") as f:
+            f.write(text.getvalue().encode())
+    except OSError as exc:
+        raise write_failure(path, exc) from None
+
+
 def test_accuracy_curve(rows: Sequence[dict[str, Any]]) -> list[float]:
     """Global test accuracy after each round, in round order."""
     return [r["accuracy"] for r in sorted((r for r in rows if r["site"] == GLOBAL_SITE),

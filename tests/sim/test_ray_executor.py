@@ -149,3 +149,31 @@ def test_a_worker_that_dies_twice_stops_the_run_naming_the_site_and_keeps_finish
         executor.remote = stock
     assert load_checkpoint(run / "checkpoint.pt")["rounds_done"] == 1  # round 1 is kept
     run_simulation(config("fedavg", "ray"), run, executor=executor, resume=True)  # and the run goes on
+
+
+def test_site_groups_equal_tasks_of_one_site_and_the_sequential_run(tmp_path, executor):
+    """6 sites, 2 rounds: a task per site, the automatic groups (two tasks per slot) and tasks of 4
+    sites (model and data built once per worker, each site's state swapped in) give the sequential
+    run's metrics; the summary records how the sites went out."""
+    import json
+
+    def six(kind, **executor_settings):
+        c = config("fedavg", kind).replace(clients=6)
+        return c.replace(executor={**c.executor.__dict__, **executor_settings}) if executor_settings else c
+
+    run_simulation(six("sequential"), tmp_path / "sequential")
+    want = device_check._metrics(tmp_path / "sequential")
+    for name, per_task, tasks in [("one", 1, 6), ("auto", None, 4), ("four", 4, 2)]:
+        run_simulation(six("ray", sites_per_task=per_task), tmp_path / name, executor=executor)
+        assert device_check.differences(want, device_check._metrics(tmp_path / name)) == [], name
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        assert summary["executor"]["sites_per_task"] == (per_task or "automatic")
+        assert summary["executor"]["tasks_per_round"] == tasks
+    assert "sites_per_task: 4" in (tmp_path / "four" / "config.yaml").read_text()
+
+
+def test_sites_per_task_belongs_to_the_ray_executor():
+    with pytest.raises(ConfigError, match="executor.sites_per_task are settings of the ray executor"):
+        config("fedavg", "sequential").replace(executor={"kind": "sequential", "sites_per_task": 2})
+    with pytest.raises(ConfigError, match="executor.sites_per_task must be an integer >= 1, got 0"):
+        config("fedavg", "ray").replace(executor={"kind": "ray", "sites_per_task": 0})

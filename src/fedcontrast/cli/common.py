@@ -78,7 +78,7 @@ def _add_schema_flags(p: argparse.ArgumentParser) -> None:
 
 # flag → key of the executor section (how the simulator runs a round's sites)
 EXECUTOR_FLAGS = {"executor": ("kind", str), "site_cpus": ("site_cpus", int), "site_gpus": ("site_gpus", float),
-                  "ray_address": ("address", str), "ray_cpus": ("cpus", int)}
+                  "ray_address": ("address", str), "ray_cpus": ("cpus", int), "sites_per_task": ("sites_per_task", int)}
 
 
 def _add_executor_flags(p: argparse.ArgumentParser) -> None:
@@ -94,6 +94,9 @@ def _add_executor_flags(p: argparse.ArgumentParser) -> None:
                    help="a Ray cluster to join (its head's ADDRESS:PORT); default: a local Ray for this run")
     p.add_argument("--ray-cpus", dest="ray_cpus", type=int, default=None,
                    help="cores the local Ray may use (default: every core)")
+    p.add_argument("--sites-per-task", dest="sites_per_task", type=int, default=None,
+                   help="about how many sites one Ray task trains one after another in one worker process "
+                        "(default: automatic, two tasks per site slot and round; 1: a task per site)")
 
 
 def _parse_setting(text: str, default_algorithm: str | None) -> tuple[str, str, Any]:

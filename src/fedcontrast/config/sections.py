@@ -287,13 +287,16 @@ class ExecutorConfig:
     ``site_cpus``: torch threads (and Ray CPUs) per site — None: torch's default in the sequential
     engine, 1 under Ray. ``site_gpus``: the fraction of a GPU a Ray site task asks for, used when CUDA
     is present. ``address``: a Ray cluster to join (``ray start --head`` on its head node), else a
-    local Ray is started for the run on ``cpus`` cores (default: every core) and stopped after it."""
+    local Ray is started for the run on ``cpus`` cores (default: every core) and stopped after it.
+    ``sites_per_task``: about how many sites one Ray task trains, one after another in one worker
+    process (None: automatic, two tasks per site slot of the cluster and round; 1: a task per site)."""
 
     kind: str = "sequential"
     site_cpus: int | None = None
     site_gpus: float = 0.0
     address: str | None = None
     cpus: int | None = None
+    sites_per_task: int | None = None
 
     def __post_init__(self) -> None:
         _check_types(self, "executor.")
@@ -306,9 +309,12 @@ class ExecutorConfig:
                f"executor.cpus must be an integer >= 1, got {self.cpus!r}")
         _check(self.address is None or (isinstance(self.address, str) and self.address.strip() != ""),
                f"executor.address must be a Ray address such as 10.0.0.1:6379, got {self.address!r}")
-        _check(self.kind == "ray" or (self.address is None and self.cpus is None and not self.site_gpus),
-               "executor.address, executor.cpus and executor.site_gpus are settings of the ray executor: set "
-               "executor.kind to ray")
+        _check(self.sites_per_task is None or (isinstance(self.sites_per_task, int) and self.sites_per_task >= 1),
+               f"executor.sites_per_task must be an integer >= 1, got {self.sites_per_task!r}")
+        _check(self.kind == "ray" or (self.address is None and self.cpus is None and not self.site_gpus
+                                      and self.sites_per_task is None),
+               "executor.address, executor.cpus, executor.site_gpus and executor.sites_per_task are settings of "
+               "the ray executor: set executor.kind to ray")
 
     @property
     def threads(self) -> int | None:

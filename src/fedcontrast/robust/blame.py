@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..aggregation import site_blocks
 from .updates import _shared_weight_names, _weight_names, update_spreads
 
 ABNORMAL_SPREAD = 4.0  # the upload that moved the global model, this × the others' median update norm: abnormal
@@ -43,40 +44,60 @@ class Move:
 
 def abnormal_move(round_num: int, uploads: Mapping[str, Mapping[str, torch.Tensor]], shares: Mapping[str, float],
                   reference: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], *,
-                  spread: float = ABNORMAL_SPREAD) -> Move | None:
+                  spread: float = ABNORMAL_SPREAD, norms_sq: Mapping[str, float] | None = None) -> Move | None:
     """The :class:`Move` when round ``round_num`` moved the global model abnormally, else None.
 
     ``uploads``: the aggregated uploads; ``shares``: each one's aggregation share ``p_k`` (Σ = 1);
     ``reference``: the model the sites received (``w``); ``new``: the aggregated model. The mover is
     the upload with the largest contribution ``p_k⟨Δ_k, M⟩/‖M‖²`` to the move ``M = new − w`` (the
     contributions sum to 1 for a weighted mean); the move is abnormal when the mover's update norm is
-    at least ``spread`` × the median norm of the other uploads' updates (at least two uploads)."""
+    at least ``spread`` × the median norm of the other uploads' updates (at least two uploads).
+    ``norms_sq``: site → ``‖Δ_k‖²`` where already measured over the same tensors (the screen's
+    :class:`~.screen.UploadFacts`). The sites' updates are measured together: each site's model tensors
+    flattened into one row, a block of sites' rows at a time (:func:`~fedcontrast.aggregation.site_blocks`),
+    not one site and tensor at a time."""
     names = [n for n in _shared_weight_names(uploads, reference) if n in new]
     if len(uploads) < 2 or not names:
         return None
     sites = sorted(uploads)
-    dots = dict.fromkeys(sites, 0.0)
-    norms_sq = dict.fromkeys(sites, 0.0)
     move_sq = reference_sq = 0.0
     for name in names:
         ref = reference[name].detach().to("cpu", torch.float64)
-        move = new[name].detach().to("cpu", torch.float64) - ref
-        move_sq += float((move ** 2).sum())
+        move_sq += float(((new[name].detach().to("cpu", torch.float64) - ref) ** 2).sum())
         reference_sq += float((ref ** 2).sum())
-        for site in sites:
-            update = uploads[site][name].detach().to("cpu", torch.float64) - ref
-            dots[site] += float((update * move).sum())
-            norms_sq[site] += float((update ** 2).sum())
     if not move_sq > 0 or not math.isfinite(move_sq) or reference_sq == 0:
         return None
+    flat_ref = torch.cat([reference[n].detach().to("cpu", torch.float64).reshape(-1) for n in names])
+    squares = dict(norms_sq or {})  # the sites' own measure where given (the one their screen checked)
+    unknown = [s for s in sites if s not in squares]
+    for block, updates in _update_blocks(uploads, unknown, names, flat_ref):
+        squares.update(zip(block, updates.square_().sum(dim=1).tolist()))
+    norms = {s: math.sqrt(squares[s]) for s in sites}
+    spreads = update_spreads(norms)
+    if all(r < spread for r in spreads.values()):
+        return None  # no upload's update is large enough to make the move abnormal, whoever moved it most
+    move = torch.cat([new[n].detach().to("cpu", torch.float64).reshape(-1) for n in names]) - flat_ref
+    dots: dict[str, float] = {}
+    for block, updates in _update_blocks(uploads, sites, names, flat_ref):
+        dots.update(zip(block, (updates @ move).tolist()))
     contribution = {s: shares[s] * dots[s] / move_sq for s in sites}
     mover = max(sites, key=lambda s: (contribution[s], s))
-    norms = {s: math.sqrt(v) for s, v in norms_sq.items()}
-    ratio = update_spreads(norms).get(mover)
+    ratio = spreads.get(mover)
     if ratio is None or ratio < spread:
         return None
     return Move(round=round_num, site=mover, move_ratio=math.sqrt(move_sq / reference_sq), share=contribution[mover],
                 update_ratio=norms[mover] / math.sqrt(reference_sq), spread=ratio)
+
+
+def _update_blocks(uploads: Mapping[str, Mapping[str, torch.Tensor]], sites: list[str], names: list[str],
+                   flat_reference: torch.Tensor):
+    """(block of sites, their updates ``w_k − w`` over ``names`` flattened, one float64 row per site)
+    for consecutive blocks of ``sites`` (:func:`~fedcontrast.aggregation.site_blocks`)."""
+    for block in site_blocks(sites, flat_reference.numel()):
+        updates = torch.cat([uploads[s][n].detach().to("cpu").reshape(-1) for s in block for n in names])
+        updates = updates.to(torch.float64).reshape(len(block), -1)
+        updates -= flat_reference
+        yield block, updates
 
 
 def _cosine_to(upload: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor],

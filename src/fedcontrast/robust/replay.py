@@ -25,13 +25,36 @@ exact replays of earlier rounds only, by their saved digests).
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import torch
 
 BUCKETS = 256
 NEAR_REPLAY = 1e-5  # relative L2 distance below which an upload is a near-copy of an earlier one
+
+
+# (name, numel) → the buckets and signs of a tensor of that name and size: drawn once per process, not
+# once per upload (every site of a round uploads the same names); at most CACHED_VALUES values in all
+_HASHES: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
+CACHED_VALUES = 1 << 23
+
+
+def _hashes(name: str, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bucket and sign (±1, float64) of each of ``numel`` values named ``name``: a generator seeded by
+    the name, so every upload of a plan is sketched alike."""
+    key = (name, numel)
+    found = _HASHES.get(key)
+    if found is not None:
+        return found
+    g = torch.Generator(device="cpu").manual_seed(zlib.crc32(name.encode()))
+    buckets = torch.randint(0, BUCKETS, (numel,), generator=g, device="cpu")
+    signs = torch.randint(0, 2, (numel,), generator=g, dtype=torch.float64, device="cpu") * 2 - 1
+    if sum(b.numel() for b, _ in _HASHES.values()) + numel <= CACHED_VALUES:
+        _HASHES[key] = (buckets, signs)
+    return buckets, signs
 
 
 def upload_sketch(upload: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, float]:
@@ -42,9 +65,7 @@ def upload_sketch(upload: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, flo
         values = upload[name].detach().to("cpu").reshape(-1).to(torch.float64)
         if not values.numel():
             continue
-        g = torch.Generator(device="cpu").manual_seed(zlib.crc32(name.encode()))
-        buckets = torch.randint(0, BUCKETS, (values.numel(),), generator=g, device="cpu")
-        signs = torch.randint(0, 2, (values.numel(),), generator=g, dtype=torch.float64, device="cpu") * 2 - 1
+        buckets, signs = _hashes(name, values.numel())
         sketch.index_add_(0, buckets, values * signs)
         squared += float(values.dot(values))
     return sketch, squared ** 0.5
@@ -53,14 +74,32 @@ def upload_sketch(upload: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, flo
 def nearest(sketch: tuple[torch.Tensor, float], earlier: list[tuple[int, torch.Tensor, float]]
             ) -> tuple[int, float] | None:
     """(the round, relative distance) of the earlier upload nearest to ``sketch`` when that distance is
-    below :data:`NEAR_REPLAY`; None otherwise (or when the upload is all zeros: only its digest counts)."""
+    below :data:`NEAR_REPLAY`; None otherwise (or when the upload is all zeros: only its digest counts).
+    Every earlier sketch is compared at once (one distance per row of their stack)."""
     values, norm = sketch
+    if not earlier or not torch.isfinite(values).all():
+        return None
+    scales = torch.tensor([max(norm, other_norm) for _, _, other_norm in earlier], dtype=torch.float64)
+    distances = torch.linalg.vector_norm(torch.stack([other for _, other, _ in earlier]) - values, dim=1) / scales
     best = None
-    for round_num, other, other_norm in earlier:
-        scale = max(norm, other_norm)
-        if scale == 0 or not torch.isfinite(values).all():
-            continue
-        distance = float(torch.linalg.vector_norm(values - other)) / scale
-        if distance < NEAR_REPLAY and (best is None or distance < best[1]):
+    for (round_num, _, _), scale, distance in zip(earlier, scales.tolist(), distances.tolist()):
+        if scale != 0 and distance < NEAR_REPLAY and (best is None or distance < best[1]):
             best = (round_num, distance)
     return best
+
+
+def upload_digest(upload: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 of an upload's names and bytes (order-independent)."""
+    h = hashlib.sha256()
+    for name in sorted(upload):
+        t = upload[name].detach().to("cpu").contiguous()
+        h.update(name.encode() + b"\0" + str(t.dtype).encode() + b"\0" + str(tuple(t.shape)).encode() + b"\0")
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().data)  # its bytes, without a copy
+    return h.hexdigest()
+
+
+class ReplayMark(NamedTuple):
+    """What an accepted upload leaves for replay detection: its digest and its sketch (:mod:`.replay`)."""
+    digest: str
+    sketch: tuple

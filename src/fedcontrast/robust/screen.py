@@ -6,7 +6,6 @@ caused it; abnormal moves of the global model remembered to name a likely cause 
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -19,11 +18,12 @@ from ..config import MIN_ROBUST_SITES
 from ..errors import FedContrastError
 from ..tensors import InvalidUploadError
 from .blame import BLAME_WINDOW, Move, _cosine_to, _non_finite, _round_spans, abnormal_move, all_rejected_hint
-from .replay import NEAR_REPLAY, nearest, upload_sketch
+from .replay import NEAR_REPLAY, ReplayMark, nearest, upload_digest, upload_sketch
 from .updates import (
     _reference_norm,
     _shared_weight_names,
     _update_norm,
+    _update_norm_sq,
     _weight_names,
     clip_update,
     update_cosines,
@@ -45,20 +45,18 @@ class RejectedUpload(FedContrastError):
         self.model_may_explain = model_may_explain
 
 
-def upload_digest(upload: Mapping[str, torch.Tensor]) -> str:
-    """SHA-256 of an upload's names and bytes (order-independent)."""
-    h = hashlib.sha256()
-    for name in sorted(upload):
-        t = upload[name].detach().to("cpu").contiguous()
-        h.update(name.encode() + b"\0" + str(t.dtype).encode() + b"\0" + str(tuple(t.shape)).encode() + b"\0")
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
-
-
-class ReplayMark(NamedTuple):
-    """What an accepted upload leaves for replay detection: its digest and its sketch (:mod:`.replay`)."""
-    digest: str
-    sketch: tuple
+class UploadFacts(NamedTuple):
+    """What the screen measures of one upload on its own (:meth:`UploadScreen.measure`), against the
+    global model its site received: the model tensors its update is over (``names``), the update's
+    squared norm ``‖w_k − w‖²`` (None when it has none), its replay mark (None when the plan does not
+    reject replays) and whether every value is finite (a finite sum of each tensor). A simulated site
+    measures its own upload where it trains, with this code, so that the simulator's aggregator does
+    not measure each upload again; a deployed aggregator measures what arrives itself (an engine
+    passes no facts)."""
+    names: tuple[str, ...]
+    norm_sq: float | None
+    mark: ReplayMark | None
+    finite: bool = False  # every value finite (False: not known, the aggregator checks them)
 
 
 def _finite(tensors: Mapping[str, torch.Tensor]) -> bool:
@@ -91,6 +89,7 @@ class UploadScreen:
         self._move_vector: tuple[int, dict[str, torch.Tensor]] | None = None  # the last abnormal move's M
         self._reference: Mapping[str, torch.Tensor] | None = None  # the model the current round's sites received
         self._noted: set[tuple[int, str]] = set()  # (round, site) whose rejection screen() explained already
+        self._facts: dict[str, UploadFacts] = {}  # the current round's accepted uploads as their sites measured them
 
     # single checks, each raising RejectedUpload naming the site
     def max_samples(self, site: str) -> float | None:
@@ -117,16 +116,21 @@ class UploadScreen:
 
     def check_update(self, site: str, upload: Mapping[str, torch.Tensor],
                      reference: Mapping[str, torch.Tensor] | None,
-                     reference_norms: dict[tuple[str, ...], float] | None = None) -> float | None:
+                     reference_norms: dict[tuple[str, ...], float] | None = None,
+                     facts: UploadFacts | None = None) -> float | None:
         """Returns the update's norm ``‖w_k − w‖`` when it was computed, else None. ``reference_norms``:
-        ``‖w‖`` per set of model tensors, filled and reused across one round's sites."""
+        ``‖w‖`` per set of model tensors, filled and reused across one round's sites; ``facts``: the
+        upload as measured where it was made (:meth:`measure`)."""
         ratio = self.config.max_update_ratio
         if ratio is None or not reference:
             return None
         names = _weight_names(upload, reference)
         if not names:
             return None
-        norm = _update_norm(upload, reference, names)
+        if facts is not None and facts.norm_sq is not None and facts.names == tuple(names):
+            norm = math.sqrt(facts.norm_sq)  # as _update_norm computes it, measured where the upload was made
+        else:
+            norm = _update_norm(upload, reference, names)
         reference_norms = {} if reference_norms is None else reference_norms
         if tuple(names) not in reference_norms:
             reference_norms[tuple(names)] = _reference_norm(reference, names)
@@ -144,17 +148,19 @@ class UploadScreen:
                                  f"(by {measured / ratio:.3g}×); rejected", model_may_explain=True)
         return norm
 
-    def check_replay(self, site: str, upload: Mapping[str, torch.Tensor], round_num: int) -> ReplayMark | None:
+    def check_replay(self, site: str, upload: Mapping[str, torch.Tensor], round_num: int,
+                     mark: ReplayMark | None = None) -> ReplayMark | None:
         """The upload's digest and sketch, or None when the plan does not reject replays (nothing hashed);
-        an exact copy of one of the site's earlier uploads, or a near-copy (:mod:`.replay`), is rejected."""
+        an exact copy of one of the site's earlier uploads, or a near-copy (:mod:`.replay`), is rejected.
+        ``mark``: the digest and sketch measured where the upload was made (:meth:`measure`)."""
         if not self.config.reject_replays:
             return None
-        digest = upload_digest(upload)
+        digest = upload_digest(upload) if mark is None else mark.digest
         first = self.digests.get(site, {}).get(digest)
         if first is not None and first != round_num:
             raise RejectedUpload(f"site {site!r} sent in round {round_num} exactly the upload it sent in round "
                                  f"{first} (a replay, not fresh work); rejected")
-        sketch = upload_sketch(upload)
+        sketch = upload_sketch(upload) if mark is None else mark.sketch
         near = nearest(sketch, [e for e in self.sketches.get(site, []) if e[0] != round_num])
         if near is not None and first is None:
             raise RejectedUpload(f"site {site!r} sent in round {round_num} an upload within {near[1]:.2g} (relative "
@@ -165,9 +171,11 @@ class UploadScreen:
 
     def check(self, site: str, upload: Mapping[str, torch.Tensor], weight: Any, round_num: int,
               reference: Mapping[str, torch.Tensor] | None,
-              reference_norms: dict[tuple[str, ...], float] | None = None) -> tuple[ReplayMark | None, float | None]:
+              reference_norms: dict[tuple[str, ...], float] | None = None,
+              facts: UploadFacts | None = None) -> tuple[ReplayMark | None, float | None]:
         """Every check of one site's (already shape-validated) upload; returns its digest (None when
-        replays are not checked) and its update's norm (None when not computed)."""
+        replays are not checked) and its update's norm (None when not computed). ``facts``: the upload
+        as measured where it was made (:meth:`measure`): the same checks, without measuring it again."""
         self.check_weight(site, weight)
         try:
             check = getattr(self.algorithm, "check_upload", None)  # the plugin's UploadChecks capability, if any
@@ -175,8 +183,17 @@ class UploadScreen:
                 check(site, upload, float(weight))
         except InvalidUploadError as exc:
             raise RejectedUpload(str(exc)) from None
-        norm = self.check_update(site, upload, reference, reference_norms)
-        return self.check_replay(site, upload, round_num), norm
+        norm = self.check_update(site, upload, reference, reference_norms, facts)
+        return self.check_replay(site, upload, round_num, None if facts is None else facts.mark), norm
+
+    def measure(self, upload: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor] | None) -> UploadFacts:
+        """What :meth:`check` and :meth:`note_move` measure of ``upload`` on its own, against the global
+        model ``reference`` its site received: for a simulated site to measure where it trains."""
+        names = _weight_names(upload, reference) if reference else []
+        norm_sq = _update_norm_sq(upload, reference, names) if names and reference else None
+        mark = ReplayMark(upload_digest(upload), upload_sketch(upload)) if self.config.reject_replays else None
+        finite = all(bool(torch.isfinite(t.sum())) for t in upload.values() if t.is_floating_point())
+        return UploadFacts(tuple(names), norm_sq, mark, finite)
 
     def check_across(self, uploads: Mapping[str, Mapping[str, torch.Tensor]],
                      reference: Mapping[str, torch.Tensor] | None) -> dict[str, str]:
@@ -282,18 +299,24 @@ class UploadScreen:
 
     # the round
     def screen(self, round_num: int, uploads: Mapping[str, Mapping[str, torch.Tensor]], weights: Mapping[str, Any],
-               reference: Mapping[str, torch.Tensor] | None) -> tuple[dict, dict, dict[str, str]]:
+               reference: Mapping[str, torch.Tensor] | None,
+               facts: Mapping[str, UploadFacts] | None = None) -> tuple[dict, dict, dict[str, str]]:
         """``(accepted uploads, their weights, rejected site → reason)``; accepted uploads are clipped
         when the plan says so, and remembered for replay detection. ``round_num``: the round as the
-        run's records count it (1 = the round that makes model 1)."""
+        run's records count it (1 = the round that makes model 1). ``facts``: site → its upload as
+        measured where it was made (:meth:`measure`; a simulated site's), for the same checks without
+        measuring the uploads again."""
+        facts = facts or {}
         self._reference = reference or None
+        self._facts = {}
         self.causes = {r: c for r, c in self.causes.items() if r >= round_num}
         self._noted = {(r, s) for r, s in self._noted if r >= round_num}
         passed, rejected = {}, {}
         reference_norms: dict[tuple[str, ...], float] = {}  # ‖w‖, computed once this round
         for site in sorted(uploads):
             try:
-                passed[site] = self.check(site, uploads[site], weights.get(site), round_num, reference, reference_norms)
+                passed[site] = self.check(site, uploads[site], weights.get(site), round_num, reference, reference_norms,
+                                          facts.get(site))
             except RejectedUpload as exc:
                 note = self.cause_note(round_num, site, uploads[site], reference) if exc.model_may_explain else ""
                 self._noted.add((round_num, site))
@@ -309,6 +332,8 @@ class UploadScreen:
             upload = uploads[site]
             if self.config.clip_update_norm is not None and reference:
                 upload = clip_update(upload, reference, self.config.clip_update_norm, norm=norm)
+            elif site in facts:  # the upload aggregated is the one measured: note_move may use its norm
+                self._facts[site] = facts[site]
             accepted[site], kept[site] = upload, float(weights[site])
         if self.config.rule != "mean" and 0 < len(accepted) < MIN_ROBUST_SITES:
             logger.warning("round %d: only %d upload(s) to combine, so rule %s tolerates no hostile site this round",
@@ -329,7 +354,10 @@ class UploadScreen:
                 shares = {s: 1 / len(uploads) for s in uploads}
         else:  # median, trimmed mean: unweighted
             shares = {s: 1 / len(uploads) for s in uploads}
-        move = abnormal_move(round_num, uploads, shares, reference, new)
+        names = tuple(n for n in _shared_weight_names(uploads, reference) if n in new)
+        known = {s: f.norm_sq for s, f in self._facts.items()
+                 if s in uploads and f.norm_sq is not None and f.names == names}
+        move = abnormal_move(round_num, uploads, shares, reference, new, norms_sq=known)
         if move is None:
             return None
         self.moves = [*self.moves[-BLAME_WINDOW:], move]

@@ -6,7 +6,6 @@ median of theirs (:func:`update_spreads`) and its direction's cosine to the medi
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping
 
 import torch
@@ -21,12 +20,18 @@ def _weight_names(upload: Mapping[str, torch.Tensor], reference: Mapping[str, to
                   if n.startswith(WEIGHT_PREFIX) and t.is_floating_point() and n in reference)
 
 
-def _update_norm(upload: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], names: list[str]) -> float:
+def _update_norm_sq(upload: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor],
+                    names: list[str]) -> float:
+    """``‖w_k − w‖²`` over ``names``: one float64 sum per tensor, added in the order of ``names``."""
     update = 0.0
     for name in names:
         ref = reference[name].detach().to("cpu", torch.float64)
         update += float(((upload[name].detach().to("cpu", torch.float64) - ref) ** 2).sum())
-    return math.sqrt(update)
+    return update
+
+
+def _update_norm(upload: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], names: list[str]) -> float:
+    return math.sqrt(_update_norm_sq(upload, reference, names))
 
 
 def _reference_norm(reference: Mapping[str, torch.Tensor], names: list[str]) -> float:
@@ -73,14 +78,24 @@ def _shared_weight_names(uploads: Mapping[str, Mapping[str, torch.Tensor]],
 def update_spreads(norms: Mapping[str, float]) -> dict[str, float]:
     """Each site's update norm ``‖Δ_k‖`` over the median of the other sites' (for an even number of
     others the mean of the two middle ones). Sites whose others' median is 0 are left out (nothing to
-    compare with)."""
+    compare with). The norms are sorted once: the others' median is read off the sorted list around the
+    site's own place (as :func:`statistics.median` of the others computes it), not sorted again per site."""
+    order = sorted(norms.items(), key=lambda item: item[1])
+    values = [v for _, v in order]
+    others = len(values) - 1
     out = {}
-    for site, norm in norms.items():
-        others = [n for s, n in norms.items() if s != site]
-        median = statistics.median(others) if others else 0.0
+    for i, (site, norm) in enumerate(order):
+        if not others:
+            continue
+
+        def other(j: int, i: int = i) -> float:  # the j-th smallest of the others
+            return values[j] if j < i else values[j + 1]
+
+        half = others // 2
+        median = other(half) if others % 2 else (other(half - 1) + other(half)) / 2
         if median > 0:
             out[site] = norm / median
-    return out
+    return {site: out[site] for site in norms if site in out}
 
 
 def update_cosines(uploads: Mapping[str, Mapping[str, torch.Tensor]],

@@ -86,15 +86,18 @@ class AggregatorRound:
         self.server.previous = previous
 
     def aggregate(self, round_num: int, uploads: dict[str, dict[str, torch.Tensor]], weights: dict[str, float],
-                  previous: dict[str, torch.Tensor] | None, *, rejected: dict[str, str] | None = None) -> RoundOutcome:
+                  previous: dict[str, torch.Tensor] | None, *, rejected: dict[str, str] | None = None,
+                  facts: dict[str, Any] | None = None) -> RoundOutcome:
         """Round ``round_num`` from the sites' ``uploads`` (on this aggregator's device, in the order
         they are to be summed) and ``weights``; ``rejected``: sites the engine already refused (e.g. an
         upload it could not unpack). Raises :class:`~fedcontrast.robust.RejectedUpload` when the plan
-        stops on a rejection, or nothing is left to aggregate."""
-        valid, invalid = self.validate(round_num, uploads, weights)
+        stops on a rejection, or nothing is left to aggregate. ``facts``: site → its upload as its site
+        measured it for the screen (:class:`~fedcontrast.robust.screen.UploadFacts`): the simulator's
+        sites, which run this code; a deployed engine passes none and the screen measures what arrived."""
+        valid, invalid = self.validate(round_num, uploads, weights, facts)
         rejected = {**(rejected or {}), **invalid}
         self.begin(round_num, previous)
-        accepted, kept, refused = self.screen.screen(round_num, valid, weights, previous)
+        accepted, kept, refused = self.screen.screen(round_num, valid, weights, previous, facts)
         rejected.update(refused)
         excluded, note = self._settle(round_num, rejected, accepted)
         downlink, blamed = self.screen.aggregate(lambda u, w: self.algorithm.aggregate(u, w, self.server),
@@ -106,16 +109,18 @@ class AggregatorRound:
         return RoundOutcome(downlink, {s: u for s, u in accepted.items() if s not in blamed},
                             dict(sorted(excluded.items())), None if stop else notes, stop)
 
-    def validate(self, round_num: int, uploads: dict[str, dict[str, torch.Tensor]],
-                 weights: dict[str, float]) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, str]]:
+    def validate(self, round_num: int, uploads: dict[str, dict[str, torch.Tensor]], weights: dict[str, float],
+                 facts: dict[str, Any] | None = None) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, str]]:
         """The uploads as the plugin declares them (names, shapes, dtypes, finite values) with a weight,
-        and the others, each with the sentence the records carry."""
+        and the others, each with the sentence the records carry. ``facts``: as in :meth:`aggregate`
+        (values its site found finite are not checked again)."""
         valid, rejected = {}, {}
+        facts = facts or {}
         for site, upload in uploads.items():
             try:
                 if site not in weights:
                     raise InvalidUploadError(f"site {site!r} sent no aggregation weight; rejected")
-                validate_uploads(site, upload, self.specs)
+                validate_uploads(site, upload, self.specs, finite=getattr(facts.get(site), "finite", False))
             except InvalidUploadError as exc:
                 rejected[site] = f"round {round_num}: {exc}"
                 continue

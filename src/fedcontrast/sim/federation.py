@@ -66,12 +66,15 @@ class Site:
 @dataclass
 class SiteOutcome:
     """One site's round: its uploads (on the run's device), aggregation weight, metrics rows, and
-    its state afterwards (MOON's previous model, personal heads, DP accountants…)."""
+    its state afterwards (MOON's previous model, personal heads, DP accountants…); ``facts``: its
+    uploads as the aggregator's screen measures them, measured where they were made (None: not
+    measured there, the aggregator measures them)."""
 
     uploads: dict[str, torch.Tensor]
     weight: float
     rows: list[dict[str, Any]]
     state: dict[str, Any]
+    facts: Any = None  # fedcontrast.robust.screen.UploadFacts
 
 
 class Federation:
@@ -163,9 +166,13 @@ class Federation:
         counts = {s.name: torch.bincount(s.data.y, minlength=self.server.num_classes) for s in self.sites}
         return local_model_accuracy(self.site_model, uploads, self.test, self.device, class_counts=counts)
 
-    def train_site(self, site: Site, round_num: int, received: dict[str, torch.Tensor]) -> SiteOutcome:
+    def train_site(self, site: Site, round_num: int, received: dict[str, torch.Tensor],
+                   reference: dict[str, torch.Tensor] | None = None) -> SiteOutcome:
         """Every collaborator task of ``site`` in round ``round_num`` on what it ``received``: what an
-        executor dispatches. Depends only on the configuration, the site's state and ``received``."""
+        executor dispatches. Depends only on the configuration, the site's state and ``received``.
+        ``reference``: the global downlink among what it received; given, the site measures its uploads
+        against it for the aggregator's screen (:meth:`~fedcontrast.robust.UploadScreen.measure`), in
+        its own process, so that the driver does not measure each site's upload again."""
         cfg = self.config
         down = nbytes(received)
         merged: dict[str, torch.Tensor] = {}
@@ -178,16 +185,18 @@ class Federation:
             measured = {**done.result.metrics, **done.epsilon}  # a simulation records everything a site measured
             rows.append(metric_row(round_num, site.name, task, len(site.data), measured, done.bytes_sent,
                                    down if t == 0 else 0))
-        return SiteOutcome(merged, weight, rows, site.state)
+        facts = (self.screen.measure(merged, reference)
+                 if reference is not None and cfg.secure_aggregation is None else None)
+        return SiteOutcome(merged, weight, rows, site.state, facts)
 
     def train_away(self, index: int, round_num: int, received: dict[str, torch.Tensor],
-                   state: dict[str, Any]) -> SiteOutcome:
+                   state: dict[str, Any], reference: dict[str, torch.Tensor] | None = None) -> SiteOutcome:
         """Site ``index``'s round where its state is not kept (a Ray worker, a Flower node in
         simulation): ``state`` comes in, goes back in the outcome, and none stays here."""
         site = self.sites[index]
         site.state = state
         try:
-            return self.train_site(site, round_num, received)
+            return self.train_site(site, round_num, received, reference)
         finally:
             site.state = {}
 
@@ -235,6 +244,7 @@ class Federation:
         cfg = self.config
         uploads: dict[str, dict[str, torch.Tensor]] = {}
         weights: dict[str, float] = {}
+        facts: dict[str, Any] = {}
         rows = []
         selected = self.select_sites(round_num)
         ahead, self.ahead = self.ahead, None
@@ -248,6 +258,8 @@ class Federation:
             weights[site.name] = outcome.weight
             rows.extend(outcome.rows)
             uploads[site.name] = outcome.uploads
+            if outcome.facts is not None:
+                facts[site.name] = outcome.facts
         received = self.downlink.global_tensors
         if cfg.secure_aggregation is not None:  # the aggregator sees only the sum (privacy/secagg*.py)
             uploads, rejected = self.core.validate(round_num, uploads, weights)
@@ -255,7 +267,7 @@ class Federation:
             outcome = self.core.aggregate_secure(round_num, *self._secure_sum(round_num, uploads, weights, rows),
                                                  rejected=excluded, note=note)
         else:  # validation, the screen (bounds, the plugin's checks, replays, clipping), blame: the core's
-            outcome = self.core.aggregate(round_num, uploads, weights, received)
+            outcome = self.core.aggregate(round_num, uploads, weights, received, facts=facts)
         self.downlink = outcome.downlink
         if outcome.note:
             logger.warning("round %d aggregated without rejected upload(s): %s", round_num, outcome.note)
@@ -308,7 +320,9 @@ class SequentialExecutor:
     name = "sequential"
 
     def train_sites(self, federation: Federation, sites: list[Site], round_num: int) -> dict[str, SiteOutcome]:
-        return {site.name: federation.train_site(site, round_num, federation.received(site)) for site in sites}
+        reference = federation.downlink.global_tensors
+        return {site.name: federation.train_site(site, round_num, federation.received(site), reference)
+                for site in sites}
 
     def close(self) -> None:
         pass

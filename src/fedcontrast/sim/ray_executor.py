@@ -11,9 +11,12 @@ Ray equals the sequential run at the same threads per site, bit for bit on the C
 * each site's state (MOON's previous model, personal heads, DP accountants) to its task and back.
 
 A round's sites go out as two tasks per site slot of the cluster (a slot: ``site_cpus`` CPUs, and
-``site_gpus`` of a GPU where used), each task running its group of sites one after another, groups
-balanced by samples: Ray's cost per task (a few milliseconds) is then paid a few times per round, not
-once per site.
+``site_gpus`` of a GPU where used), or tasks of about ``executor.sites_per_task`` sites, each task
+running its group of sites one after another in one worker process (the model and data built once per
+process, each site's state swapped in), groups balanced by samples: Ray's cost per task (a few
+milliseconds) is then paid a few times per round, not once per site. Each site measures its uploads
+for the aggregator's screen where it trains (digest, sketch, update norm: ``SiteOutcome.facts``), so
+that the driver does not.
 
 A worker that dies mid-task is retried once (Ray's ``max_retries``: the same inputs give the same
 result). If it dies again, each site of the task is sent alone (retried once too), so that a second
@@ -29,13 +32,13 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
 import torch
 
 from ..config import RunConfig
 from ..errors import ConfigError, FedContrastError
+from .transfer import pack, unpack
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +78,9 @@ def train_sites_task(config: dict[str, Any], round_num: int, received: dict[str,
     shared = unpack(received, device)
     outcomes = []
     for index, personal, state in jobs:
-        outcome = federation.train_away(index, round_num, {**shared, **unpack(personal, device)}, unpack(state))
-        outcome.uploads, outcome.state = pack(outcome.uploads), pack(outcome.state)
+        outcome = federation.train_away(index, round_num, {**shared, **unpack(personal, device)}, unpack(state),
+                                        reference=shared)  # the site measures its uploads for the screen here
+        outcome.uploads, outcome.state, outcome.facts = pack(outcome.uploads), pack(outcome.state), pack(outcome.facts)
         outcomes.append(outcome)
     return outcomes, _node_id(), time.perf_counter() - start
 
@@ -98,46 +102,6 @@ def plan_tasks(sites: list, tasks: int, fixed: int = 32) -> list[list]:
         groups[i].append(site)
         loads[i] += len(site.data) + fixed
     return [sorted(g, key=lambda s: s.index) for g in groups if g]
-
-
-class _Array(NamedTuple):
-    """A tensor on its way between the driver and a worker, as a numpy array: Ray hands numpy arrays
-    over without copying them through pickle (a tensor would be serialised through ``torch.save``)."""
-
-    array: np.ndarray
-    dtype: torch.dtype
-
-
-def pack(value: Any) -> Any:
-    """``value`` with every tensor (in dicts, lists, tuples) as an :class:`_Array`, on the CPU."""
-    if isinstance(value, torch.Tensor):
-        value = value.detach().cpu()
-        if value.dtype in _NUMPY_DTYPES:
-            return _Array(value.numpy(), value.dtype)
-        return value
-    if isinstance(value, dict):
-        return {k: pack(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) and not isinstance(value, _Array):
-        return type(value)(pack(v) for v in value)
-    return value
-
-
-def unpack(value: Any, device: torch.device | None = None) -> Any:
-    """The inverse of :func:`pack` (tensors on ``device``; own copies, writable)."""
-    if isinstance(value, _Array):
-        tensor = torch.from_numpy(np.array(value.array, copy=True))
-        return tensor if device is None else tensor.to(device)
-    if isinstance(value, torch.Tensor):
-        return value if device is None else value.to(device)
-    if isinstance(value, dict):
-        return {k: unpack(v, device) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(unpack(v, device) for v in value)
-    return value
-
-
-_NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8,
-                 torch.uint8, torch.bool, torch.complex64, torch.complex128}
 
 
 # --- on the driver -------------------------------------------------------------------------------------
@@ -194,6 +158,7 @@ class RayExecutor:
         self.remote = self.remote_of(train_sites_task)
         self.isolated: set = set()  # tasks of one site, sent again after their group's worker died twice
         self.last_round: dict[str, Any] = {}
+        self.last_tasks: dict[str, Any] = {}  # how the last round's sites went out (summary())
         where = spec.address or f"local, {cpus:g} CPUs"
         print(f"executor: ray ({where}{f', {gpus:g} GPUs' if gpus else ''}); each site {self.threads} CPU thread(s)"
               f"{f', {self.site_gpus:g} GPU' if self.site_gpus else ''}; {self.slots} site(s) at once",
@@ -217,9 +182,21 @@ class RayExecutor:
         """Every selected site's round; outcomes by site name."""
         return self.collect(self.start(federation, sites, round_num))
 
+    def tasks_for(self, config: RunConfig, sites: int) -> int:
+        """How many Ray tasks a round of ``sites`` sites goes out as: about ``sites_per_task`` sites each
+        where the plan sets it, else :data:`TASKS_PER_SLOT` per site slot of the cluster."""
+        per_task = config.executor.sites_per_task
+        return -(-sites // per_task) if per_task else TASKS_PER_SLOT * self.slots
+
+    def summary(self) -> dict[str, Any]:
+        """What the run's summary.json records of this executor: its site slots and how the last round's
+        sites went out (tasks, sites per task)."""
+        return {"kind": "ray", "site_slots": self.slots, **self.last_tasks}
+
     def start(self, federation, sites, round_num: int) -> dict[str, Any]:
-        """Sends round ``round_num`` of ``sites`` as :data:`TASKS_PER_SLOT` Ray tasks per site slot of
-        the cluster (sites grouped by :func:`plan_tasks`) and returns at once: a handle for
+        """Sends round ``round_num`` of ``sites`` as Ray tasks of a group of sites each (:meth:`tasks_for`;
+        groups balanced by :func:`plan_tasks`; each trains its sites one after another in one worker
+        process, on the federation that process built once) and returns at once: a handle for
         :meth:`collect`."""
         ray = self.ray
         if self.config_of is not federation.config:  # `compare` runs several configurations on one executor
@@ -229,7 +206,10 @@ class RayExecutor:
         def send(group, isolated=False):
             return self._submit(federation, group, round_num, received, isolated=isolated)
 
-        pending = {send(group): group for group in plan_tasks(sites, TASKS_PER_SLOT * self.slots)}
+        groups = plan_tasks(sites, self.tasks_for(federation.config, len(sites)))
+        self.last_tasks = {"sites_per_task": federation.config.executor.sites_per_task or "automatic",
+                           "tasks_per_round": len(groups), "most_sites_in_a_task": max(map(len, groups), default=0)}
+        pending = {send(group): group for group in groups}
         return {"pending": pending, "send": send, "sites": len(sites), "round": round_num,
                 "device": federation.device, "start": time.perf_counter()}
 
@@ -257,6 +237,7 @@ class RayExecutor:
         self.last_round = {"seconds": time.perf_counter() - handle["start"], "task_seconds": seconds}
         for outcome in outcomes.values():
             outcome.uploads, outcome.state = unpack(outcome.uploads, handle["device"]), unpack(outcome.state)
+            outcome.facts = unpack(outcome.facts)
         return outcomes
 
     def cancel(self, handle: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from ..errors import CheckpointError, ConfigError
 from ..outputs import (
     GLOBAL_SITE,
     TensorBoardLog,
+    append_metrics_csv,
     build_summary,
     plot_curves,
     test_accuracy_curve,
@@ -143,7 +144,7 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
             rows.extend(new_rows)
             save_checkpoint(ckpt_path, {"config": config.to_dict(), "rounds_done": r, "rows": rows,
                                         "elapsed": elapsed, "federation": federation.state_dict()})
-            write_metrics_csv(run_dir / "metrics.csv", rows)
+            append_metrics_csv(run_dir / "metrics.csv", new_rows)  # the round's rows (a resume rewrites the file)
             write_json(run_dir / "summary.json", build_summary(rows, config=config.to_dict(),
                                                                wall_time_s=elapsed, rounds_total=config.rounds))
             glob = next(row for row in new_rows if row["site"] == GLOBAL_SITE)
@@ -167,6 +168,9 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
     _plot(config, run_dir, rows)
     summary = build_summary(rows, config=config.to_dict(), wall_time_s=elapsed, rounds_total=config.rounds)
     summary["threads_per_site"] = torch.get_num_threads()  # what the seed reproduces metrics at
+    described = getattr(federation.executor, "summary", None)  # the Ray executor: its slots and tasks per round
+    if callable(described):
+        summary["executor"] = described()
     write_json(run_dir / "summary.json", summary)
     return summary
 
