@@ -38,7 +38,7 @@ import torch
 
 from ..config import RunConfig
 from ..errors import ConfigError, FedContrastError
-from .transfer import pack, unpack
+from .transfer import pack, pack_flat, unpack
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,8 @@ def train_sites_task(config: dict[str, Any], round_num: int, received: dict[str,
     for index, personal, state in jobs:
         outcome = federation.train_away(index, round_num, {**shared, **unpack(personal, device)}, unpack(state),
                                         reference=shared)  # the site measures its uploads for the screen here
-        outcome.uploads, outcome.state, outcome.facts = pack(outcome.uploads), pack(outcome.state), pack(outcome.facts)
+        outcome.uploads, outcome.state = pack_flat(outcome.uploads), pack(outcome.state)  # an upload: one array
+        outcome.facts = pack(outcome.facts)
         outcomes.append(outcome)
     return outcomes, _node_id(), time.perf_counter() - start
 
