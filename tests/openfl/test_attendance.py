@@ -116,3 +116,28 @@ def test_a_site_never_started_costs_only_the_first_round(make_workspace):
     times = [r["trained_at"] for r in records] + [ended]
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert all(gap < ROUND_TIMEOUT for gap in gaps), gaps
+    # Issue 37: the run's end names every party's outputs (it used to be OpenFL's ✔️ OK alone), and the
+    # finished federation restarted says so at once (it used to serve nothing for a minute, then ✔️ OK)
+    said = " ".join(log.split())
+    assert ("fedcontrast aggregator: federation finished (2 rounds); final model save/final_model.pt, round records "
+            f"save/rounds.jsonl (`fedcontrast report {ws}` prints them and writes accuracy.png, rounds.csv and "
+            f"summary.json), log {ws / 'logs' / 'aggregator.log'}; each site's outputs are in its own workspace, "
+            "local_state/site_report/<site>/") in said, said[-2000:]
+    for site in ("site_0", "site_1"):
+        said = " ".join((ws / "logs" / f"{site}.log").read_text().split())
+        assert (f"fedcontrast collaborator: {site} finished the federation (2 rounds); its outputs are in "
+                f"local_state/site_report/{site}/ (rounds.csv, rounds.jsonl, accuracy.png, final_model.pt; "
+                f"`fedcontrast report {ws}` prints its rows), log {ws / 'logs' / f'{site}.log'}") in said, said[-2000:]
+        assert (ws / "local_state" / "site_report" / site / "final_model.pt").is_file()
+    started = time.monotonic()
+    proc = start(ws, ["aggregator", "start"], "restarted.log")
+    try:
+        assert proc.wait(timeout=45) == 0
+    finally:
+        stop_all({"aggregator": proc})
+    said = " ".join((ws / "logs" / "restarted.log").read_text().split())
+    assert "fedcontrast aggregator: federation ws finished already (round 2 of 2, " in said, said[-2000:]
+    assert (f"nothing to run; final model save/final_model.pt, round records save/rounds.jsonl (`fedcontrast report "
+            f"{ws}` prints them") in said
+    assert "to run it again, create a new workspace (`fedcontrast workspace create`, then `fx plan initialize`)" in said
+    assert "Traceback" not in said and time.monotonic() - started < 40
