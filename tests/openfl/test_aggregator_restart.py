@@ -27,7 +27,7 @@ from fedcontrast.openfl.protocol import CollaboratorStopped
 
 from .conftest import FEDERATION_TIMEOUT, small_config
 
-DOWN_S = 40  # the aggregator stays down longer than the 30 × 1 s a site used to retry
+DOWN_S = 33  # the aggregator stays down longer than the 30 × 1 s a site used to retry
 
 
 class Unavailable(grpc.RpcError):
