@@ -218,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="--driver: also write the rows to this JSON file")
     parser.add_argument("--before", help="--driver: rows of an earlier --json (e.g. the code before a change), "
                                          "shown beside these")
+    parser.add_argument("--before-label", default="the code before",
+                        help="--driver: what the --before rows ran, for the report")
     parser.add_argument("--no-section", action="store_true", help="print only; leave RESULTS.md as it is")
     args = parser.parse_args(argv)
     if args.driver:
@@ -293,11 +295,13 @@ def driver_main(args) -> int:
     def config(sites: int, run: str) -> RunConfig:
         executor = ({"kind": "sequential", "site_cpus": 1} if run == "sequential" else
                     {"kind": "ray", "site_cpus": 1, "cpus": 2, **({"sites_per_task": 1} if run == "ray1" else {})})
-        data = {"min_samples": args.min_samples} if args.dataset != "fedprox_synthetic" else {}
+        data = ({"min_samples": args.min_samples} if args.dataset != "fedprox_synthetic"
+                else {"partition": "natural"})
         return RunConfig(algorithm="fedavg", dataset=args.dataset, clients=sites, rounds=args.rounds, device="cpu",
                          executor=executor, training=TrainingConfig(local_epochs=args.local_epochs, batch_size=32),
                          **data)
 
+    args.load = [os.getloadavg()[0]]  # other work on the machine, at the start and at the end
     executor = RayExecutor(config(2, "ray")) if any(r != "sequential" for r in args.runs) else None
     rows = []
     try:
@@ -319,17 +323,20 @@ def driver_main(args) -> int:
     finally:
         if executor is not None:
             executor.close()
+    args.load.append(os.getloadavg()[0])
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     before = json.loads(Path(args.before).read_text()) if args.before else []
     if not args.no_section:
-        write_section("ray_executor_driver", driver_report(args, rows, before, machine()))
+        name = "ray_executor_driver" + ("" if args.dataset == "digits" else f"_{args.dataset}")
+        write_section(name, driver_report(args, rows, before, machine()))
     return 0 if all(r["equal"] is not False for r in rows) else 1
 
 
 def driver_report(args, rows: list[dict], before: list[dict], machine: str) -> str:
     seq = {(r["dataset"], r["sites"]): r["round"] for r in rows + before if r["run"] == "sequential"}
-    lines = ["## The simulator's driver and site groups on Ray: `benchmarks/ray_executor.py --driver`", "",
+    lines = [f"## The simulator's driver and site groups on Ray ({args.dataset}): `benchmarks/ray_executor.py "
+             "--driver`", "",
              f"Command: `.venv/bin/python benchmarks/ray_executor.py --driver --dataset {args.dataset} --sites "
              f"{' '.join(map(str, args.sites))} --rounds {args.rounds} --local-epochs {args.local_epochs}"
              f"{f' --min-samples {args.min_samples}' if args.dataset != 'fedprox_synthetic' else ''} --runs "
@@ -339,7 +346,11 @@ def driver_report(args, rows: list[dict], before: list[dict], machine: str) -> s
              f"2–{args.rounds}. The driver's part: the round's time less the time the driver waited for sites "
              "(in `ray.wait`; sequential: less the sites' training, which now includes each site measuring its "
              "upload for the screen) — validation, the upload screen, aggregation, the abnormal-move check, "
-             "evaluation, checkpoint and records.", "",
+             "evaluation, checkpoint and records. The machine's load average (1 min) was "
+             f"{args.load[0]:.1f} at the start and {args.load[-1]:.1f} at the end (2 cores; above 2: other work "
+             "ran beside these runs and slowed the two Ray workers more than the one sequential process)."
+             + (f" Rows `before`: {args.before_label}, measured by this script with `--runs sequential ray --json "
+                "BEFORE.json --no-section` just before." if before else ""), "",
              "| code | sites | run | s per round | ÷ sequential | driver per round | driver per site "
              "| metrics equal to sequential |", "|---|---|---|---|---|---|---|---|"]
     for label, group in (("before", before), ("now", rows)):

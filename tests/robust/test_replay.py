@@ -62,3 +62,33 @@ def test_the_sketch_measures_distances_as_the_threshold_assumes():
         assert 0.7 < float(torch.linalg.vector_norm(su - sv)) / nu / true < 1.3
     (su, nu), (sw, _) = upload_sketch(u), upload_sketch(one_ulp_off(u))
     assert float(torch.linalg.vector_norm(su - sw)) / nu < NEAR_REPLAY
+
+
+def _sketch_one_tensor_at_a_time(upload):
+    """The reference: the sketch as first written, one generator and one index_add_ per tensor."""
+    import zlib
+
+    from fedcontrast.robust.replay import BUCKETS
+
+    sketch = torch.zeros(BUCKETS, dtype=torch.float64)
+    squared = 0.0
+    for name in sorted(upload):
+        values = upload[name].detach().reshape(-1).to(torch.float64)
+        if not values.numel():
+            continue
+        g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+        buckets = torch.randint(0, BUCKETS, (values.numel(),), generator=g)
+        signs = torch.randint(0, 2, (values.numel(),), generator=g, dtype=torch.float64) * 2 - 1
+        sketch.index_add_(0, buckets, values * signs)
+        squared += float(values.dot(values))
+    return sketch, squared ** 0.5
+
+
+def test_the_sketch_of_an_upload_at_once_equals_one_tensor_at_a_time_bit_for_bit():
+    g = torch.Generator().manual_seed(5)
+    for dtypes in ([torch.float32] * 4, [torch.float32, torch.float64, torch.float16, torch.int64]):
+        upload = {f"model.t{i}": (torch.randn(n, generator=g) * 10 ** i).to(dtype)
+                  for i, (n, dtype) in enumerate(zip([40000, 7, 0, 3000], dtypes))}
+        for _ in range(2):  # drawn, then cached
+            got, want = upload_sketch(upload), _sketch_one_tensor_at_a_time(upload)
+            assert torch.equal(got[0], want[0]) and got[1] == want[1]

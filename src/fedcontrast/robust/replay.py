@@ -58,17 +58,42 @@ def _hashes(name: str, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def upload_sketch(upload: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, float]:
-    """(the count sketch of every number in ``upload``, float64, and the upload's L2 norm)."""
+    """(the count sketch of every number in ``upload``, float64, and the upload's L2 norm).
+
+    The tensors are sketched together: their values, buckets and signs each one vector, in name order,
+    added into the buckets by one ``index_add_`` (which adds one value after another, as a call per
+    tensor did); the norm is one dot product per tensor, summed in name order."""
+    names = [n for n in sorted(upload) if upload[n].numel()]
     sketch = torch.zeros(BUCKETS, dtype=torch.float64, device="cpu")
+    if not names:
+        return sketch, 0.0
+    tensors = [upload[n].detach().to("cpu").reshape(-1) for n in names]
+    if all(t.dtype == tensors[0].dtype for t in tensors) and tensors[0].is_floating_point():
+        values = torch.cat(tensors).to(torch.float64)  # exact, as each tensor's own conversion
+    else:
+        values = torch.cat([t.to(torch.float64) for t in tensors])
+    buckets, signs = _layout_hashes(tuple((n, t.numel()) for n, t in zip(names, tensors)))
+    sketch.index_add_(0, buckets, values * signs)
     squared = 0.0
-    for name in sorted(upload):
-        values = upload[name].detach().to("cpu").reshape(-1).to(torch.float64)
-        if not values.numel():
-            continue
-        buckets, signs = _hashes(name, values.numel())
-        sketch.index_add_(0, buckets, values * signs)
-        squared += float(values.dot(values))
+    for part in values.split([t.numel() for t in tensors]):
+        part = part.clone()  # a fresh, aligned copy: the dot product groups its terms as on the tensor alone
+        squared += float(part.dot(part))
     return sketch, squared ** 0.5
+
+
+_LAYOUTS: dict[tuple[tuple[str, int], ...], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _layout_hashes(layout: tuple[tuple[str, int], ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The buckets and signs of an upload of these (name, numel), one after another (:func:`_hashes`)."""
+    found = _LAYOUTS.get(layout)
+    if found is not None:
+        return found
+    parts = [_hashes(name, numel) for name, numel in layout]
+    joined = torch.cat([b for b, _ in parts]), torch.cat([s for _, s in parts])
+    if sum(n for _, n in layout) * 2 <= CACHED_VALUES and len(_LAYOUTS) < 8:
+        _LAYOUTS[layout] = joined
+    return joined
 
 
 def nearest(sketch: tuple[torch.Tensor, float], earlier: list[tuple[int, torch.Tensor, float]]

@@ -90,6 +90,7 @@ class UploadScreen:
         self._reference: Mapping[str, torch.Tensor] | None = None  # the model the current round's sites received
         self._noted: set[tuple[int, str]] = set()  # (round, site) whose rejection screen() explained already
         self._facts: dict[str, UploadFacts] = {}  # the current round's accepted uploads as their sites measured them
+        self._measured_against: tuple[Mapping[str, torch.Tensor], dict[str, torch.Tensor]] | None = None  # measure()
 
     # single checks, each raising RejectedUpload naming the site
     def max_samples(self, site: str) -> float | None:
@@ -190,10 +191,23 @@ class UploadScreen:
         """What :meth:`check` and :meth:`note_move` measure of ``upload`` on its own, against the global
         model ``reference`` its site received: for a simulated site to measure where it trains."""
         names = _weight_names(upload, reference) if reference else []
-        norm_sq = _update_norm_sq(upload, reference, names) if names and reference else None
+        norm_sq = _update_norm_sq(upload, reference, names, self._reference64(reference, names)) \
+            if names and reference else None
         mark = ReplayMark(upload_digest(upload), upload_sketch(upload)) if self.config.reject_replays else None
         finite = all(bool(torch.isfinite(t.sum())) for t in upload.values() if t.is_floating_point())
         return UploadFacts(tuple(names), norm_sq, mark, finite)
+
+    def _reference64(self, reference: Mapping[str, torch.Tensor], names: list[str]) -> dict[str, torch.Tensor]:
+        """``reference``'s tensors ``names`` in float64 on the CPU, converted once for every upload measured
+        against the same reference (the sites of a round or of a Ray task); the mapping is held, so
+        that another one is never mistaken for it."""
+        if self._measured_against is None or self._measured_against[0] is not reference:
+            self._measured_against = (reference, {})
+        converted = self._measured_against[1]
+        for name in names:
+            if name not in converted:
+                converted[name] = reference[name].detach().to("cpu", torch.float64)
+        return converted
 
     def check_across(self, uploads: Mapping[str, Mapping[str, torch.Tensor]],
                      reference: Mapping[str, torch.Tensor] | None) -> dict[str, str]:

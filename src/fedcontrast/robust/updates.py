@@ -21,11 +21,12 @@ def _weight_names(upload: Mapping[str, torch.Tensor], reference: Mapping[str, to
 
 
 def _update_norm_sq(upload: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor],
-                    names: list[str]) -> float:
-    """``‖w_k − w‖²`` over ``names``: one float64 sum per tensor, added in the order of ``names``."""
+                    names: list[str], reference64: Mapping[str, torch.Tensor] | None = None) -> float:
+    """``‖w_k − w‖²`` over ``names``: one float64 sum per tensor, added in the order of ``names``.
+    ``reference64``: the reference's tensors already in float64 on the CPU (kept across sites)."""
     update = 0.0
     for name in names:
-        ref = reference[name].detach().to("cpu", torch.float64)
+        ref = reference64[name] if reference64 is not None else reference[name].detach().to("cpu", torch.float64)
         update += float(((upload[name].detach().to("cpu", torch.float64) - ref) ** 2).sum())
     return update
 
