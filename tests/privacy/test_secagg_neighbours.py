@@ -233,3 +233,27 @@ def test_the_audit_states_the_neighbourhood_guarantee_and_the_full_graph_is_unch
     assert "40 of the 100 sites" in line and "28 of its 41 holders" in line and "2^-83" in line and "2^-25" in line
     bounds = failure_bounds(1000, 60)
     assert bounds["follows"] < 2.0**-100 and bounds["lies"] < 2.0**-30 and bounds["fails"] < 2.0**-30
+
+
+def test_different_survivor_sets_within_a_neighbourhood_never_reveal_both_secrets_of_a_site():
+    """The relay tells two of the target's neighbours that it dropped (they would reveal shares of its
+    key) and everyone else that it survived: the two find fewer than t_k of their neighbours signed
+    their set and reveal nothing, so the relay gets no share of the target's key."""
+    lab = Round(words=256)
+    target = lab.names[0]
+    group_b = sorted(lab.relay.graph.closed(target) - {target})[-2:]
+    honest = lab.answer
+
+    def lying(site, kind):
+        if kind == "survivors":
+            told = [s for s in lab.names if s != target] if site in group_b else lab.names
+            return json.dumps({"survivors": told}).encode()
+        if kind == "signatures":  # every signature it got, whatever set each covers
+            return json.dumps({"signatures": lab.relay.received[3]}).encode()
+        return honest(site, kind)
+
+    lab.answer = lying
+    lab.run()
+    assert all("signed that same set, fewer than the threshold 5" in lab.errors[s] for s in group_b)
+    kinds = [r[target][0] for r in lab.relay.received[4].values() if target in r]
+    assert "s" not in kinds and len(kinds) <= K + 1 - len(group_b)
