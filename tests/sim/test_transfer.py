@@ -1,5 +1,6 @@
 """What travels between the simulator's driver and its Ray workers (sim/transfer.py): a site's upload
-as one array comes back bit for bit, names, order, shapes and dtypes kept; named tuples survive."""
+as one array comes back bit for bit, names, order, shapes and dtypes kept; named tuples survive; and
+--sites-per-task, how many sites one Ray task carries, reaches the executor section."""
 
 import pickle
 
@@ -25,3 +26,12 @@ def test_an_upload_packed_flat_comes_back_bit_for_bit():
 def test_facts_travel_as_named_tuples():
     facts = UploadFacts(("model.w",), 1.5, None, True)
     assert unpack(pickle.loads(pickle.dumps(pack(facts)))) == facts
+
+
+def test_sites_per_task_on_the_command_line_goes_to_the_executor_section():
+    from fedcontrast.cli import build_parser, config_from_args
+
+    args = build_parser().parse_args(["simulate", "--executor", "ray", "--sites-per-task", "3"])
+    config = config_from_args(args)
+    assert config.executor.kind == "ray" and config.executor.sites_per_task == 3
+    assert config.to_dict()["executor"]["sites_per_task"] == 3  # recorded in config.yaml
