@@ -85,7 +85,7 @@ def begin_site_round(site: Any, round_num: int, uploads: dict[str, Any], weight:
     steps = SecAggSteps(site.name, sites, secure.sites_needed(len(sites)), round_num, signing,
                         _openssh(signing.public_key()), peers, vector,
                         Quantizer.for_sites(secure.clip, len(sites), secure.bits),
-                        session_digest(site.config.to_dict(), sites, str(site.run_id)))
+                        session_digest(site.config.to_dict(), sites, str(site.run_id)), neighbours=secure.neighbours)
     _SESSIONS[(site.run_id, site.name, round_num)] = steps
     return steps.advert()
 

@@ -66,7 +66,9 @@ class FlowerServer:
     def __init__(self, grid, config: RunConfig, out_dir: Path, site_nodes: dict[str, int], *,
                  round_timeout: float, start_timeout: float, shared: dict[str, bytes] | None = None,
                  base_dir: Path = Path("."), site_keys: dict[str, str] | None = None, min_sites: int | None = None,
-                 resume: bool = False) -> None:
+                 resume: bool = False, flower_run: str = "") -> None:
+        """``flower_run``: Flower's run id, which the sites bind their secure-aggregation session to (and
+        draw its neighbourhood graph from, as the relay does here)."""
         self.grid, self.config, self.out = grid, config, Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.round_timeout, self.start_timeout = round_timeout, start_timeout
@@ -93,7 +95,7 @@ class FlowerServer:
         self.rows: list[dict[str, Any]] = []
         secure = config.secure_aggregation  # the sites' protocol messages meet at the relay (flower/secure.py)
         self.relay = (None if secure is None or self.sum_layout is None  # both, or neither
-                      else relay_for(self.sites, secure, self.sum_layout))
+                      else relay_for(self.sites, secure, self.sum_layout, config.to_dict(), flower_run))
         self.site_keys = dict(site_keys or {})
         self.start_round, self.run_label = 0, runs.new_label()
         if resume:  # the run in out_dir, from its checkpoint (flower run --resume checked it is this plan's)
@@ -385,7 +387,8 @@ def server_app():
                                   shared=shared, base_dir=base,
                                   site_keys=json.loads(str(rc.get("site-keys", "{}") or "{}")),
                                   min_sites=int(rc["min-sites"]) if int(rc.get("min-sites", 0) or 0) else None,
-                                  resume=str(rc.get("resume", "false")).lower() == "true")
+                                  resume=str(rc.get("resume", "false")).lower() == "true",
+                                  flower_run=str(getattr(context, "run_id", "")))
             summary = server.run()
             summary["threads"] = threads.record()  # recorded with the run
             write_json(out / "summary.json", summary)
