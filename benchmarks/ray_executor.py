@@ -101,14 +101,18 @@ def timed_run(config, run_dir: Path, executor=None, *, memory: bool = False) -> 
     waiting = [0.0]
     per_site: list[tuple[int, float]] = []
     last = [time.perf_counter()]
+    cpu: list[tuple[float, float]] = []  # per round: CPU seconds of the driver, and of every Ray worker
+    last_cpu = [cpu_seconds(executor is not None)]
 
     def progress(done: int, total: int, row) -> None:
         now = time.perf_counter()
+        used = cpu_seconds(executor is not None)
         if row is not None:
             times.append(now - last[0])
             waited.append(waiting[0])
+            cpu.append((used[0] - last_cpu[0][0], used[1] - last_cpu[0][1]))
         waiting[0] = 0.0
-        last[0] = now
+        last[0], last_cpu[0] = now, used
 
     stock_sites, stock_site = fed.SequentialExecutor.train_sites, fed.Federation.train_site
 
@@ -148,7 +152,24 @@ def timed_run(config, run_dir: Path, executor=None, *, memory: bool = False) -> 
         return {"pss": peak.peak, "pss_driver": peak.peak_driver, "workers": peak.workers}
     driver = [t - (w if executor is not None else s) for t, w, s in zip(times, waited, train)]
     return {"round": median_after_first(times), "train": median_after_first(train), "per_site": per_site,
-            "driver": median_after_first(driver)}
+            "driver": median_after_first(driver), "driver_cpu": median_after_first([c[0] for c in cpu]),
+            "workers_cpu": median_after_first([c[1] for c in cpu])}
+
+
+def cpu_seconds(with_ray: bool) -> tuple[float, float]:
+    """(CPU seconds this process used so far, CPU seconds every Ray worker process used so far): a
+    round's CPU, unlike its wall time, does not depend on what else runs on the machine."""
+    import psutil
+
+    workers = 0.0
+    if with_ray:
+        for proc in psutil.process_iter(["pid"]):
+            if _is_worker(proc.info["pid"]):
+                try:
+                    workers += sum(proc.cpu_times()[:2])
+                except psutil.Error:
+                    pass
+    return time.process_time(), workers
 
 
 class TimedWait:
@@ -313,13 +334,15 @@ def driver_main(args) -> int:
                     timing = timed_run(config(sites, run), tmp / run, None if run == "sequential" else executor)
                     row = {"dataset": args.dataset, "sites": sites, "run": run, "round": timing["round"],
                            "driver": timing["driver"], "whole": time.perf_counter() - t0,
+                           "driver_cpu": timing["driver_cpu"], "workers_cpu": timing["workers_cpu"],
                            "equal": None if run == "sequential" or "sequential" not in args.runs else
                            device_check.differences(device_check._metrics(tmp / "sequential"),
                                                     device_check._metrics(tmp / run)) == []}
                     rows.append(row)
                     print(f"{args.dataset} {sites} sites, {DRIVER_RUNS[run]}: {row['round']:.3f} s/round, driver "
-                          f"{row['driver']:.3f} s ({1000 * row['driver'] / sites:.3f} ms/site); metrics equal to "
-                          f"sequential: {row['equal']}", flush=True)
+                          f"{row['driver']:.3f} s ({1000 * row['driver'] / sites:.3f} ms/site); CPU per round: "
+                          f"driver {row['driver_cpu']:.3f} s, Ray workers {row['workers_cpu']:.3f} s; metrics equal "
+                          f"to sequential: {row['equal']}", flush=True)
     finally:
         if executor is not None:
             executor.close()
@@ -334,7 +357,7 @@ def driver_main(args) -> int:
 
 
 def driver_report(args, rows: list[dict], before: list[dict], machine: str) -> str:
-    seq = {(r["dataset"], r["sites"]): r["round"] for r in rows + before if r["run"] == "sequential"}
+    seq = {(r["dataset"], r["sites"]): r["round"] for r in rows if r["run"] == "sequential"}  # now's, beside
     lines = [f"## The simulator's driver and site groups on Ray ({args.dataset}): `benchmarks/ray_executor.py "
              "--driver`", "",
              f"Command: `.venv/bin/python benchmarks/ray_executor.py --driver --dataset {args.dataset} --sites "
@@ -351,16 +374,28 @@ def driver_report(args, rows: list[dict], before: list[dict], machine: str) -> s
              "ran beside these runs and slowed the two Ray workers more than the one sequential process)."
              + (f" Rows `before`: {args.before_label}, measured by this script with `--runs sequential ray --json "
                 "BEFORE.json --no-section` just before." if before else ""), "",
+             "Beside the wall times, each round's CPU seconds: the driver process's, and the Ray workers' (all "
+             "of them together). CPU does not depend on what else runs on the machine: on two free cores a "
+             "ray round takes about max(workers' CPU ÷ 2, the driver's CPU) — the `free cores` column, an "
+             "estimate — against the sequential round's CPU (its driver's CPU: the sites train in it).", "",
              "| code | sites | run | s per round | ÷ sequential | driver per round | driver per site "
-             "| metrics equal to sequential |", "|---|---|---|---|---|---|---|---|"]
+             "| CPU per round: driver, Ray workers | free cores: round, ÷ sequential CPU "
+             "| metrics equal to sequential |", "|---|---|---|---|---|---|---|---|---|---|"]
     for label, group in (("before", before), ("now", rows)):
         for r in group:
             base = seq.get((r["dataset"], r["sites"])) if label == "now" else next(
                 (b["round"] for b in before if b["run"] == "sequential" and b["sites"] == r["sites"]), None)
             ratio = f"{base / r['round']:.2f}×" if base and r["run"] != "sequential" else "—"
             equal = {None: "—", True: "yes", False: "NO"}[r["equal"]]
+            seq_cpu = next((b.get("driver_cpu") for b in group
+                            if b["run"] == "sequential" and b["sites"] == r["sites"]), None)
+            cpu = (f"{r['driver_cpu']:.3f} s, {r['workers_cpu']:.3f} s" if r.get("driver_cpu") is not None else "—")
+            free = "—"
+            if r.get("driver_cpu") is not None and r["run"] != "sequential" and seq_cpu:
+                estimate = max(r["workers_cpu"] / 2, r["driver_cpu"])
+                free = f"{estimate:.3f} s, {seq_cpu / estimate:.2f}×"
             lines.append(f"| {label} | {r['sites']} | {DRIVER_RUNS[r['run']]} | {r['round']:.3f} s | {ratio} | "
-                         f"{r['driver']:.3f} s | {1000 * r['driver'] / r['sites']:.3f} ms | {equal} |")
+                         f"{r['driver']:.3f} s | {1000 * r['driver'] / r['sites']:.3f} ms | {cpu} | {free} | {equal} |")
     return "\n".join(lines)
 
 
