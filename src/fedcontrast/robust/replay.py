@@ -104,7 +104,8 @@ def nearest(sketch: tuple[torch.Tensor, float], earlier: list[tuple[int, torch.T
     values, norm = sketch
     if not earlier or not torch.isfinite(values).all():
         return None
-    scales = torch.tensor([max(norm, other_norm) for _, _, other_norm in earlier], dtype=torch.float64)
+    scales = torch.tensor([max(norm, other_norm) for _, _, other_norm in earlier], dtype=torch.float64,
+                          device=values.device)
     distances = torch.linalg.vector_norm(torch.stack([other for _, other, _ in earlier]) - values, dim=1) / scales
     best = None
     for (round_num, _, _), scale, distance in zip(earlier, scales.tolist(), distances.tolist()):

@@ -66,7 +66,7 @@ class Site:
 @dataclass
 class SiteOutcome:
     """One site's round: its uploads (on the run's device), aggregation weight, metrics rows, and
-    its state afterwards (MOON's previous model, personal heads, DP accountants…); ``facts``: its
+    its state afterwards (MOON's previous model, personal heads, DP accountants…); ``measured``: its
     uploads as the aggregator's screen measures them, measured where they were made (None: not
     measured there, the aggregator measures them)."""
 
@@ -74,7 +74,7 @@ class SiteOutcome:
     weight: float
     rows: list[dict[str, Any]]
     state: dict[str, Any]
-    facts: Any = None  # fedcontrast.robust.screen.UploadFacts
+    measured: Any = None  # fedcontrast.robust.screen.UploadFacts
 
 
 class Federation:
@@ -258,8 +258,8 @@ class Federation:
             weights[site.name] = outcome.weight
             rows.extend(outcome.rows)
             uploads[site.name] = outcome.uploads
-            if outcome.facts is not None:
-                facts[site.name] = outcome.facts
+            if outcome.measured is not None:
+                facts[site.name] = outcome.measured
         received = self.downlink.global_tensors
         if cfg.secure_aggregation is not None:  # the aggregator sees only the sum (privacy/secagg*.py)
             uploads, rejected = self.core.validate(round_num, uploads, weights)

@@ -15,7 +15,7 @@ A round's sites go out as two tasks per site slot of the cluster (a slot: ``site
 running its group of sites one after another in one worker process (the model and data built once per
 process, each site's state swapped in), groups balanced by samples: Ray's cost per task (a few
 milliseconds) is then paid a few times per round, not once per site. Each site measures its uploads
-for the aggregator's screen where it trains (digest, sketch, update norm: ``SiteOutcome.facts``), so
+for the aggregator's screen where it trains (digest, sketch, update norm: ``SiteOutcome.measured``), so
 that the driver does not.
 
 A worker that dies mid-task is retried once (Ray's ``max_retries``: the same inputs give the same
@@ -81,7 +81,7 @@ def train_sites_task(config: dict[str, Any], round_num: int, received: dict[str,
         outcome = federation.train_away(index, round_num, {**shared, **unpack(personal, device)}, unpack(state),
                                         reference=shared)  # the site measures its uploads for the screen here
         outcome.uploads, outcome.state = pack_flat(outcome.uploads), pack(outcome.state)  # an upload: one array
-        outcome.facts = pack(outcome.facts)
+        outcome.measured = pack(outcome.measured)
         outcomes.append(outcome)
     return outcomes, _node_id(), time.perf_counter() - start
 
@@ -238,7 +238,7 @@ class RayExecutor:
         self.last_round = {"seconds": time.perf_counter() - handle["start"], "task_seconds": seconds}
         for outcome in outcomes.values():
             outcome.uploads, outcome.state = unpack(outcome.uploads, handle["device"]), unpack(outcome.state)
-            outcome.facts = unpack(outcome.facts)
+            outcome.measured = unpack(outcome.measured)
         return outcomes
 
     def cancel(self, handle: dict[str, Any]) -> None:
