@@ -61,6 +61,13 @@ def local_model_accuracy(model: nn.Module, local_models, test, device: torch.dev
     return out
 
 
+def own_accuracy(model: nn.Module, weights, test, device: torch.device) -> float:
+    """A site's local model (its uploaded ``model.*`` tensors, loaded into ``model``) on its own
+    held-out samples ``test``."""
+    load_weights(model, weights)
+    return (predict(model, test, device) == test.y.to(device)).double().mean().item()
+
+
 PROTOTYPE_METRICS = ("euclidean", "cosine")
 
 

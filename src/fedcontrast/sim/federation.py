@@ -33,7 +33,7 @@ from ..construction import (
 )
 from ..devices import resolve_device
 from ..errors import ConfigError
-from ..evaluation import linear_probe, local_model_accuracy
+from ..evaluation import linear_probe, local_model_accuracy, own_accuracy
 from ..outputs import GLOBAL_SITE, metric_row
 from ..privacy.releases import release_choices
 from ..robust import RejectedUpload
@@ -102,6 +102,10 @@ class Federation:
         self.algorithm, self.server, self.screen = self.core.algorithm, self.core.server, self.core.screen
         self.sites = [Site(name, i, on_device(splits.train.subset(p)))
                       for i, (name, p) in enumerate(zip(site_names(config), parts))]
+        # a data set with sites of its own (fedprox_synthetic) holds out each site's own test samples:
+        # a site's own model is scored on those, not on the shared test split re-weighted to its labels
+        self.site_tests = (None if splits.site_test is None
+                           else [on_device(splits.test.subset(splits.site_test[s.index])) for s in self.sites])
         model = self.server.model
         self.site_model = copy.deepcopy(model)  # scratch network the site tasks load weights into
         self.upload_specs = self.core.specs
@@ -149,11 +153,12 @@ class Federation:
                            public=self.public, index=site.index, privacy=privacy)
 
     def personalized_evaluation(self, round_num: int) -> dict[str, float]:
-        """Each site's own model on the test split: mean ("accuracy") and spread over sites."""
+        """Each site's own model on the test split (the site's own held-out samples where the data set
+        has them): mean ("accuracy") and spread over sites."""
         algorithm = self.algorithm
         assert isinstance(algorithm, PersonalEvaluation)
-        per_site = [algorithm.evaluate_site(self.site_context(site, round_num, 0),
-                                            self.downlink.for_site(site.name), self.test)
+        per_site = [algorithm.evaluate_site(self.site_context(site, round_num, 0), self.downlink.for_site(site.name),
+                                            self.test if self.site_tests is None else self.site_tests[site.index])
                     for site in self.sites]
         out: dict[str, float] = {}
         for key in per_site[0]:
@@ -163,6 +168,12 @@ class Federation:
     def local_model_evaluation(self, uploads: dict[str, dict[str, torch.Tensor]]) -> dict[str, float]:
         """Each site's uploaded local model on the test split, on the site's own label distribution
         (``local_accuracy``) and as it is (``local_balanced_accuracy``); mean and spread over sites."""
+        if self.site_tests is not None:  # its own held-out samples: local_accuracy on those
+            out = local_model_accuracy(self.site_model, uploads, self.test, self.device)
+            own = [own_accuracy(self.site_model, uploads[s.name], self.site_tests[s.index], self.device)
+                   for s in self.sites if s.name in uploads]
+            out["local_accuracy"], out["local_accuracy_std"] = _mean_std(own)
+            return out
         counts = {s.name: torch.bincount(s.data.y, minlength=self.server.num_classes) for s in self.sites}
         return local_model_accuracy(self.site_model, uploads, self.test, self.device, class_counts=counts)
 
