@@ -48,6 +48,12 @@ class Round:
     def answer(self, site, kind):
         return self.relay.answer(site, self.round, kind)
 
+    def lie_to(self, target, kind, forge):
+        """The relay's ``kind`` answer to ``target`` replaced by ``forge(honest answer)``."""
+        honest = self.answer
+        self.answer = lambda site, asked: forge(honest(site, asked)) if (site, asked) == (target, kind) \
+            else honest(site, asked)
+
     def run(self):
         payloads = {s: self.steps[s].advert() for s in self.names}
         for kind, answer, step in (*STEPS, ("reveal", None, None)):
@@ -174,14 +180,8 @@ def test_a_share_request_naming_a_non_neighbour_is_refused_and_nothing_sent():
     lab = Round()
     target = lab.names[0]
     stranger = next(s for s in lab.names if s not in lab.relay.graph.closed(target))
-    honest = lab.answer
-
-    def lying(site, kind):
-        if site == target and kind == "adverts":
-            return json.dumps(dict(lab.relay.received[0])).encode()  # every site's advert, not its neighbourhood's
-        return honest(site, kind)
-
-    lab.answer = lying
+    # every site's advert, not its neighbourhood's
+    lab.lie_to(target, "adverts", lambda honest: json.dumps(dict(lab.relay.received[0])).encode())
     lab.run()
     assert stranger in lab.errors[target] and "outside this site's neighbourhood" in lab.errors[target]
     assert target not in lab.relay.received[1]  # it sent no shares at all
@@ -191,15 +191,12 @@ def test_a_shared_set_naming_a_non_neighbour_is_refused():
     lab = Round()
     target = lab.names[1]
     stranger = next(s for s in lab.names if s not in lab.relay.graph.closed(target))
-    honest = lab.answer
 
-    def lying(site, kind):
-        if site == target and kind == "boxes":
-            mine = json.loads(honest(site, kind))
-            return json.dumps({**mine, "peers": mine["peers"] + [stranger]}).encode()
-        return honest(site, kind)
+    def with_stranger(honest):
+        mine = json.loads(honest)
+        return json.dumps({**mine, "peers": mine["peers"] + [stranger]}).encode()
 
-    lab.answer = lying
+    lab.lie_to(target, "boxes", with_stranger)
     lab.run()
     assert "outside this site's neighbourhood" in lab.errors[target]
     assert target not in lab.relay.received[2]  # it never masked: nothing of its vector left the site
@@ -208,7 +205,7 @@ def test_a_shared_set_naming_a_non_neighbour_is_refused():
 def test_the_deployments_relay_draws_the_graph_its_sites_draw():
     """OpenFL's aggregator builds its relay from the plan and the run label (relay_for), each site
     its steps from session_digest of the same: one graph. Without them the relay keeps the full
-    graph, as the sites do by default (Flower, until it passes its session)."""
+    graph, as the sites do by default."""
     from fedcontrast.privacy.secagg_relay import relay_for
     from fedcontrast.privacy.secagg_terms import SumLayout
 

@@ -70,17 +70,11 @@ class Node:
         from flwr.app import Error, Message
         from flwr.common.constant import ErrorCode
 
-        from .client_app import client as app
-        from .client_app import refusal_message
+        from .runner import answer_or_refuse
 
         try:
             context = context_of()
-            problem = self.refusals.get(int(message.metadata.run_id))
-            if problem is not None:
-                name = str(self.node_config.get("site-name", "this site"))
-                print(f"fedcontrast flower site: error: site {name} refused: {problem}", flush=True)
-                return refusal_message(message, name, "refused", problem)
-            return app(message=message, context=context)
+            return answer_or_refuse(message, context, self.refusals.get(int(message.metadata.run_id)))
         except Exception as exc:  # noqa: BLE001 - Flower's error reply, as flwr-clientapp sends it
             logger.exception("the ClientApp task failed")
             return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc)}:<'{exc}'>"),

@@ -57,6 +57,20 @@ def bundle_problem(content: bytes) -> str | None:
     return None
 
 
+def answer_or_refuse(message, context, problem: str | None):
+    """The site's reply to ``message``: its installed ClientApp's answer, or, when the operator's
+    bundle is refused (``problem``, :func:`bundle_problem`), one sentence naming why (the ServerApp
+    names the site and the reason); the site's terminal says it too."""
+    from .client_app import client as app
+    from .client_app import refusal_message
+
+    if problem is None:
+        return app(message=message, context=context)
+    name = str(dict(context.node_config).get("site-name", "this site"))
+    print(f"fedcontrast flower site: error: site {name} refused: {problem}", flush=True)
+    return refusal_message(message, name, "refused", problem)
+
+
 def _client(address: str, component: str, token: str | None = None, *, retry: bool = True):
     from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
     from flwr.supercore.retry import make_simple_http_retry_invoker
@@ -80,8 +94,7 @@ def run_task(address: str, token: str) -> None:
     from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
     from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
-    from .client_app import STANDBY_MESSAGE, refusal_message
-    from .client_app import client as app
+    from .client_app import STANDBY_MESSAGE
 
     client = _client(address, "flwr-clientapp", token)
     heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
@@ -94,13 +107,7 @@ def run_task(address: str, token: str) -> None:
         heartbeat.start()
         message, context, _run, fab = pull_task_input(client)
         unchanged = message.metadata.message_type == STANDBY_MESSAGE
-        problem = bundle_problem(fab.content)
-        if problem is not None:
-            name = str(dict(context.node_config).get("site-name", "this site"))
-            print(f"fedcontrast flower site: error: site {name} refused: {problem}", flush=True)
-            reply = refusal_message(message, name, "refused", problem)
-        else:
-            reply = app(message=message, context=context)
+        reply = answer_or_refuse(message, context, bundle_problem(fab.content))
         status, details = SubStatus.COMPLETED, ""
     except Exception as exc:  # noqa: BLE001 - Flower's error reply, as flwr-clientapp sends it
         logger.exception("the ClientApp task failed")
