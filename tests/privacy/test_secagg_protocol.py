@@ -9,6 +9,7 @@ is shown to hold nothing that rebuilds the target's vector."""
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -408,7 +409,7 @@ def test_a_garbage_share_is_found_its_sender_named_and_the_sum_still_exact():
     def garbage(answer):
         reveal = json.loads(honest_reveal(answer))
         kind, index, _ = reveal["site_0"]
-        reveal["site_0"] = [kind, index, "A" * 43 + "="]  # 32 zero bytes in place of its share
+        reveal["site_0"] = [kind, index, base64.b64encode(bytes(34)).decode()]  # zeros in place of its share
         return json.dumps(reveal).encode()
 
     lab.steps["site_4"].reveal = garbage
@@ -426,7 +427,7 @@ def test_a_garbage_share_among_exactly_threshold_shares_ends_the_round_without_a
 
     def garbage(answer):
         reveal = json.loads(honest_reveal(answer))
-        reveal["site_0"][2] = "A" * 43 + "="
+        reveal["site_0"][2] = base64.b64encode(bytes(34)).decode()
         return json.dumps(reveal).encode()
 
     lab.steps["site_2"].reveal = garbage

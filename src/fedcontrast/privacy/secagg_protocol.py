@@ -50,21 +50,23 @@ from typing import Any
 import numpy as np
 
 from ..config.sections import minimum_threshold
-from .secagg import Quantizer, SecAggSite, SecureAggregationError, fingerprint
+from .secagg import Quantizer, SecAggSite, SecureAggregationError, fingerprint, share_size
 from .secagg_graph import graph_for
 
 PHASES = ("advert", "boxes", "masked", "consistency", "reveal")
 ANSWERS = {"adverts": 1, "boxes": 2, "survivors": 3, "signatures": 4}  # what a site fetches → the phase that closed
-KEY_BYTES, SHARE_BYTES, BOX_BYTES = 32, 32, 1 + 32 + 32 + 16  # a box: index, b share, s share, Poly1305 tag
+KEY_BYTES = 32
 
 
 def share_bytes(graph: Any) -> int:
-    """A share's bytes: 32 in the full graph, 16 in SecAgg+'s (:meth:`~.secagg.SecAggSite.short_secrets`)."""
-    return SHARE_BYTES if graph.full else 16
+    """A share's bytes: of a 32-byte secret in the full graph, of a 16-byte one in SecAgg+'s
+    (:meth:`~.secagg.SecAggSite.short_secrets`); 17 bytes per 16 (:func:`~.secagg.share_size`)."""
+    return share_size(32 if graph.full else 16)
 
 
 def box_bytes(graph: Any) -> int:
-    return BOX_BYTES - 2 * (SHARE_BYTES - share_bytes(graph))
+    """A box's bytes: the index, the ``b`` share, the ``s`` share and the Poly1305 tag."""
+    return 1 + 2 * share_bytes(graph) + 16
 ADVERT_FIELDS = ("c_pk", "s_pk", "commit", "signature", "certificate")
 MAX_SIGNATURE, MAX_CERTIFICATE, MAX_REASON = 1024, 16384, 500
 
