@@ -275,3 +275,28 @@ def test_a_remembered_verification_answers_only_for_the_exact_key_signature_and_
     assert not verify(other.public_key(), signature, data)
     assert not verify(key.public_key(), forged, data)
     assert not verify(object(), signature, data)  # not a public key at all
+
+
+def test_the_consistency_bytes_a_site_signs_are_bound_over_the_sorted_survivor_set():
+    """A site encodes the survivor set once for all the signatures it checks: the bytes equal
+    :func:`bound` of the sorted set for every signer (names with quotes and non-ASCII included)."""
+    from fedcontrast.privacy.secagg import bound
+
+    names = ["site_b", 'quo"te', "ünï", "site_a"]
+    site = SecAggSite(names[0], names, 3, 7, ed25519.Ed25519PrivateKey.generate(), session=b"plan")
+    for signer in names:
+        for survivors in (names, names[:3], list(reversed(names))):
+            assert site._consistency_bytes(signer, survivors) == bound("consistency", b"plan", 7, 3, signer,
+                                                                       sorted(survivors))
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
+def test_the_prg_written_in_place_is_the_same_keystream(dtype):
+    """Masking writes each keystream into one reused array: the same words as a fresh one, for both
+    rings; an array of the wrong size or type is refused, not half-written."""
+    seed = bytes(range(32))
+    out = np.full(1001, 7, dtype=dtype)
+    assert prg(seed, 1001, dtype, out=out) is out and np.array_equal(out, prg(seed, 1001, dtype))
+    assert not np.array_equal(prg(seed, 1001, dtype), prg(bytes(32), 1001, dtype))
+    with pytest.raises(ValueError):
+        prg(seed, 1000, dtype, out=out)

@@ -131,11 +131,23 @@ class Quantizer:
         return sites * 0.5 / 2.0**self.frac_bits
 
 
-def prg(seed: bytes, length: int, dtype=np.uint64) -> np.ndarray:
-    """``length`` words (``dtype``) of ChaCha20's keystream under the 32-byte ``seed``."""
+def prg(seed: bytes, length: int, dtype=np.uint64, *, out: np.ndarray | None = None) -> np.ndarray:
+    """``length`` words (``dtype``) of ChaCha20's keystream under the 32-byte ``seed``; written into
+    ``out`` (a C-contiguous array of ``length`` words of ``dtype``) when given, without a new array."""
     size = np.dtype(dtype).itemsize
     encryptor = Cipher(algorithms.ChaCha20(seed, b"\0" * 16), mode=None).encryptor()
-    return np.frombuffer(encryptor.update(b"\0" * (size * length)), dtype=dtype).copy()
+    if out is None:
+        return np.frombuffer(encryptor.update(_zeros(size * length)), dtype=dtype).copy()
+    if out.dtype != np.dtype(dtype) or out.size != length or not out.flags.c_contiguous:
+        raise ValueError(f"prg's out must be {length} contiguous words of {np.dtype(dtype)}")
+    encryptor.update_into(_zeros(size * length), out.data.cast("B"))  # the words themselves, as bytes
+    return out
+
+
+@lru_cache(maxsize=4)
+def _zeros(size: int) -> bytes:
+    """``size`` zero bytes (the keystream is ChaCha20 applied to them), made once per size."""
+    return bytes(size)
 
 
 def _kdf(secret: bytes, info: bytes) -> bytes:
@@ -332,6 +344,7 @@ class SecAggSite:
     share_threshold: int | None = None
     graph_terms: tuple[Any, ...] = ()
     _secrets: tuple[bytes, bytes] | None = field(default=None, repr=False)  # SecAgg+: the 16-byte b and s it shares
+    _u3_json: tuple[tuple[str, ...], bytes] = field(default=((), b""), repr=False)  # a survivor set, encoded
     _ciphers: dict[str, tuple[bytes, ChaCha20Poly1305]] = field(default_factory=dict, repr=False)  # peer → c_pk, cipher
 
     def short_secrets(self) -> None:
@@ -400,19 +413,28 @@ class SecAggSite:
     def mask(self, vector: np.ndarray, quantizer: Quantizer, peers: list[str] | None = None) -> np.ndarray:
         """The vector as the aggregator receives it: encoded, plus the self mask and pairwise masks
         with ``peers`` (default: every site; in a deployment, those whose shares arrived)."""
-        y = quantizer.encode(vector).ravel()
+        y = np.ascontiguousarray(quantizer.encode(vector).ravel())
+        mask = np.empty_like(y)  # each mask's keystream, written in place
+        position = {site: i for i, site in enumerate(self.sites)}
+        mine = position[self.name]
         with np.errstate(over="ignore"):
-            y = y + prg(self._b, y.size, quantizer.unsigned)
+            np.add(y, prg(self._b, y.size, quantizer.unsigned, out=mask), out=y)
             for site in (self.sites if peers is None else peers):
                 if site == self.name:
                     continue
-                pairwise = prg(self._pair_seed(self._s, self.peers[site]["s_pk"]), y.size, quantizer.unsigned)
-                y = y + pairwise if self.sites.index(self.name) < self.sites.index(site) else y - pairwise
+                prg(self._pair_seed(self._s, self.peers[site]["s_pk"]), y.size, quantizer.unsigned, out=mask)
+                (np.add if mine < position[site] else np.subtract)(y, mask, out=y)
         return y
 
     # --- the consistency round ---------------------------------------------------------------
     def _consistency_bytes(self, signer: str, survivors: list[str]) -> bytes:
-        return bound("consistency", self.session, self.round_num, self.threshold, signer, sorted(survivors))
+        """``bound("consistency", …, signer, sorted(survivors))``, the survivor list encoded once per
+        set (a site checks up to k + 1 signatures over the same set; equal to :func:`bound`, tested)."""
+        key = tuple(sorted(survivors))
+        if self._u3_json[0] != key:
+            self._u3_json = (key, json.dumps(list(key), separators=(",", ":")).encode())
+        head = bound("consistency", self.session, self.round_num, self.threshold, signer)
+        return head[:-1] + b"," + self._u3_json[1] + b"]"
 
     def sign_survivors(self, survivors: list[str]) -> bytes:
         """This site's signature over the survivor set it was told; it signs one set per round."""

@@ -177,6 +177,7 @@ class SecAggRelay:
             self.sum: np.ndarray | None = None
             self.unmask_cpu_s = 0.0
             self.started = time.monotonic()
+            self._survivors_answer: tuple[int, bytes] = (-1, b"")  # (round, U3 as every site fetches it)
 
     @property
     def open(self) -> bool:
@@ -253,8 +254,10 @@ class SecAggRelay:
             if kind == "boxes":
                 boxes = {sender: box[site] for sender, box in self.received[1].items() if site in box}
                 return json.dumps({"peers": [s for s in self.members[2] if s in mine], "boxes": boxes}).encode()
-            if kind == "survivors":
-                return json.dumps({"survivors": self.members[3]}).encode()
+            if kind == "survivors":  # the same for every site: encoded once per round
+                if self._survivors_answer[0] != round_num:
+                    self._survivors_answer = (round_num, json.dumps({"survivors": self.members[3]}).encode())
+                return self._survivors_answer[1]
             return json.dumps({"signatures": {s: v for s, v in self.received[3].items() if s in mine}}).encode()
 
     def total(self, round_num: int) -> np.ndarray:
