@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 from _results import machine, write_section
 
-from fedcontrast.config import RunConfig
+from fedcontrast.config import RunConfig, TrainingConfig
 from fedcontrast.privacy.secagg_graph import neighbourhood_size
 from fedcontrast.sim import run_simulation
 
@@ -43,12 +44,17 @@ SECURE_VARIANTS = {"fedavg": {}, "fedprox": {}, "moon": {}, "flesd": {},
 WEIGHT_PLUGINS = ("fedavg", "fedprox", "moon")
 
 
+DATA = {"dataset": "digits", "min_samples": 5, "local_epochs": 10, "bits": 32}  # set by main's flags
+
+
 def one(algorithm: str, settings: dict, sites: int, rounds: int, seed: int, secure: bool | str, out: Path) -> dict:
     """One run; ``secure``: False, or the graph (``auto``, ``full`` or k) to run secure aggregation with."""
     neighbours = int(secure) if isinstance(secure, str) and secure.isdigit() else secure
-    config = RunConfig(algorithm=algorithm, dataset="digits", clients=sites, rounds=rounds, seed=seed,
-                       min_samples=5, hyperparameters={algorithm: settings} if settings else {},
-                       secure_aggregation={"neighbours": neighbours} if secure else None)
+    data = ({"min_samples": DATA["min_samples"]} if DATA["dataset"] != "fedprox_synthetic" else {"partition": "natural"})
+    config = RunConfig(algorithm=algorithm, dataset=DATA["dataset"], clients=sites, rounds=rounds, seed=seed,
+                       training=TrainingConfig(local_epochs=DATA["local_epochs"]), **data,
+                       hyperparameters={algorithm: settings} if settings else {},
+                       secure_aggregation={"neighbours": neighbours, "bits": DATA["bits"]} if secure else None)
     stamps: list[float] = []
     summary = run_simulation(config, out, progress=lambda d, t, row: stamps.append(time.perf_counter()))
     with open(out / "metrics.csv") as f:
@@ -110,11 +116,18 @@ def main() -> None:
                         help="time the protocol alone on vectors of WORDS values (no training)")
     parser.add_argument("--section", default=None, help="the RESULTS.md section to write (default: "
                         "secure_aggregation, or secure_aggregation_plugins for FedSSC/FedPCL/FLESD)")
+    parser.add_argument("--dataset", default="digits", help="digits, or fedprox_synthetic for 1,000 sites")
+    parser.add_argument("--local-epochs", type=int, default=10)
+    parser.add_argument("--min-samples", type=int, default=5)
+    parser.add_argument("--bits", type=int, default=32, choices=[32, 64],
+                        help="the ring (64 for ~1,000 sites: 32 bits leave too few fractional bits)")
     args = parser.parse_args()
+    DATA.update(dataset=args.dataset, local_epochs=args.local_epochs, min_samples=args.min_samples, bits=args.bits)
     torch.set_num_threads(args.threads)
     if args.protocol_only:
         protocol_only(args)
         return
+    default_data = {"dataset": "digits", "min_samples": 5, "local_epochs": 10, "bits": 32}
     tmp = Path(tempfile.mkdtemp())
     t0 = time.perf_counter()
     plugins = not set(args.algorithms) <= set(WEIGHT_PLUGINS)
@@ -124,8 +137,11 @@ def main() -> None:
              f"Command: `.venv/bin/python benchmarks/secure_aggregation.py --sites {' '.join(map(str, args.sites))} "
              f"--rounds {args.rounds} --seeds {' '.join(map(str, args.seeds))} --algorithms {' '.join(args.algorithms)} "
              f"--threads {args.threads} --neighbours {' '.join(args.neighbours)}"
-             + (f" --section {args.section}" if args.section else "") + f"` on {machine()}, {time.strftime('%Y-%m-%d')}. Digits, Dir(0.5), the default "
-             "10 local epochs, 32-bit ring, default threshold ⌊2n/3⌋ + 1, the consistency round (five messages per site).", "",
+             + "".join(f" --{k.replace('_', '-')} {v}" for k, v in DATA.items() if v != default_data[k])
+             + (f" --section {args.section}" if args.section else "") + f"` on {machine()}, {time.strftime('%Y-%m-%d')}. "
+             + ("Digits, Dir(0.5)" if args.dataset == "digits" else args.dataset)
+             + f", {args.local_epochs} local epochs, {args.bits}-bit ring, default threshold ⌊2n/3⌋ + 1, the consistency "
+             f"round (five messages per site). Load average (1 min) at the start: {os.getloadavg()[0]:.1f}.", "",
              "| algorithm | secure variant | sites | k | s / round plain | s / round secure | ratio | bytes / site / round "
              "plain | secure | ratio | protocol CPU per site | at the aggregator | final accuracy: default, plain | "
              "variant, plain | variant, secure |",
@@ -156,7 +172,8 @@ def main() -> None:
                         f"{accuracy(plain)} | {accuracy(secure)} |")
                 print(line, flush=True)
                 lines.append(line)
-    lines += ["", f"Total {(time.perf_counter() - t0) / 60:.1f} min. Times are wall-clock of the simulator's round "
+    lines += ["", f"Total {(time.perf_counter() - t0) / 60:.1f} min; load average (1 min) at the end "
+              f"{os.getloadavg()[0]:.1f} (2 cores: above 2, other work ran beside). Times are wall-clock of the simulator's round "
               "(sites one after another in one process), so the protocol's work of every site adds up in one round "
               "here; in a deployment each site does its own share. Accuracy: mean ± std over the seeds (FedPCL: "
               "personalised, by nearest global prototype; FLESD: linear probe)."]
