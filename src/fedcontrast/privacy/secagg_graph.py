@@ -7,11 +7,13 @@ itself), threshold ``t_k``: the sharing, masking and unmasking grow with ``k``, 
 sites. The graph is Bell et al.'s random Harary graph: the sites on a ring in a random order, each
 joined to the ``k/2`` nearest on either side.
 
-**The operator does not choose the graph.** Every party derives it from values fixed before the
+**The operator does not draw the graph.** Every party derives it from values fixed before the
 round: SHA-256 over the session digest (the plan, its sites and the engine's run,
 :func:`~.secagg_protocol.session_digest`), the round, the sites and ``k``, as the key of a ChaCha20
 keystream, turned into the ring's order by Fisher–Yates with rejection sampling (uniform, no modulo
-bias). Each site checks every set the relay sends against its own neighbourhood.
+bias). Each site checks every set the relay sends against its own neighbourhood. The plan and the
+run are the operator's, though: it can try runs offline until one draws a graph that suits its
+colluders (docs/privacy.md, "known limit"); ``neighbours: full`` does not depend on the graph.
 
 **The rule** (:func:`neighbourhood_size`): ``k = 2·⌈3·log2 n⌉`` (``NEIGHBOUR_FACTOR`` = 3: n = 100:
 40; n = 1000: 60); the full graph — Bonawitz et al.'s protocol, unchanged — whenever that leaves a
