@@ -208,7 +208,8 @@ def test_shamir_shares_lie_on_one_polynomial_of_degree_below_t_whose_value_at_ze
     (Lagrange, cached weights); a wrong share changes or refuses the result."""
     import os
 
-    from fedcontrast.privacy.secagg import FIELD, PIECE, SHARE_PIECE, _split
+    from fedcontrast.privacy.shamir import FIELD, PIECE, SHARE_PIECE
+    from fedcontrast.privacy.shamir import split as _split
 
     rng = np.random.default_rng(n)
     secret = os.urandom(32)
@@ -243,7 +244,8 @@ def test_shamir_sharing_is_fresh_each_time_and_fewer_than_t_shares_fit_any_secre
     and that candidate at 0 (checked for a few candidates by solving the system)."""
     import os
 
-    from fedcontrast.privacy.secagg import FIELD, SHARE_PIECE, _split
+    from fedcontrast.privacy.shamir import FIELD, SHARE_PIECE
+    from fedcontrast.privacy.shamir import split as _split
 
     secret = os.urandom(16)
     first, second = _split(secret, 3, 5), _split(secret, 3, 5)

@@ -13,7 +13,7 @@ order, checks and dropouts are in :mod:`.secagg_protocol`):
 2. **share** — each site checks every peer's signature against that peer's long-term key (checked
    by the engine: certificate, registration and the site's own pinned roster), splits ``b`` and its
    ``s`` private key into Shamir shares with threshold ``t`` (over the prime field GF(2^130 − 5),
-   16-byte pieces, :func:`_split`), and encrypts each peer's shares with ChaCha20-Poly1305 under
+   16-byte pieces, :mod:`.shamir`), and encrypts each peer's shares with ChaCha20-Poly1305 under
    HKDF(X25519(c_u, c_v)); the aggregator routes ciphertexts it cannot read.
 3. **mask** — each site clips its vector to ``[-clip, clip]``, encodes it in fixed point in the ring
    Z/2^32 or Z/2^64 (:class:`Quantizer`: wide enough that the sum of every site cannot wrap) and adds
@@ -33,12 +33,8 @@ instead of every site (SecAgg+, Bell et al., CCS 2020: :mod:`.secagg_graph`): ``
 then its neighbourhood and ``share_threshold`` its ``t_k``.
 
 Nothing here is a home-made cipher or RNG: X25519, HKDF-SHA256, SHA-256, ChaCha20(-Poly1305),
-ECDSA/RSA-PSS/Ed25519 come from ``cryptography``; randomness from ``os.urandom`` (and ``secrets``,
-which reads it). Shamir's sharing is the textbook polynomial and Lagrange's formula over a prime field,
-in Python integers (:func:`_split`, :func:`_combine`; tested against an independent solve of the
-shares' linear system): pycryptodome's pure-Python GF(2^128) multiply made splitting two thirds of a
-site's protocol work.
-"""
+ECDSA/RSA-PSS/Ed25519 come from ``cryptography``; randomness from ``os.urandom``; Shamir's sharing is
+the textbook construction over GF(2^130 − 5) (:mod:`.shamir`)."""
 
 from __future__ import annotations
 
@@ -46,7 +42,6 @@ import hashlib
 import json
 import math
 import os
-import secrets
 import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -62,6 +57,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..config.sections import colluders_tolerated, default_threshold, minimum_threshold  # noqa: F401
 from ..errors import FedContrastError
+from .shamir import combine as _combine  # noqa: F401 (the relay's rebuild)
+from .shamir import split as _split
 
 RAW = serialization.Encoding.Raw, serialization.PublicFormat.Raw
 PROTOCOL = "fedcontrast secagg v3"  # v3: Shamir over GF(2^130 − 5)
@@ -158,84 +155,6 @@ def expand(secret: bytes, what: bytes) -> bytes:
     """The 32-byte key a shared secret stands for: a 32-byte secret itself (the full graph), a 16-byte
     one (SecAgg+: half the Shamir work, 128 bits like X25519) through HKDF-SHA256 for ``what``."""
     return secret if len(secret) == 32 else _kdf(secret, b"fedcontrast secagg+ " + what)
-
-
-# Shamir's t-of-n sharing over the prime field GF(FIELD): a 16-byte piece of a secret is a
-# polynomial's value at 0, its other t − 1 coefficients uniform in the field (``secrets``: the OS's
-# CSPRNG), a share its value at the share's index. FIELD = 2^130 − 5 (prime, Poly1305's) is the
-# smallest convenient prime above every 16-byte value, so a share is 17 bytes per 16 of secret.
-FIELD = 2 ** 130 - 5
-PIECE, SHARE_PIECE = 16, 17  # a secret's piece and its share's, in bytes
-
-
-def share_size(secret_bytes: int) -> int:
-    """The bytes of one share of a ``secret_bytes``-byte secret."""
-    return secret_bytes // PIECE * SHARE_PIECE
-
-
-def _split(secret: bytes, t: int, n: int) -> list[tuple[int, bytes]]:
-    """A 32- or 16-byte secret as ``n`` shares (index 1 … n, 17 bytes per 16 of secret), any ``t`` of
-    which rebuild it and any ``t − 1`` of which say nothing about it (each piece's polynomial has
-    ``t − 1`` uniformly random coefficients above its constant term, the piece)."""
-    if not 1 <= t <= n or len(secret) % PIECE:
-        raise ValueError(f"cannot share a {len(secret)}-byte secret {t} of {n}")
-    pieces = []
-    for h in range(0, len(secret), PIECE):
-        coefficients = [int.from_bytes(secret[h:h + PIECE], "big")]
-        coefficients += [secrets.randbelow(FIELD) for _ in range(t - 1)]
-        coefficients.reverse()  # Horner's rule, highest degree first
-        values = []
-        for x in range(1, n + 1):
-            y = 0
-            for a in coefficients:
-                y = (y * x + a) % FIELD
-            values.append(y.to_bytes(SHARE_PIECE, "big"))
-        pieces.append(values)
-    return [(x, b"".join(parts)) for x, parts in enumerate(zip(*pieces), 1)]
-
-
-def _combine(shares: list[tuple[int, bytes]]) -> bytes:
-    """The secret that ``shares`` (index, 17 bytes per 16 of secret) rebuild: each piece is the
-    interpolating polynomial's value at 0, ``Σ_j y_j · λ_j`` mod FIELD, with the Lagrange weights
-    ``λ_j`` computed once per set of indices (:func:`_lagrange_at_zero`). ValueError for shares that
-    cannot be one polynomial's (repeated or zero indices, unequal or malformed lengths, or a value
-    outside the field or the secret's range: a garbage share)."""
-    if not shares:
-        raise ValueError("no shares")
-    size = len(shares[0][1])
-    if size == 0 or size % SHARE_PIECE or any(len(share) != size for _, share in shares):
-        raise ValueError("shares of unequal or malformed length")
-    weights = _lagrange_at_zero(tuple(i for i, _ in shares))
-    out = b""
-    for h in range(0, size, SHARE_PIECE):
-        total = 0
-        for weight, (_, share) in zip(weights, shares):
-            y = int.from_bytes(share[h:h + SHARE_PIECE], "big")
-            if y >= FIELD:
-                raise ValueError("a share outside the field")
-            total += weight * y
-        total %= FIELD
-        if total >= 1 << (8 * PIECE):
-            raise ValueError("the shares rebuild no 16-byte secret")
-        out += total.to_bytes(PIECE, "big")
-    return out
-
-
-@lru_cache(maxsize=256)
-def _lagrange_at_zero(indices: tuple[int, ...]) -> tuple[int, ...]:
-    """``λ_j = Π_{m≠j} x_m / (x_m − x_j)`` mod FIELD: the weights of the shares at ``indices`` in the
-    polynomial's value at 0."""
-    if len(set(indices)) != len(indices) or any(not 0 < i < FIELD for i in indices):
-        raise ValueError("Duplicate or zero share index")
-    out = []
-    for j, x_j in enumerate(indices):
-        numerator, denominator = 1, 1
-        for m, x_m in enumerate(indices):
-            if m != j:
-                numerator = numerator * x_m % FIELD
-                denominator = denominator * (x_m - x_j) % FIELD
-        out.append(numerator * pow(denominator, -1, FIELD) % FIELD)
-    return tuple(out)
 
 
 def commitment(seed: bytes) -> bytes:

@@ -50,8 +50,9 @@ from typing import Any
 import numpy as np
 
 from ..config.sections import minimum_threshold
-from .secagg import Quantizer, SecAggSite, SecureAggregationError, fingerprint, share_size
+from .secagg import Quantizer, SecAggSite, SecureAggregationError, fingerprint
 from .secagg_graph import graph_for
+from .shamir import share_size
 
 PHASES = ("advert", "boxes", "masked", "consistency", "reveal")
 ANSWERS = {"adverts": 1, "boxes": 2, "survivors": 3, "signatures": 4}  # what a site fetches → the phase that closed
