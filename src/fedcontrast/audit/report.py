@@ -380,11 +380,13 @@ def _neighbourhoods(n: int, setting: str | int) -> list[str]:
     if k >= n - 1:
         return []
     bound = {key: f"2^{math.log2(v):.0f}" if v > 0 else "0" for key, v in failure_bounds(n, k).items()}
-    return [f"neighbourhoods (SecAgg+; OpenFL and the simulator): each site masks with and shares among {k} of the "
+    return [f"neighbourhoods (SecAgg+; every engine): each site masks with and shares among {k} of the "
             f"{n} sites, {neighbourhood_threshold(k)} of its {k + 1} holders rebuild a secret; the threshold above "
             f"holds for the full graph only: with 5 % of the sites colluding, an operator that follows the protocol "
             f"unmasks an honest site with probability ≤ {bound['follows']} per round, one that lies about dropouts "
-            f"≤ {bound['lies']}, and a round fails with 5 % dropouts ≤ {bound['fails']} (docs/privacy.md); "
+            f"≤ {bound['lies']}, and a round fails with 5 % dropouts ≤ {bound['fails']} (docs/privacy.md); these are "
+            "the odds of one graph: the graph comes from the operator's plan and run, so an operator that tries "
+            "runs until one suits its colluders multiplies them by its tries; "
             "neighbours: full for the full graph's guarantee"]
 
 
