@@ -114,3 +114,38 @@ def test_declared_bytes_match_the_weights(make_site):
     site = make_site()
     specs = get_algorithm("moon")().upload_specs(site.model, 10)
     assert sum(s.nbytes for s in specs) == sum(t.numel() * 4 for t in weight_tensors(site.model).values())
+
+
+def test_a_reused_frozen_copy_equals_a_fresh_deep_copy_and_is_the_callers_own_per_thread():
+    """MOON's frozen R_global / R_prev (and FedSiam-DA's snapshot) reuse one copy per slot and
+    architecture: after each call it holds exactly the model's weights and buffers (BatchNorm's running
+    statistics included), in eval mode with gradients off, as a deep copy would; it does not follow
+    later changes to the model; another slot or another thread gets another copy."""
+    import threading
+
+    from fedcontrast.algorithms.moon import frozen_copy
+    from fedcontrast.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("simple_cnn", in_channels=1, image_size=16, num_classes=4, projection_dim=8)
+    x = torch.randn(5, 1, 16, 16)
+    model.train()(x)  # moves BatchNorm's running statistics away from their start, if the model has any
+    first = frozen_copy(model, "test slot")
+    fresh = frozen_copy(model)
+    for (name, a), b in zip(first.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert not first.training and not any(p.requires_grad for p in first.parameters())
+    assert torch.equal(first.represent(x), fresh.represent(x))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    assert not torch.equal(next(first.parameters()), next(model.parameters()))  # a copy, not a view
+    again = frozen_copy(model, "test slot")
+    assert again is first and all(torch.equal(a, b) for a, b in zip(again.state_dict().values(),
+                                                                     model.state_dict().values()))
+    assert frozen_copy(model, "other slot") is not first
+    elsewhere = []
+    thread = threading.Thread(target=lambda: elsewhere.append(frozen_copy(model, "test slot")))
+    thread.start()
+    thread.join()
+    assert elsewhere[0] is not first

@@ -146,7 +146,7 @@ class FedSiamDA(Algorithm):
         steps = seen = 0
         for epoch in range(cfg.local_epochs):
             # z_k^prev: the local model as it was at the previous local update (the start of this epoch)
-            snapshot = frozen_copy(local)
+            snapshot = frozen_copy(local, "fedsiam snapshot")
             cached = represent_all(snapshot, x_all) if cfg.augmentation == "none" else None
             last_epoch = epoch == cfg.local_epochs - 1
             for idx in batch_indices(len(site.data), cfg.batch_size, generator):

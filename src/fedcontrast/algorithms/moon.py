@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
@@ -39,11 +40,31 @@ class MoonHyperparameters:
                              f"got {self.cache_reference_representations!r}")
 
 
-def frozen_copy(model: ContrastiveNet) -> ContrastiveNet:
-    """A copy in eval mode with gradients off: the paper's frozen R_global / R_prev."""
-    frozen = copy.deepcopy(model).eval()
-    frozen.requires_grad_(False)
-    return frozen
+_FROZEN = threading.local()  # this thread's reusable frozen copies: (slot, architecture) → model
+
+
+def frozen_copy(model: ContrastiveNet, slot: str | None = None) -> ContrastiveNet:
+    """A copy in eval mode with gradients off: the paper's frozen R_global / R_prev. With ``slot``,
+    the copy is this thread's one for that slot and architecture, its weights and buffers overwritten
+    (a module's deep copy cost more than a site's local epoch on digits): valid until the next call
+    with the same slot, so a site's round uses it and lets it go."""
+    if slot is None:
+        frozen = copy.deepcopy(model).eval()
+        frozen.requires_grad_(False)
+        return frozen
+    cache = getattr(_FROZEN, "models", None)
+    if cache is None:
+        cache = _FROZEN.models = {}
+    state = model.state_dict()
+    key = (slot, type(model), repr(model), tuple((k, tuple(v.shape), v.dtype, v.device) for k, v in state.items()))
+    kept = cache.get(key)
+    if kept is None:
+        kept = cache[key] = frozen_copy(model)
+        return kept
+    with torch.no_grad():
+        for target, source in zip(kept.state_dict().values(), state.values()):
+            target.copy_(source)
+    return kept
 
 
 @torch.no_grad()
@@ -81,12 +102,12 @@ class Moon(FedAvg):
 
     def local_loss(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> ExtraLoss:
         self.validate_training(site.training)
-        global_model = frozen_copy(site.model)  # site.model holds the global weights now
+        global_model = frozen_copy(site.model, "moon global")  # site.model holds the global weights now
         previous = site.state.get(PREVIOUS_WEIGHTS)
         if previous is None:
             prev_model = global_model
         else:
-            prev_model = frozen_copy(site.model)
+            prev_model = frozen_copy(site.model, "moon previous")
             load_weights(prev_model, previous)
         mu, tau = self.moon_weight, self.hp.temperature
 
