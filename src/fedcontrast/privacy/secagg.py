@@ -263,7 +263,7 @@ class SecAggSite:
     share_threshold: int | None = None
     graph_terms: tuple[Any, ...] = ()
     _secrets: tuple[bytes, bytes] | None = field(default=None, repr=False)  # SecAgg+: the 16-byte b and s it shares
-    _u3_json: tuple[tuple[str, ...], bytes] = field(default=((), b""), repr=False)  # a survivor set, encoded
+    _signed_json: bytes = field(default=b"", repr=False)  # ``signed``, JSON-encoded (:meth:`_consistency_bytes`)
     _ciphers: dict[str, tuple[bytes, ChaCha20Poly1305]] = field(default_factory=dict, repr=False)  # peer → c_pk, cipher
 
     def short_secrets(self) -> None:
@@ -346,14 +346,12 @@ class SecAggSite:
         return y
 
     # --- the consistency round ---------------------------------------------------------------
-    def _consistency_bytes(self, signer: str, survivors: list[str]) -> bytes:
-        """``bound("consistency", …, signer, sorted(survivors))``, the survivor list encoded once per
-        set (a site checks up to k + 1 signatures over the same set; equal to :func:`bound`, tested)."""
-        key = tuple(sorted(survivors))
-        if self._u3_json[0] != key:
-            self._u3_json = (key, json.dumps(list(key), separators=(",", ":")).encode())
+    def _consistency_bytes(self, signer: str) -> bytes:
+        """``bound("consistency", …, signer, self.signed)``, with the survivor set this site signed
+        encoded once (:meth:`sign_survivors`) for the up to k + 1 signatures checked over it (equal to
+        :func:`bound`, tested)."""
         head = bound("consistency", self.session, self.round_num, self.threshold, signer)
-        return head[:-1] + b"," + self._u3_json[1] + b"]"
+        return head[:-1] + b"," + self._signed_json + b"]"
 
     def sign_survivors(self, survivors: list[str]) -> bytes:
         """This site's signature over the survivor set it was told; it signs one set per round."""
@@ -361,7 +359,8 @@ class SecAggSite:
             raise SecureAggregationError(f"site {self.name} was asked to sign a second survivor set in round "
                                          f"{self.round_num}: refused")
         self.signed = sorted(survivors)
-        return sign(self.signing_key, self._consistency_bytes(self.name, survivors))
+        self._signed_json = json.dumps(self.signed, separators=(",", ":")).encode()  # as bound() encodes it
+        return sign(self.signing_key, self._consistency_bytes(self.name))
 
     def check_consistency(self, signatures: dict[str, bytes], signing_keys: dict[str, Any]) -> list[str]:
         """The members of the signed survivor set whose signatures over that same set verify; refused
@@ -369,7 +368,7 @@ class SecAggSite:
         if self.signed is None:
             raise SecureAggregationError(f"site {self.name} has signed no survivor set in round {self.round_num}")
         valid = [s for s in self.signed if s in signatures and s in signing_keys
-                 and verify(signing_keys[s], signatures[s], self._consistency_bytes(s, self.signed))]
+                 and verify(signing_keys[s], signatures[s], self._consistency_bytes(s))]
         if len(valid) < self.t_shares:
             bad = sorted(s for s in signatures if s not in valid)
             raise SecureAggregationError(

@@ -57,19 +57,19 @@ from .shamir import share_size
 PHASES = ("advert", "boxes", "masked", "consistency", "reveal")
 ANSWERS = {"adverts": 1, "boxes": 2, "survivors": 3, "signatures": 4}  # what a site fetches → the phase that closed
 KEY_BYTES = 32
+ADVERT_FIELDS = ("c_pk", "s_pk", "commit", "signature", "certificate")
+MAX_SIGNATURE, MAX_CERTIFICATE, MAX_REASON = 1024, 16384, 500
 
 
 def share_bytes(graph: Any) -> int:
     """A share's bytes: of a 32-byte secret in the full graph, of a 16-byte one in SecAgg+'s
-    (:meth:`~.secagg.SecAggSite.short_secrets`); 17 bytes per 16 (:func:`~.secagg.share_size`)."""
+    (:meth:`~.secagg.SecAggSite.short_secrets`); 17 bytes per 16 (:func:`~.shamir.share_size`)."""
     return share_size(32 if graph.full else 16)
 
 
 def box_bytes(graph: Any) -> int:
     """A box's bytes: the index, the ``b`` share, the ``s`` share and the Poly1305 tag."""
     return 1 + 2 * share_bytes(graph) + 16
-ADVERT_FIELDS = ("c_pk", "s_pk", "commit", "signature", "certificate")
-MAX_SIGNATURE, MAX_CERTIFICATE, MAX_REASON = 1024, 16384, 500
 
 
 def _b64(data: bytes) -> str:

@@ -63,17 +63,16 @@ def run_comparison(base: RunConfig, algorithms: Sequence[str], seeds: Sequence[i
     executor = make_executor(base, progress=site_progress() if progress_factory else None)  # one for every run
     total, began = len(algorithms) * len(seeds), time.monotonic()
     try:
-        for algorithm in algorithms:
-            for seed in seeds:
-                config = configs[algorithm].replace(seed=seed)
-                progress: Progress | None = (progress_factory(
-                    f"{algorithm} seed {seed} (run {len(sum(walls.values(), [])) + 1} of {total}"
-                    + _eta(began, len(sum(walls.values(), [])), total) + ")") if progress_factory else None)
-                run_name = algorithm.replace(":", "-").replace(",", "-").replace("=", "")
-                summary = run_simulation(config, out / f"{run_name}-s{seed}", resume=resume, progress=progress,
-                                         executor=executor)
-                curves.setdefault(algorithm, []).append(summary["accuracy_curve"])
-                walls.setdefault(algorithm, []).append(summary["wall_time_s"])
+        for done, (algorithm, seed) in enumerate((a, s) for a in algorithms for s in seeds):
+            config = configs[algorithm].replace(seed=seed)
+            progress: Progress | None = (progress_factory(f"{algorithm} seed {seed} (run {done + 1} of {total}"
+                                                          + _eta(began, done, total) + ")")
+                                         if progress_factory else None)
+            run_name = algorithm.replace(":", "-").replace(",", "-").replace("=", "")
+            summary = run_simulation(config, out / f"{run_name}-s{seed}", resume=resume, progress=progress,
+                                     executor=executor)
+            curves.setdefault(algorithm, []).append(summary["accuracy_curve"])
+            walls.setdefault(algorithm, []).append(summary["wall_time_s"])
     finally:
         executor.close()
 
