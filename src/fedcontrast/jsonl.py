@@ -38,11 +38,12 @@ def read_jsonl(path: str | Path, what: str = "records") -> list[Any]:
     return records
 
 
-def append_jsonl(path: str | Path, record: Any) -> None:
-    """Append one record as one line and flush it to disk. A last line left unterminated by an
-    earlier crash is cut off first, so the new record never joins it."""
+def append_jsonl(path: str | Path, record: Any, *, allow_nan: bool = False, sync: bool = True) -> None:
+    """Append one record as one line and flush it to disk (``sync``: to the disk itself, fsync). A last
+    line left unterminated by an earlier crash is cut off first, so the new record never joins it.
+    ``allow_nan``: NaN and infinities written as Python's json reads them back (not strict JSON)."""
     path = Path(path)
-    line = json.dumps(record, allow_nan=False) + "\n"
+    line = json.dumps(record, allow_nan=allow_nan) + "\n"
     with open(path, "a+b") as f:
         size = f.seek(0, os.SEEK_END)
         if size:
@@ -57,15 +58,16 @@ def append_jsonl(path: str | Path, record: Any) -> None:
         f.seek(0, os.SEEK_END)
         f.write(line.encode())
         f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            os.fsync(f.fileno())
 
 
-def rewrite_jsonl(path: str | Path, records: list[Any]) -> None:
+def rewrite_jsonl(path: str | Path, records: list[Any], *, allow_nan: bool = False) -> None:
     """Replace the records of ``path`` with ``records``, atomically: a crash or a full disk leaves the
     old file or the new one, each whole, never a mix."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    data = "".join(json.dumps(record, allow_nan=False) + "\n" for record in records).encode()
+    data = "".join(json.dumps(record, allow_nan=allow_nan) + "\n" for record in records).encode()
     try:
         with open(tmp, "wb") as f:
             f.write(data)

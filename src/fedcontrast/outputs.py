@@ -66,29 +66,50 @@ def rounds_to_reach(curve: Sequence[float], target: float | None) -> int | None:
 
 def build_summary(rows: Sequence[dict[str, Any]], *, config: dict[str, Any], wall_time_s: float,
                   rounds_total: int) -> dict[str, Any]:
-    curve = test_accuracy_curve(rows)
-    site_rows = [r for r in rows if r["site"] != GLOBAL_SITE]
-    per_site_round: dict[tuple[int, str], int] = {}
-    for r in site_rows:
-        key = (r["round"], r["site"])
-        per_site_round[key] = per_site_round.get(key, 0) + r["bytes_uploaded"]
-    best = max(range(len(curve)), key=lambda i: curve[i]) if curve else None
-    global_rows = sorted((r for r in rows if r["site"] == GLOBAL_SITE), key=lambda r: r["round"])
-    final_metrics = json.loads(global_rows[-1]["extra"]) if global_rows else {}
-    return {
-        "algorithm": config["algorithm"], "dataset": config["dataset"],
-        "rounds_completed": len(curve), "rounds_planned": rounds_total,
-        "final_accuracy": curve[-1] if curve else None,
-        "best_accuracy": curve[best] if best is not None else None,
-        "best_round": best + 1 if best is not None else None,
-        "target_accuracy": config.get("target_accuracy"),
-        "rounds_to_target": rounds_to_reach(curve, config.get("target_accuracy")),
-        "bytes_uploaded_per_site_per_round": (sum(per_site_round.values()) / len(per_site_round)
-                                              if per_site_round else 0),
-        "wall_time_s": round(wall_time_s, 3),
-        "final_metrics": final_metrics,  # the last round's other test metrics (local accuracy, ξ, ...)
-        "accuracy_curve": curve,
-    }
+    """summary.json of a run's metrics ``rows`` (:class:`SummaryTally` over all of them at once)."""
+    tally = SummaryTally()
+    tally.add(rows)
+    return tally.summary(config=config, wall_time_s=wall_time_s, rounds_total=rounds_total)
+
+
+class SummaryTally:
+    """What summary.json needs of the rows seen so far, kept as rounds finish (:meth:`add` each round's
+    rows, all of a round's in one call): a round costs its own rows, not every row of the run again."""
+
+    def __init__(self) -> None:
+        self.global_rows: list[dict[str, Any]] = []
+        self.uploaded_total, self.uploaded_count = 0, 0  # bytes uploaded, and (round, site) pairs
+
+    def add(self, rows: Sequence[dict[str, Any]]) -> None:
+        uploaded: dict[tuple[int, str], int] = {}  # (round, site) → bytes, over the site's tasks
+        for r in rows:
+            if r["site"] == GLOBAL_SITE:
+                self.global_rows.append(r)
+            else:
+                key = (r["round"], r["site"])
+                uploaded[key] = uploaded.get(key, 0) + r["bytes_uploaded"]
+        self.uploaded_total += sum(uploaded.values())
+        self.uploaded_count += len(uploaded)
+
+    def summary(self, *, config: dict[str, Any], wall_time_s: float, rounds_total: int) -> dict[str, Any]:
+        global_rows = sorted(self.global_rows, key=lambda r: r["round"])
+        curve = [r["accuracy"] for r in global_rows]
+        best = max(range(len(curve)), key=lambda i: curve[i]) if curve else None
+        final_metrics = json.loads(global_rows[-1]["extra"]) if global_rows else {}
+        return {
+            "algorithm": config["algorithm"], "dataset": config["dataset"],
+            "rounds_completed": len(curve), "rounds_planned": rounds_total,
+            "final_accuracy": curve[-1] if curve else None,
+            "best_accuracy": curve[best] if best is not None else None,
+            "best_round": best + 1 if best is not None else None,
+            "target_accuracy": config.get("target_accuracy"),
+            "rounds_to_target": rounds_to_reach(curve, config.get("target_accuracy")),
+            "bytes_uploaded_per_site_per_round": (self.uploaded_total / self.uploaded_count
+                                                  if self.uploaded_count else 0),
+            "wall_time_s": round(wall_time_s, 3),
+            "final_metrics": final_metrics,  # the last round's other test metrics (local accuracy, ξ, ...)
+            "accuracy_curve": curve,
+        }
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -1,15 +1,27 @@
-"""A checkpoint that lacks what a resume reads is refused in one sentence naming the file, and kept."""
+"""A checkpoint that lacks what a resume reads is refused in one sentence naming the file, and kept;
+the rows of the finished rounds live beside it, a line per round, and a resume reads only those the
+checkpoint counts."""
+
+import csv
+import json
 
 import pytest
 import torch
 
 from fedcontrast.cli import main
 from fedcontrast.errors import CheckpointError
+from fedcontrast.outputs import GLOBAL_SITE, SummaryTally, build_summary
 from fedcontrast.sim import run_simulation
-from fedcontrast.sim.checkpoint import load_checkpoint
+from fedcontrast.sim.checkpoint import ROWS_FILE, load_checkpoint
 
 
-@pytest.mark.parametrize("drop", ["federation", "rows", "federation.site_states.site_1", "federation.downlink.global"])
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("drop", ["federation", "elapsed", "federation.site_states.site_1",
+                                  "federation.downlink.global"])
 def test_checkpoint_missing_keys_is_refused_naming_the_file(tmp_path, tiny_config, drop):
     run = tmp_path / "run"
     run_simulation(tiny_config, run, stop_after=1)
@@ -44,3 +56,76 @@ def test_resume_from_an_incomplete_checkpoint_is_one_sentence(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert f"checkpoint {path} is incomplete (no federation.server_state)" in err
     assert (tmp_path / "r" / "metrics.csv").read_text() == metrics
+
+
+def test_the_checkpoint_holds_no_rows_and_each_round_adds_one_line_beside_it(tmp_path, tiny_config):
+    run = tmp_path / "run"
+    run_simulation(tiny_config.replace(rounds=3), run)
+    data = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert data["format"] == 2 and "rows" not in data  # a round's checkpoint does not grow with the run's rows
+    lines = [json.loads(line) for line in (run / ROWS_FILE).read_text().splitlines()]
+    assert [line["round"] for line in lines] == [1, 2, 3]
+    from_lines = [{k: str(v) for k, v in row.items()} for line in lines for row in line["rows"]]
+    assert from_lines == read_csv(run / "metrics.csv")
+
+
+def test_a_round_written_beside_a_checkpoint_that_does_not_count_it_is_dropped_on_resume(tmp_path, tiny_config):
+    config = tiny_config.replace(rounds=3)
+    run_simulation(config, tmp_path / "full")
+    killed = tmp_path / "killed"
+    run_simulation(config, killed, stop_after=1)
+    with open(killed / ROWS_FILE, "a") as f:  # killed after round 2's rows, before its checkpoint: and mid-line
+        f.write(json.dumps({"round": 2, "rows": [{"round": 2, "site": "site_0"}]}) + "\n" + '{"round": 3, "ro')
+    run_simulation(config, killed, resume=True)
+    assert read_csv(killed / "metrics.csv") == read_csv(tmp_path / "full" / "metrics.csv")
+    assert (killed / ROWS_FILE).read_text() == (tmp_path / "full" / ROWS_FILE).read_text()
+    assert json.loads((killed / "summary.json").read_text())["accuracy_curve"] == \
+        json.loads((tmp_path / "full" / "summary.json").read_text())["accuracy_curve"]
+
+
+def test_a_counted_round_missing_beside_the_checkpoint_is_refused_in_one_sentence_and_kept(tmp_path, tiny_config):
+    run = tmp_path / "run"
+    run_simulation(tiny_config.replace(rounds=2), run, stop_after=2)
+    lines = (run / ROWS_FILE).read_text().splitlines()
+    (run / ROWS_FILE).write_text(lines[1] + "\n")  # round 1's line lost
+    saved = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    with pytest.raises(CheckpointError) as info:
+        run_simulation(tiny_config.replace(rounds=3), run, resume=True)
+    assert str(info.value) == (f"checkpoint {run / 'checkpoint.pt'} is incomplete (no rows of round 1 in "
+                               f"{run / ROWS_FILE}); it was left untouched: start a new run with another --name")
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == saved
+
+
+def test_a_format_1_checkpoint_with_its_rows_inside_still_resumes(tmp_path, tiny_config):
+    config = tiny_config.replace(rounds=3)
+    run_simulation(config, tmp_path / "full")
+    old = tmp_path / "old"
+    run_simulation(config, old, stop_after=1)
+    data = torch.load(old / "checkpoint.pt", weights_only=True)
+    rows = json.loads((old / ROWS_FILE).read_text().splitlines()[0])["rows"]
+    torch.save({**data, "format": 1, "rows": rows}, old / "checkpoint.pt")  # as the code before format 2 wrote it
+    (old / ROWS_FILE).unlink()
+    run_simulation(config, old, resume=True)
+    assert read_csv(old / "metrics.csv") == read_csv(tmp_path / "full" / "metrics.csv")
+    assert (old / ROWS_FILE).read_text() == (tmp_path / "full" / ROWS_FILE).read_text()
+
+
+def test_summary_kept_round_by_round_equals_the_summary_counted_by_hand():
+    rows = []
+    for r in (1, 2, 3):
+        for site in ("a", "b"):
+            for task, sent in (("train", 100 * r), ("prototypes", 7)):
+                rows.append({"round": r, "site": site, "task": task, "bytes_uploaded": sent + (site == "b")})
+        rows.append({"round": r, "site": GLOBAL_SITE, "accuracy": [0.5, 0.7, 0.6][r - 1],
+                     "extra": json.dumps({"round_seen": r})})
+    tally = SummaryTally()
+    for r in (1, 2, 3):
+        tally.add([row for row in rows if row["round"] == r])
+    config = {"algorithm": "fedavg", "dataset": "digits", "target_accuracy": 0.65}
+    kept = tally.summary(config=config, wall_time_s=1.5, rounds_total=4)
+    # by hand: 6 (round, site) pairs, each its train bytes + 7, plus 1 for site b
+    per_pair = sum(100 * r + 7 + extra for r in (1, 2, 3) for extra in (0, 2)) / 6
+    assert kept["bytes_uploaded_per_site_per_round"] == per_pair
+    assert kept["accuracy_curve"] == [0.5, 0.7, 0.6] and kept["best_round"] == 2 and kept["rounds_to_target"] == 2
+    assert kept["final_metrics"] == {"round_seen": 3} and kept["rounds_completed"] == 3
+    assert kept == build_summary(rows, config=config, wall_time_s=1.5, rounds_total=4)

@@ -2,6 +2,13 @@
 
 Written atomically (temporary file, then rename) so a kill during the write leaves the previous
 checkpoint intact; read with ``weights_only=True`` so a checkpoint cannot execute code.
+
+The metrics rows of the finished rounds are not in ``checkpoint.pt`` (format 2): each round appends
+its own rows to :data:`ROWS_FILE` beside it, one line per round, before the checkpoint that counts the
+round is written. A round then costs its own rows, not the run's: at 1,000 sites the rows of 100
+rounds took 0.4 s to write into every checkpoint. A resume reads the lines of the rounds the
+checkpoint counts and drops any later one (a round that did not finish). Format 1 checkpoints, with
+the rows inside, still resume.
 """
 
 from __future__ import annotations
@@ -11,14 +18,60 @@ from typing import Any
 
 import torch
 
-from ..atomic import atomic_torch_save
-from ..errors import CheckpointError, FedContrastError
+from ..atomic import atomic_torch_save, write_failure
+from ..errors import CheckpointError, ConfigError, FedContrastError
+from ..jsonl import append_jsonl, read_jsonl, rewrite_jsonl
 
-FORMAT = 1
+FORMAT = 2
+FORMATS = (1, 2)  # what load_checkpoint reads: 1 holds the rows itself
+ROWS_FILE = "checkpoint.rows.jsonl"  # beside checkpoint.pt: {"round": r, "rows": [...]} per finished round
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     atomic_torch_save({"format": FORMAT, **payload}, path)
+
+
+def append_round_rows(path: Path, round_num: int, rows: list[dict[str, Any]]) -> None:
+    """Round ``round_num``'s metrics rows, as one line of :data:`ROWS_FILE` beside the checkpoint
+    ``path``; written before the checkpoint that counts the round."""
+    target = path.with_name(ROWS_FILE)
+    try:
+        append_jsonl(target, {"round": round_num, "rows": rows}, allow_nan=True, sync=False)
+    except OSError as exc:
+        raise write_failure(target, exc) from None
+
+
+def checkpoint_rows(path: Path, data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The metrics rows of the rounds the checkpoint ``data`` (read from ``path``) counts, in round
+    order; :data:`ROWS_FILE` is rewritten to hold only those (a round after them did not finish).
+    :class:`CheckpointError` when a counted round's rows are missing."""
+    if data["format"] == 1:
+        rows = list(data["rows"])
+        by_round: dict[int, list] = {}
+        for row in rows:
+            by_round.setdefault(int(row["round"]), []).append(row)
+    else:
+        source = path.with_name(ROWS_FILE)
+        try:
+            records = read_jsonl(source, "metrics rows of the finished rounds")
+        except ConfigError as exc:
+            raise CheckpointError(f"cannot resume from {path}: {exc}") from None
+        by_round = {}
+        for record in records:  # a round run again after a crash: its last line counts
+            if isinstance(record, dict) and isinstance(record.get("round"), int) and isinstance(record.get("rows"),
+                                                                                                 list):
+                by_round[record["round"]] = record["rows"]
+        missing = [r for r in range(1, data["rounds_done"] + 1) if r not in by_round]
+        if missing:
+            raise CheckpointError(f"checkpoint {path} is incomplete (no rows of round {missing[0]} in {source}); it "
+                                  "was left untouched: start a new run with another --name")
+        rows = [row for r in range(1, data["rounds_done"] + 1) for row in by_round[r]]
+    kept = [{"round": r, "rows": by_round.get(r, [])} for r in range(1, data["rounds_done"] + 1)]
+    try:
+        rewrite_jsonl(path.with_name(ROWS_FILE), kept, allow_nan=True)
+    except OSError as exc:
+        raise write_failure(path.with_name(ROWS_FILE), exc) from None
+    return rows
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -27,8 +80,9 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     except Exception as exc:  # torch raises many types for truncated or foreign files
         raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({type(exc).__name__}); "
                               "it was left untouched: start a new run with another --name") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {path} is not a fedcontrast checkpoint of format {FORMAT}")
+    if not isinstance(data, dict) or data.get("format") not in FORMATS:
+        raise CheckpointError(f"checkpoint {path} is not a fedcontrast checkpoint of format "
+                              f"{' or '.join(map(str, FORMATS))}")
     missing = _missing_keys(data)
     if missing:
         raise CheckpointError(f"checkpoint {path} is incomplete (no {', '.join(missing)}); it was left untouched: "
@@ -38,13 +92,14 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 # What a resume reads; a checkpoint lacking any of it (edited, or written by a broken tool) is refused
 # here rather than met as a KeyError half-way through restoring the federation.
-REQUIRED = {"config": dict, "rounds_done": int, "rows": list, "elapsed": float, "federation": dict}
+REQUIRED = {"config": dict, "rounds_done": int, "elapsed": float, "federation": dict}  # format 1: "rows" too
 FEDERATION_REQUIRED = {"downlink": dict, "server_state": dict, "site_states": dict}
 DOWNLINK_REQUIRED = ("global", "personal", "metrics")
 
 
 def _missing_keys(data: dict[str, Any]) -> list[str]:
-    missing = [k for k, kind in REQUIRED.items()
+    required = {**REQUIRED, "rows": list} if data.get("format") == 1 else REQUIRED
+    missing = [k for k, kind in required.items()
                if not isinstance(data.get(k), (int, float) if kind is float else kind)]
     federation = data.get("federation")
     if isinstance(federation, dict):

@@ -18,18 +18,19 @@ from ..config import RunConfig
 from ..errors import CheckpointError, ConfigError
 from ..outputs import (
     GLOBAL_SITE,
+    SummaryTally,
     TensorBoardLog,
     append_metrics_csv,
-    build_summary,
     plot_curves,
     test_accuracy_curve,
     write_json,
     write_metrics_csv,
 )
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import ROWS_FILE, append_round_rows, checkpoint_rows, load_checkpoint, save_checkpoint
 from .federation import Federation, RoundStopped
 
-OUTPUT_FILES = ("metrics.csv", "summary.json", "accuracy.png", "config.yaml", "checkpoint.pt", "tensorboard")
+OUTPUT_FILES = ("metrics.csv", "summary.json", "accuracy.png", "config.yaml", "checkpoint.pt", ROWS_FILE,
+                "tensorboard")
 RESULT_FILES = ("metrics.csv", "summary.json", "accuracy.png")  # what a finished round leaves
 # Settings that may change when a run is resumed: more rounds, another device.
 RESUMABLE_CHANGES = {"rounds", "device", "target_accuracy", "executor"}  # the executor: results are equal
@@ -87,6 +88,7 @@ def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = Fal
     checkpoint = load_checkpoint(ckpt_path) if resume and ckpt_path.exists() else None
     if checkpoint is not None:
         _check_resumable(checkpoint["config"], config, ckpt_path)
+        checkpoint["rows"] = checkpoint_rows(ckpt_path, checkpoint)  # the counted rounds' rows, before any write
 
     from ..threads import usable_cores
     from .ray_executor import Threads, make_executor
@@ -124,8 +126,10 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
     start, elapsed = 0, 0.0
     if checkpoint is not None:
         federation.load_state_dict(checkpoint["federation"])
-        rows, start, elapsed = list(checkpoint["rows"]), checkpoint["rounds_done"], checkpoint["elapsed"]
+        rows, start, elapsed = checkpoint["rows"], checkpoint["rounds_done"], checkpoint["elapsed"]
         write_metrics_csv(run_dir / "metrics.csv", rows)  # drop rows of a round that did not finish
+    tally = SummaryTally()  # summary.json after each round, from each round's rows once
+    tally.add(rows)
 
     tb = TensorBoardLog(run_dir / "tensorboard", purge_step=start + 1 if start else None)
     end = config.rounds if stop_after is None else min(config.rounds, stop_after)
@@ -142,11 +146,13 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
                 stopped, new_rows = exc, exc.rows
             elapsed += time.perf_counter() - t0
             rows.extend(new_rows)
-            save_checkpoint(ckpt_path, {"config": config.to_dict(), "rounds_done": r, "rows": rows,
-                                        "elapsed": elapsed, "federation": federation.state_dict()})
+            append_round_rows(ckpt_path, r, new_rows)  # before the checkpoint that counts round r
+            save_checkpoint(ckpt_path, {"config": config.to_dict(), "rounds_done": r, "elapsed": elapsed,
+                                        "federation": federation.state_dict()})
             append_metrics_csv(run_dir / "metrics.csv", new_rows)  # the round's rows (a resume rewrites the file)
-            write_json(run_dir / "summary.json", build_summary(rows, config=config.to_dict(),
-                                                               wall_time_s=elapsed, rounds_total=config.rounds))
+            tally.add(new_rows)
+            write_json(run_dir / "summary.json", tally.summary(config=config.to_dict(), wall_time_s=elapsed,
+                                                               rounds_total=config.rounds))
             glob = next(row for row in new_rows if row["site"] == GLOBAL_SITE)
             sites = [row for row in new_rows if row["site"] != GLOBAL_SITE]
             tb.scalars(r, {"test/accuracy": glob["accuracy"], "test/loss": glob["loss"],
@@ -166,7 +172,7 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
         raise
     tb.close()
     _plot(config, run_dir, rows)
-    summary = build_summary(rows, config=config.to_dict(), wall_time_s=elapsed, rounds_total=config.rounds)
+    summary = tally.summary(config=config.to_dict(), wall_time_s=elapsed, rounds_total=config.rounds)
     summary["threads_per_site"] = torch.get_num_threads()  # what the seed reproduces metrics at
     described = getattr(federation.executor, "summary", None)  # the Ray executor: its slots and tasks per round
     if callable(described):
