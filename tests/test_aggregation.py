@@ -86,3 +86,41 @@ def test_the_stacked_average_equals_the_loop_over_sites_bit_for_bit(monkeypatch,
     for name in want:
         assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape
         assert torch.equal(got[name], want[name]), name
+
+
+@pytest.mark.parametrize("budget", [None, 1, 5000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_uploads_that_travelled_as_one_array_average_as_the_loop_and_are_left_unchanged(monkeypatch, budget, dtype):
+    import fedcontrast.aggregation as aggregation
+    from fedcontrast.sim.transfer import pack_flat, unpack
+
+    if budget is not None:
+        monkeypatch.setattr(aggregation, "BLOCK_VALUES", budget)
+        monkeypatch.setattr(aggregation.site_blocks, "__defaults__", (budget,))
+    g = torch.Generator().manual_seed(5)
+    shapes = {"model.w": (7, 5), "model.b": (5,), "model.s": (), "model.h": (3, 2, 2)}
+    plain = {f"site_{k}": {n: torch.randn(s, generator=g, dtype=dtype) for n, s in shapes.items()} for k in range(9)}
+    arrived = {s: unpack(pack_flat(u)) for s, u in plain.items()}  # views of one array per site
+    assert all(t._base is not None for u in arrived.values() for t in u.values())
+    # one site's views taken in another order, one site's with a tensor replaced: not one array's pieces in order
+    arrived["site_2"] = dict(reversed(list(arrived["site_2"].items())))
+    arrived["site_4"] = {**arrived["site_4"], "model.b": arrived["site_4"]["model.b"].clone()}
+    before = {s: {n: t.clone() for n, t in u.items()} for s, u in arrived.items()}
+    weights = {s: float(torch.randint(1, 500, (), generator=g)) for s in plain}
+    got, want = weighted_average(arrived, weights), _loop_average(plain, weights)
+    for name in want:
+        assert got[name].dtype == dtype and torch.equal(got[name], want[name]), name
+    assert all(torch.equal(arrived[s][n], before[s][n]) for s in arrived for n in arrived[s])
+
+
+def test_an_upload_is_one_arrays_row_only_when_its_tensors_are_that_arrays_pieces_in_order():
+    from fedcontrast.aggregation import _flat_row
+
+    flat = torch.arange(10.0)
+    pieces = {"a": flat[0:4].view(2, 2), "b": flat[4:10]}
+    assert _flat_row(pieces, ["a", "b"], 10) is flat
+    assert _flat_row(pieces, ["b", "a"], 10) is None  # out of order
+    assert _flat_row({"a": flat[0:4].view(2, 2), "b": flat[5:10]}, ["a", "b"], 9) is None  # a gap
+    assert _flat_row({"a": pieces["a"]}, ["a"], 4) is None  # part of the array only
+    assert _flat_row({"a": flat[0:8].view(4, 2).t(), "b": flat[8:10]}, ["a", "b"], 10) is None  # not contiguous
+    assert _flat_row({"a": torch.zeros(4), "b": torch.zeros(6)}, ["a", "b"], 10) is None  # separate tensors

@@ -73,13 +73,38 @@ def _weighted_sum(uploads: Mapping[str, Mapping[str, torch.Tensor]], sites: list
     device = uploads[sites[0]][names[0]].device
     sizes = [uploads[sites[0]][n].numel() for n in names]
     acc = torch.zeros(sum(sizes), dtype=torch.float64, device=device)
+    row64 = None
     for block in site_blocks(sites, acc.numel()):
+        flat = _flat_row(uploads[block[0]], names, acc.numel()) if len(block) == 1 else None
+        if flat is not None:  # a site's tensors are one array's consecutive pieces: that array is its row
+            row64 = torch.empty_like(acc) if row64 is None else row64
+            row64.copy_(flat)  # exact: every floating dtype is a subset of float64
+            row64 *= share[block[0]]
+            acc += row64
+            continue
         rows = torch.cat([uploads[s][n].to(device).reshape(-1) for s in block for n in names])
         rows = rows.to(torch.float64).reshape(len(block), -1)  # exact: every floating dtype is a subset of float64
         rows *= torch.tensor([share[s] for s in block], dtype=torch.float64, device=device).unsqueeze(1)
         for row in rows:  # ((0 + a_1) + a_2) + …: the loop's order, one site after another
             acc += row
     return dict(zip(names, acc.split(sizes)))
+
+
+def _flat_row(upload: Mapping[str, torch.Tensor], names: list[str], numel: int) -> torch.Tensor | None:
+    """The one-dimensional tensor whose consecutive pieces are ``upload``'s tensors ``names`` in that
+    order, when they are views of one such tensor of ``numel`` values (an upload that travelled as one
+    array arrives so: :func:`fedcontrast.sim.transfer.unpack`); else None. Its values are those of the
+    tensors concatenated, without the copy."""
+    base = upload[names[0]]._base
+    if base is None or base.dim() != 1 or base.numel() != numel:
+        return None
+    offset = base.storage_offset()
+    for name in names:
+        t = upload[name]
+        if t._base is not base or t.storage_offset() != offset or not t.is_contiguous():
+            return None
+        offset += t.numel()
+    return base
 
 
 BLOCK_VALUES = 1 << 16  # the most values stacked over a block of sites (512 KiB in float64: in cache)

@@ -92,3 +92,43 @@ def test_the_sketch_of_an_upload_at_once_equals_one_tensor_at_a_time_bit_for_bit
         for _ in range(2):  # drawn, then cached
             got, want = upload_sketch(upload), _sketch_one_tensor_at_a_time(upload)
             assert torch.equal(got[0], want[0]) and got[1] == want[1]
+
+
+def _loop_nearest(sketch, earlier, skip_round):
+    """The reference: each earlier (round, sketch, norm) on its own, as the screen compared them before
+    the history was one matrix."""
+    values, norm = sketch
+    best = None
+    for round_num, other, other_norm in earlier:
+        scale = max(norm, other_norm)
+        if round_num == skip_round or scale == 0:
+            continue
+        distance = float(torch.linalg.vector_norm(other - values)) / scale
+        if distance < NEAR_REPLAY and (best is None or distance < best[1]):
+            best = (round_num, distance)
+    return best
+
+
+def test_the_history_of_sketches_finds_the_nearest_earlier_upload_as_a_loop_over_rounds_does():
+    from fedcontrast.robust.replay import BUCKETS, SketchHistory, nearest
+
+    g = torch.Generator().manual_seed(2)
+    history, earlier = SketchHistory(), []
+    for round_num in range(1, 41):  # grows past its first room (4) several times
+        sketch = (torch.randn(BUCKETS, generator=g, dtype=torch.float64), float(torch.rand((), generator=g)) + 1)
+        history.add(round_num, *sketch)
+        earlier.append((round_num, *sketch))
+    assert nearest(earlier[9][1:], None) is None and nearest(earlier[9][1:], SketchHistory()) is None
+    for probe_round, scale in [(10, 1 + 1e-7), (10, 1 + 1e-3), (25, 1 - 3e-6), (40, 1.0)]:
+        _, values, norm = earlier[probe_round - 1]
+        probe = (values * scale, norm)
+        for skip in (None, 41, probe_round):
+            got, want = nearest(probe, history, skip_round=skip), _loop_nearest(probe, earlier, skip)
+            assert (got is None) == (want is None), (probe_round, scale, skip)
+            if want is not None:
+                assert got[0] == want[0] and got[1] == pytest.approx(want[1], rel=1e-12, abs=1e-18)
+    twice = SketchHistory()  # the same sketch in rounds 3 and 5: the earlier one is named
+    twice.add(3, earlier[0][1], earlier[0][2])
+    twice.add(5, earlier[0][1], earlier[0][2])
+    assert nearest(earlier[0][1:], twice) == (3, 0.0)
+    assert nearest((torch.full((BUCKETS,), math.nan, dtype=torch.float64), 1.0), history) is None

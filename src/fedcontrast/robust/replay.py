@@ -96,22 +96,50 @@ def _layout_hashes(layout: tuple[tuple[str, int], ...]) -> tuple[torch.Tensor, t
     return joined
 
 
-def nearest(sketch: tuple[torch.Tensor, float], earlier: list[tuple[int, torch.Tensor, float]]
+class SketchHistory:
+    """One site's accepted uploads' sketches, the rows of one matrix (grown by doubling), with their
+    norms and rounds: a new upload is compared with every earlier one in a few operations, whatever
+    the number of rounds (a list of sketches stacked again for each comparison cost a round's worth
+    more each round). 2 KiB per accepted upload, kept in memory."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.rounds = torch.empty(0, dtype=torch.int64)
+        self.matrix = torch.empty(0, BUCKETS, dtype=torch.float64)
+        self.norms = torch.empty(0, dtype=torch.float64)
+
+    def add(self, round_num: int, sketch: torch.Tensor, norm: float) -> None:
+        n = self.count
+        if n == self.matrix.shape[0]:  # full: twice the room, the rows kept
+            cap = max(4, 2 * n)
+            self.rounds = torch.cat([self.rounds, torch.empty(cap - n, dtype=torch.int64)])
+            self.matrix = torch.cat([self.matrix, torch.empty(cap - n, BUCKETS, dtype=torch.float64)])
+            self.norms = torch.cat([self.norms, torch.empty(cap - n, dtype=torch.float64)])
+        self.rounds[n], self.norms[n] = round_num, norm
+        self.matrix[n] = sketch
+        self.count = n + 1
+
+
+def nearest(sketch: tuple[torch.Tensor, float], history: SketchHistory | None, skip_round: int | None = None
             ) -> tuple[int, float] | None:
-    """(the round, relative distance) of the earlier upload nearest to ``sketch`` when that distance is
-    below :data:`NEAR_REPLAY`; None otherwise (or when the upload is all zeros: only its digest counts).
-    Every earlier sketch is compared at once (one distance per row of their stack)."""
+    """(the round, relative distance) of the earlier upload in ``history`` (those of round
+    ``skip_round`` left out) nearest to ``sketch`` when that distance is below :data:`NEAR_REPLAY`;
+    None otherwise (or when the upload is all zeros: only its digest counts). Every earlier sketch is
+    compared at once (one distance per row of the history's matrix); of equal distances the earliest."""
     values, norm = sketch
-    if not earlier or not torch.isfinite(values).all():
+    n = 0 if history is None else history.count
+    if not n or not torch.isfinite(values).all():
         return None
-    scales = torch.tensor([max(norm, other_norm) for _, _, other_norm in earlier], dtype=torch.float64,
-                          device=values.device)
-    distances = torch.linalg.vector_norm(torch.stack([other for _, other, _ in earlier]) - values, dim=1) / scales
-    best = None
-    for (round_num, _, _), scale, distance in zip(earlier, scales.tolist(), distances.tolist()):
-        if scale != 0 and distance < NEAR_REPLAY and (best is None or distance < best[1]):
-            best = (round_num, distance)
-    return best
+    assert history is not None
+    scales = history.norms[:n].clamp(min=norm)  # max(‖u‖, ‖v‖) for each earlier v
+    distances = torch.linalg.vector_norm(history.matrix[:n] - values, dim=1) / scales
+    near = (scales != 0) & (distances < NEAR_REPLAY)
+    if skip_round is not None:
+        near &= history.rounds[:n] != skip_round
+    if not bool(near.any()):
+        return None
+    best = int(torch.where(near, distances, torch.inf).argmin())
+    return int(history.rounds[best]), float(distances[best])
 
 
 def upload_digest(upload: Mapping[str, torch.Tensor]) -> str:

@@ -18,7 +18,7 @@ from ..config import MIN_ROBUST_SITES
 from ..errors import FedContrastError
 from ..tensors import InvalidUploadError
 from .blame import BLAME_WINDOW, Move, _cosine_to, _non_finite, _round_spans, abnormal_move, all_rejected_hint
-from .replay import NEAR_REPLAY, ReplayMark, nearest, upload_digest, upload_sketch
+from .replay import NEAR_REPLAY, ReplayMark, SketchHistory, nearest, upload_digest, upload_sketch
 from .updates import (
     _reference_norm,
     _shared_weight_names,
@@ -82,7 +82,7 @@ class UploadScreen:
         self.algorithm = algorithm
         self.count_noise = float(count_noise)
         self.digests: dict[str, dict[str, int]] = {}  # site → digest → round it was first sent
-        self.sketches: dict[str, list] = {}  # site → (round, sketch, norm) of its accepted uploads (.replay)
+        self.sketches: dict[str, SketchHistory] = {}  # site → the sketches of its accepted uploads (.replay)
         self.moves: list[Move] = []  # the last abnormal moves of the global model, oldest first
         self.moved: dict[str, list[int]] = {}  # site → every round in which its upload moved the model abnormally
         self.causes: dict[int, dict[str, Move]] = {}  # round → site named as a likely cause → its move
@@ -162,7 +162,7 @@ class UploadScreen:
             raise RejectedUpload(f"site {site!r} sent in round {round_num} exactly the upload it sent in round "
                                  f"{first} (a replay, not fresh work); rejected")
         sketch = upload_sketch(upload) if mark is None else mark.sketch
-        near = nearest(sketch, [e for e in self.sketches.get(site, []) if e[0] != round_num])
+        near = nearest(sketch, self.sketches.get(site), skip_round=round_num)
         if near is not None and first is None:
             raise RejectedUpload(f"site {site!r} sent in round {round_num} an upload within {near[1]:.2g} (relative "
                                  f"distance) of the one it sent in round {near[0]}, below the {NEAR_REPLAY:g} that "
@@ -342,7 +342,7 @@ class UploadScreen:
         for site, (digest, norm) in passed.items():
             if digest is not None:
                 self.digests.setdefault(site, {}).setdefault(digest.digest, round_num)
-                self.sketches.setdefault(site, []).append((round_num, *digest.sketch))
+                self.sketches.setdefault(site, SketchHistory()).add(round_num, *digest.sketch)
             upload = uploads[site]
             if self.config.clip_update_norm is not None and reference:
                 upload = clip_update(upload, reference, self.config.clip_update_norm, norm=norm)

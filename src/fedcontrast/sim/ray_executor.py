@@ -232,13 +232,13 @@ class RayExecutor:
                 continue
             self.nodes.add(node)
             seconds.append(took)
+            for outcome in done:  # as each task returns, while the others still train: off the round's path
+                outcome.uploads, outcome.state = unpack(outcome.uploads, handle["device"]), unpack(outcome.state)
+                outcome.measured = unpack(outcome.measured)
             outcomes.update((site.name, outcome) for site, outcome in zip(group, done))
             if self.progress is not None:
                 self.progress(len(outcomes), total)
         self.last_round = {"seconds": time.perf_counter() - handle["start"], "task_seconds": seconds}
-        for outcome in outcomes.values():
-            outcome.uploads, outcome.state = unpack(outcome.uploads, handle["device"]), unpack(outcome.state)
-            outcome.measured = unpack(outcome.measured)
         return outcomes
 
     def cancel(self, handle: dict[str, Any]) -> None:

@@ -63,6 +63,8 @@ def _rebuilt(value: list | tuple, items: list) -> Any:
 
 def unpack(value: Any, device: torch.device | None = None) -> Any:
     """The inverse of :func:`pack` (tensors on ``device``; own copies, writable)."""
+    if isinstance(value, _LEAVES):
+        return value
     if isinstance(value, _Array):
         tensor = torch.from_numpy(np.array(value.array, copy=True))
         return tensor if device is None else tensor.to(device)
@@ -79,5 +81,6 @@ def unpack(value: Any, device: torch.device | None = None) -> Any:
     return value
 
 
+_LEAVES = (str, bytes, int, float, type(None))  # nothing inside to unpack (bool is an int)
 _NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8,
                  torch.uint8, torch.bool, torch.complex64, torch.complex128}
