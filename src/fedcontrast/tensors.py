@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -123,5 +124,20 @@ def nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-__all__ = ["TENSOR_KINDS", "WEIGHT_PREFIX", "InvalidUploadError", "TensorSpec", "load_weights", "nbytes",
+_SHARED: dict[Any, Any] = {}  # at most SHARED_ENTRIES of them
+SHARED_ENTRIES = 64
+
+
+def shared(value: Any) -> Any:
+    """One object for equal (hashable) values: the same layout or list of names, met once per site,
+    is then one object, which pickle (and so Ray) writes once per task and memoises after."""
+    found = _SHARED.get(value)
+    if found is not None:
+        return found
+    if len(_SHARED) < SHARED_ENTRIES:
+        _SHARED[value] = value
+    return value
+
+
+__all__ = ["TENSOR_KINDS", "WEIGHT_PREFIX", "InvalidUploadError", "TensorSpec", "load_weights", "nbytes", "shared",
            "validate_uploads", "weight_specs", "weight_tensors"]

@@ -104,6 +104,7 @@ class SketchHistory:
 
     def __init__(self) -> None:
         self.count = 0
+        self.seen: set[int] = set()  # the rounds among the rows
         self.rounds = torch.empty(0, dtype=torch.int64)
         self.matrix = torch.empty(0, BUCKETS, dtype=torch.float64)
         self.norms = torch.empty(0, dtype=torch.float64)
@@ -118,6 +119,7 @@ class SketchHistory:
         self.rounds[n], self.norms[n] = round_num, norm
         self.matrix[n] = sketch
         self.count = n + 1
+        self.seen.add(round_num)
 
 
 def nearest(sketch: tuple[torch.Tensor, float], history: SketchHistory | None, skip_round: int | None = None
@@ -133,8 +135,8 @@ def nearest(sketch: tuple[torch.Tensor, float], history: SketchHistory | None, s
     assert history is not None
     scales = history.norms[:n].clamp(min=norm)  # max(‖u‖, ‖v‖) for each earlier v
     distances = torch.linalg.vector_norm(history.matrix[:n] - values, dim=1) / scales
-    near = (scales != 0) & (distances < NEAR_REPLAY)
-    if skip_round is not None:
+    near = distances < NEAR_REPLAY  # a scale of 0 (both all zeros) gives NaN: never near
+    if skip_round is not None and skip_round in history.seen:
         near &= history.rounds[:n] != skip_round
     if not bool(near.any()):
         return None

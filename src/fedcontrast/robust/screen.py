@@ -16,7 +16,7 @@ import torch
 from ..aggregation import UploadError, normalised_weights
 from ..config import MIN_ROBUST_SITES
 from ..errors import FedContrastError
-from ..tensors import InvalidUploadError
+from ..tensors import InvalidUploadError, shared
 from .blame import BLAME_WINDOW, Move, _cosine_to, _non_finite, _round_spans, abnormal_move, all_rejected_hint
 from .replay import NEAR_REPLAY, ReplayMark, SketchHistory, nearest, upload_digest, upload_sketch
 from .updates import (
@@ -195,7 +195,7 @@ class UploadScreen:
             if names and reference else None
         mark = ReplayMark(upload_digest(upload), upload_sketch(upload)) if self.config.reject_replays else None
         finite = all(bool(torch.isfinite(t.sum())) for t in upload.values() if t.is_floating_point())
-        return UploadFacts(tuple(names), norm_sq, mark, finite)
+        return UploadFacts(shared(tuple(names)), norm_sq, mark, finite)
 
     def _reference64(self, reference: Mapping[str, torch.Tensor], names: list[str]) -> dict[str, torch.Tensor]:
         """``reference``'s tensors ``names`` in float64 on the CPU, converted once for every upload measured
@@ -342,7 +342,9 @@ class UploadScreen:
         for site, (digest, norm) in passed.items():
             if digest is not None:
                 self.digests.setdefault(site, {}).setdefault(digest.digest, round_num)
-                self.sketches.setdefault(site, SketchHistory()).add(round_num, *digest.sketch)
+                if site not in self.sketches:
+                    self.sketches[site] = SketchHistory()
+                self.sketches[site].add(round_num, *digest.sketch)
             upload = uploads[site]
             if self.config.clip_update_norm is not None and reference:
                 upload = clip_update(upload, reference, self.config.clip_update_norm, norm=norm)

@@ -9,6 +9,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from ..tensors import shared
+
 __all__ = ["pack", "pack_flat", "unpack"]
 
 
@@ -53,7 +55,9 @@ def pack_flat(tensors: dict[str, torch.Tensor]) -> Any:
     for name, t in zip(tensors, values):
         layout.append((name, tuple(t.shape), offset, t.numel()))
         offset += t.numel()
-    return _Flat(torch.cat([t.reshape(-1) for t in values]).numpy(), values[0].dtype, tuple(layout))
+    return _Flat(torch.cat([t.reshape(-1) for t in values]).numpy(), values[0].dtype, shared(tuple(layout)))
+
+
 
 
 def _rebuilt(value: list | tuple, items: list) -> Any:
