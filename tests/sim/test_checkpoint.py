@@ -63,10 +63,27 @@ def test_the_checkpoint_holds_no_rows_and_each_round_adds_one_line_beside_it(tmp
     run_simulation(tiny_config.replace(rounds=3), run)
     data = torch.load(run / "checkpoint.pt", weights_only=True)
     assert data["format"] == 2 and "rows" not in data  # a round's checkpoint does not grow with the run's rows
+    assert data["federation"]["upload_digests"] == {}  # nor with the digests of earlier uploads
     lines = [json.loads(line) for line in (run / ROWS_FILE).read_text().splitlines()]
     assert [line["round"] for line in lines] == [1, 2, 3]
     from_lines = [{k: str(v) for k, v in row.items()} for line in lines for row in line["rows"]]
     assert from_lines == read_csv(run / "metrics.csv")
+
+
+def test_the_digests_a_resume_reads_beside_the_checkpoint_are_those_the_screen_held(tmp_path, tiny_config):
+    from fedcontrast.sim import Federation
+    from fedcontrast.sim.checkpoint import checkpoint_rows
+
+    config = tiny_config.replace(rounds=3, clients=3)
+    run_simulation(config, tmp_path / "run", stop_after=2)
+    path = tmp_path / "run" / "checkpoint.pt"
+    rows, digests = checkpoint_rows(path, load_checkpoint(path))
+    federation = Federation(config)  # the same rounds again, by hand: the same uploads
+    for r in (1, 2):
+        federation.run_round(r)
+    assert digests == federation.screen.digests and sorted(digests) == ["site_0", "site_1", "site_2"]
+    assert all(sorted(seen.values()) == [1, 2] for seen in digests.values())
+    assert [row["round"] for row in rows] == sorted(row["round"] for row in rows) and rows[-1]["round"] == 2
 
 
 def test_a_round_written_beside_a_checkpoint_that_does_not_count_it_is_dropped_on_resume(tmp_path, tiny_config):
@@ -102,12 +119,13 @@ def test_a_format_1_checkpoint_with_its_rows_inside_still_resumes(tmp_path, tiny
     old = tmp_path / "old"
     run_simulation(config, old, stop_after=1)
     data = torch.load(old / "checkpoint.pt", weights_only=True)
-    rows = json.loads((old / ROWS_FILE).read_text().splitlines()[0])["rows"]
-    torch.save({**data, "format": 1, "rows": rows}, old / "checkpoint.pt")  # as the code before format 2 wrote it
+    line = json.loads((old / ROWS_FILE).read_text().splitlines()[0])
+    data["federation"]["upload_digests"] = {site: {digest: 1} for site, digest in line["digests"].items()}
+    torch.save({**data, "format": 1, "rows": line["rows"]}, old / "checkpoint.pt")  # as format 1 was written
     (old / ROWS_FILE).unlink()
     run_simulation(config, old, resume=True)
     assert read_csv(old / "metrics.csv") == read_csv(tmp_path / "full" / "metrics.csv")
-    assert (old / ROWS_FILE).read_text() == (tmp_path / "full" / ROWS_FILE).read_text()
+    assert (old / ROWS_FILE).read_text() == (tmp_path / "full" / ROWS_FILE).read_text()  # digests of round 1 too
 
 
 def test_summary_kept_round_by_round_equals_the_summary_counted_by_hand():

@@ -82,6 +82,7 @@ class UploadScreen:
         self.algorithm = algorithm
         self.count_noise = float(count_noise)
         self.digests: dict[str, dict[str, int]] = {}  # site → digest → round it was first sent
+        self.fresh: dict[str, str] = {}  # site → its digest first sent in the round screen() saw last
         self.sketches: dict[str, SketchHistory] = {}  # site → the sketches of its accepted uploads (.replay)
         self.moves: list[Move] = []  # the last abnormal moves of the global model, oldest first
         self.moved: dict[str, list[int]] = {}  # site → every round in which its upload moved the model abnormally
@@ -321,8 +322,7 @@ class UploadScreen:
         measured where it was made (:meth:`measure`; a simulated site's), for the same checks without
         measuring the uploads again."""
         facts = facts or {}
-        self._reference = reference or None
-        self._facts = {}
+        self._reference, self._facts, self.fresh = reference or None, {}, {}
         self.causes = {r: c for r, c in self.causes.items() if r >= round_num}
         self._noted = {(r, s) for r, s in self._noted if r >= round_num}
         passed, rejected = {}, {}
@@ -341,7 +341,8 @@ class UploadScreen:
         accepted, kept = {}, {}
         for site, (digest, norm) in passed.items():
             if digest is not None:
-                self.digests.setdefault(site, {}).setdefault(digest.digest, round_num)
+                if self.digests.setdefault(site, {}).setdefault(digest.digest, round_num) == round_num:
+                    self.fresh[site] = digest.digest
                 if site not in self.sketches:
                     self.sketches[site] = SketchHistory()
                 self.sketches[site].add(round_num, *digest.sketch)

@@ -3,10 +3,11 @@
 Written atomically (temporary file, then rename) so a kill during the write leaves the previous
 checkpoint intact; read with ``weights_only=True`` so a checkpoint cannot execute code.
 
-The metrics rows of the finished rounds are not in ``checkpoint.pt`` (format 2): each round appends
-its own rows to :data:`ROWS_FILE` beside it, one line per round, before the checkpoint that counts the
-round is written. A round then costs its own rows, not the run's: at 1,000 sites the rows of 100
-rounds took 0.4 s to write into every checkpoint. A resume reads the lines of the rounds the
+The metrics rows of the finished rounds, and the digests of the sites' uploads (the replay screen's
+memory), are not in ``checkpoint.pt`` (format 2): each round appends its own rows and fresh digests to
+:data:`ROWS_FILE` beside it, one line per round, before the checkpoint that counts the round is
+written. A round then costs its own rows, not the run's: at 1,000 sites the rows of 100 rounds took
+0.4 s to write into every checkpoint. A resume reads the lines of the rounds the
 checkpoint counts and drops any later one (a round that did not finish). Format 1 checkpoints, with
 the rows inside, still resume.
 """
@@ -31,25 +32,33 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     atomic_torch_save({"format": FORMAT, **payload}, path)
 
 
-def append_round_rows(path: Path, round_num: int, rows: list[dict[str, Any]]) -> None:
-    """Round ``round_num``'s metrics rows, as one line of :data:`ROWS_FILE` beside the checkpoint
+def append_round_rows(path: Path, round_num: int, rows: list[dict[str, Any]],
+                      digests: dict[str, str] | None = None) -> None:
+    """Round ``round_num``'s metrics rows and ``digests`` (site → the digest of its upload, first sent
+    this round: the replay screen's memory), as one line of :data:`ROWS_FILE` beside the checkpoint
     ``path``; written before the checkpoint that counts the round."""
     target = path.with_name(ROWS_FILE)
     try:
-        append_jsonl(target, {"round": round_num, "rows": rows}, allow_nan=True, sync=False)
+        append_jsonl(target, {"round": round_num, "rows": rows, "digests": digests or {}}, allow_nan=True, sync=False)
     except OSError as exc:
         raise write_failure(target, exc) from None
 
 
-def checkpoint_rows(path: Path, data: dict[str, Any]) -> list[dict[str, Any]]:
+def checkpoint_rows(path: Path, data: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, dict[str, int]]]:
     """The metrics rows of the rounds the checkpoint ``data`` (read from ``path``) counts, in round
-    order; :data:`ROWS_FILE` is rewritten to hold only those (a round after them did not finish).
-    :class:`CheckpointError` when a counted round's rows are missing."""
+    order, and the digests of the uploads first sent in them (site → digest → round); :data:`ROWS_FILE`
+    is rewritten to hold only those rounds (a round after them did not finish). :class:`CheckpointError`
+    when a counted round's rows are missing."""
+    digests = {site: dict(seen) for site, seen in data["federation"].get("upload_digests", {}).items()}
+    fresh: dict[int, dict] = {}
     if data["format"] == 1:
         rows = list(data["rows"])
         by_round: dict[int, list] = {}
         for row in rows:
             by_round.setdefault(int(row["round"]), []).append(row)
+        for site, seen in digests.items():  # kept in the lines from now on, as format 2 keeps them
+            for digest, r in seen.items():
+                fresh.setdefault(r, {})[site] = digest
     else:
         source = path.with_name(ROWS_FILE)
         try:
@@ -61,17 +70,22 @@ def checkpoint_rows(path: Path, data: dict[str, Any]) -> list[dict[str, Any]]:
             if isinstance(record, dict) and isinstance(record.get("round"), int) and isinstance(record.get("rows"),
                                                                                                  list):
                 by_round[record["round"]] = record["rows"]
+                fresh[record["round"]] = record.get("digests") or {}
         missing = [r for r in range(1, data["rounds_done"] + 1) if r not in by_round]
         if missing:
             raise CheckpointError(f"checkpoint {path} is incomplete (no rows of round {missing[0]} in {source}); it "
                                   "was left untouched: start a new run with another --name")
         rows = [row for r in range(1, data["rounds_done"] + 1) for row in by_round[r]]
-    kept = [{"round": r, "rows": by_round.get(r, [])} for r in range(1, data["rounds_done"] + 1)]
+        for r in range(1, data["rounds_done"] + 1):
+            for site, digest in fresh.get(r, {}).items():
+                digests.setdefault(site, {}).setdefault(digest, r)
+    kept = [{"round": r, "rows": by_round.get(r, []), "digests": fresh.get(r, {})}
+            for r in range(1, data["rounds_done"] + 1)]
     try:
         rewrite_jsonl(path.with_name(ROWS_FILE), kept, allow_nan=True)
     except OSError as exc:
         raise write_failure(path.with_name(ROWS_FILE), exc) from None
-    return rows
+    return rows, digests
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

@@ -121,12 +121,14 @@ class Federation:
             raise ConfigError(f"{config.algorithm} has no global model: there is no encoder to probe")
 
     # --- state for checkpoints ----------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, digests: bool = True) -> dict[str, Any]:
+        """What a checkpoint holds; ``digests`` False: without the digests of earlier uploads (the
+        simulator keeps each round's beside its checkpoint, :func:`~.checkpoint.append_round_rows`)."""
         return {"downlink": {"global": self.downlink.global_tensors, "personal": self.downlink.personal,
                              "metrics": self.downlink.metrics},
                 "server_state": self.server.state,
                 "site_states": {s.name: s.state for s in self.sites},
-                "upload_digests": self.screen.digests}
+                "upload_digests": self.screen.digests if digests else {}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         d = state["downlink"]

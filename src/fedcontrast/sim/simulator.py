@@ -88,7 +88,8 @@ def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = Fal
     checkpoint = load_checkpoint(ckpt_path) if resume and ckpt_path.exists() else None
     if checkpoint is not None:
         _check_resumable(checkpoint["config"], config, ckpt_path)
-        checkpoint["rows"] = checkpoint_rows(ckpt_path, checkpoint)  # the counted rounds' rows, before any write
+        # the counted rounds' rows and upload digests, read before anything is written
+        checkpoint["rows"], checkpoint["federation"]["upload_digests"] = checkpoint_rows(ckpt_path, checkpoint)
 
     from ..threads import usable_cores
     from .ray_executor import Threads, make_executor
@@ -146,9 +147,10 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
                 stopped, new_rows = exc, exc.rows
             elapsed += time.perf_counter() - t0
             rows.extend(new_rows)
-            append_round_rows(ckpt_path, r, new_rows)  # before the checkpoint that counts round r
+            # before the checkpoint that counts round r: its rows and the digests of its fresh uploads
+            append_round_rows(ckpt_path, r, new_rows, federation.screen.fresh)
             save_checkpoint(ckpt_path, {"config": config.to_dict(), "rounds_done": r, "elapsed": elapsed,
-                                        "federation": federation.state_dict()})
+                                        "federation": federation.state_dict(digests=False)})
             append_metrics_csv(run_dir / "metrics.csv", new_rows)  # the round's rows (a resume rewrites the file)
             tally.add(new_rows)
             write_json(run_dir / "summary.json", tally.summary(config=config.to_dict(), wall_time_s=elapsed,
