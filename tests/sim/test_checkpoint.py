@@ -147,3 +147,22 @@ def test_summary_kept_round_by_round_equals_the_summary_counted_by_hand():
     assert kept["accuracy_curve"] == [0.5, 0.7, 0.6] and kept["best_round"] == 2 and kept["rounds_to_target"] == 2
     assert kept["final_metrics"] == {"round_seen": 3} and kept["rounds_completed"] == 3
     assert kept == build_summary(rows, config=config, wall_time_s=1.5, rounds_total=4)
+
+
+def test_a_checkpoint_written_in_the_background_is_whole_after_join_and_its_failure_is_raised_there(tmp_path):
+    from fedcontrast.errors import OutputError
+    from fedcontrast.sim.checkpoint import CheckpointWriter
+
+    writer = CheckpointWriter(background=True)
+    payload = {"config": {}, "rounds_done": 1, "elapsed": 0.5, "federation": {"x": torch.arange(10_000)}}
+    writer.save(tmp_path / "a.pt", payload)
+    writer.save(tmp_path / "b.pt", {**payload, "rounds_done": 2})  # waits for the first
+    writer.join()
+    assert torch.load(tmp_path / "a.pt", weights_only=True)["rounds_done"] == 1
+    assert torch.equal(torch.load(tmp_path / "b.pt", weights_only=True)["federation"]["x"], torch.arange(10_000))
+    missing = tmp_path / "no such folder" / "c.pt"
+    writer.save(missing, payload)  # fails in its thread: said at the join, in the caller's thread
+    with pytest.raises(OutputError, match=f"could not write {missing}"):
+        writer.join()
+    writer.join()  # said once
+    assert not missing.parent.exists() and not list(tmp_path.glob("*.tmp"))

@@ -14,6 +14,7 @@ the rows inside, still resume.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,43 @@ ROWS_FILE = "checkpoint.rows.jsonl"  # beside checkpoint.pt: {"round": r, "rows"
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     atomic_torch_save({"format": FORMAT, **payload}, path)
+
+
+class CheckpointWriter:
+    """Writes a round's checkpoint now, or (``background``) in a thread of its own while the next
+    round's sites train away from this process (the Ray executor): at 1,000 MOON sites a checkpoint
+    holds every site's previous model, 0.4 GB, 1.6 s to write. One write at a time: :meth:`save`
+    and :meth:`join` wait for the one before, and :meth:`join` raises what it failed with (a full
+    disk: :class:`~fedcontrast.errors.OutputError`). The caller joins before anything the checkpoint
+    refers to can change in place (the aggregator's state, in the next round's aggregation)."""
+
+    def __init__(self, *, background: bool) -> None:
+        self.background = background
+        self._thread: threading.Thread | None = None
+        self._failed: BaseException | None = None
+
+    def save(self, path: Path, payload: dict[str, Any]) -> None:
+        self.join()
+        if not self.background:
+            save_checkpoint(path, payload)
+            return
+
+        def write() -> None:
+            try:
+                save_checkpoint(path, payload)
+            except BaseException as exc:  # raised by join(), in the run's own thread
+                self._failed = exc
+
+        self._thread = threading.Thread(target=write, name="checkpoint", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
 
 
 def append_round_rows(path: Path, round_num: int, rows: list[dict[str, Any]],

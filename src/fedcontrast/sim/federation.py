@@ -88,6 +88,7 @@ class Federation:
         self.executor: Any = SequentialExecutor()  # who trains a round's sites (run_simulation sets the run's)
         self.last_round: int | None = None  # the last round this process will run: none sent beyond
         self.ahead: tuple[int, Any] | None = None  # (round, the executor's handle) of sites sent ahead
+        self.before_aggregate: Any = None  # called once a round's sites are in, before anything else changes
         self.device = resolve_device(config.device)
         splits = self.splits = load_splits(config)
         parts = self.partition = partition(config, splits)
@@ -265,6 +266,8 @@ class Federation:
             outcomes = self.executor.collect(ahead[1])
         else:
             outcomes = self.executor.train_sites(self, selected, round_num)
+        if self.before_aggregate is not None:  # e.g. the previous round's checkpoint, written meanwhile
+            self.before_aggregate()
         for site in selected:
             outcome = outcomes[site.name]
             site.state = outcome.state

@@ -26,7 +26,7 @@ from ..outputs import (
     write_json,
     write_metrics_csv,
 )
-from .checkpoint import ROWS_FILE, append_round_rows, checkpoint_rows, load_checkpoint, save_checkpoint
+from .checkpoint import ROWS_FILE, CheckpointWriter, append_round_rows, checkpoint_rows, load_checkpoint
 from .federation import Federation, RoundStopped
 
 OUTPUT_FILES = ("metrics.csv", "summary.json", "accuracy.png", "config.yaml", "checkpoint.pt", ROWS_FILE,
@@ -137,6 +137,10 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
     federation.last_round = end
     if progress is not None:
         progress(start, config.rounds, None)
+    # sites that train away from here (Ray): the checkpoint is written while the next round's train,
+    # done before that round's aggregation (Federation.before_aggregate); else now, as they train here
+    writer = CheckpointWriter(background=getattr(federation.executor, "start", None) is not None)
+    federation.before_aggregate = writer.join
     try:
         for r in range(start + 1, end + 1):  # rounds count from 1
             t0 = time.perf_counter()
@@ -149,8 +153,8 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
             rows.extend(new_rows)
             # before the checkpoint that counts round r: its rows and the digests of its fresh uploads
             append_round_rows(ckpt_path, r, new_rows, federation.screen.fresh)
-            save_checkpoint(ckpt_path, {"config": config.to_dict(), "rounds_done": r, "elapsed": elapsed,
-                                        "federation": federation.state_dict(digests=False)})
+            writer.save(ckpt_path, {"config": config.to_dict(), "rounds_done": r, "elapsed": elapsed,
+                                    "federation": federation.state_dict(digests=False)})
             append_metrics_csv(run_dir / "metrics.csv", new_rows)  # the round's rows (a resume rewrites the file)
             tally.add(new_rows)
             write_json(run_dir / "summary.json", tally.summary(config=config.to_dict(), wall_time_s=elapsed,
@@ -163,10 +167,14 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
             if progress is not None:
                 progress(r, config.rounds, glob)
             if stopped is not None:
+                writer.join()
                 raise stopped
+        writer.join()  # the last round's checkpoint, written (or its failure raised) before the run ends
     except BaseException:  # a kill or a full disk: report that, not a second failure of the outputs below
         with contextlib.suppress(Exception):
             federation.cancel_ahead()
+        with contextlib.suppress(Exception):
+            writer.join()  # a checkpoint on its way is finished, not cut short
         with contextlib.suppress(Exception):
             tb.close()
         with contextlib.suppress(Exception):
