@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before-label", default="the code before",
                         help="--driver: what the --before rows ran, for the report")
     parser.add_argument("--no-section", action="store_true", help="print only; leave RESULTS.md as it is")
+    parser.add_argument("--section", help="--driver: the RESULTS.md section to write (default ray_executor_driver, "
+                                          "with _DATASET beyond digits)")
     args = parser.parse_args(argv)
     if args.driver:
         return driver_main(args)
@@ -351,7 +353,7 @@ def driver_main(args) -> int:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     before = json.loads(Path(args.before).read_text()) if args.before else []
     if not args.no_section:
-        name = "ray_executor_driver" + ("" if args.dataset == "digits" else f"_{args.dataset}")
+        name = args.section or ("ray_executor_driver" + ("" if args.dataset == "digits" else f"_{args.dataset}"))
         write_section(name, driver_report(args, rows, before, machine()))
     return 0 if all(r["equal"] is not False for r in rows) else 1
 
@@ -363,7 +365,8 @@ def driver_report(args, rows: list[dict], before: list[dict], machine: str) -> s
              f"Command: `.venv/bin/python benchmarks/ray_executor.py --driver --dataset {args.dataset} --sites "
              f"{' '.join(map(str, args.sites))} --rounds {args.rounds} --local-epochs {args.local_epochs}"
              f"{f' --min-samples {args.min_samples}' if args.dataset != 'fedprox_synthetic' else ''} --runs "
-             f"{' '.join(args.runs)}{' --before BEFORE.json' if before else ''}` ({machine}).", "",
+             f"{' '.join(args.runs)}{' --before BEFORE.json' if before else ''}"
+             f"{f' --section {args.section}' if args.section else ''}` ({machine}).", "",
              f"FedAvg on {args.dataset}, {args.local_epochs} local epoch(s), batch 32, one thread per site; a local "
              "Ray on 2 CPUs (2 site slots), started once. A round's time is the median of rounds "
              f"2–{args.rounds}. The driver's part: the round's time less the time the driver waited for sites "
