@@ -26,7 +26,7 @@ from ..jsonl import append_jsonl, read_jsonl, rewrite_jsonl
 
 FORMAT = 2
 FORMATS = (1, 2)  # what load_checkpoint reads: 1 holds the rows itself
-ROWS_FILE = "checkpoint.rows.jsonl"  # beside checkpoint.pt: {"round": r, "rows": [...]} per finished round
+ROWS_FILE = "checkpoint.rows.jsonl"  # beside checkpoint.pt: {"round": r, "rows": [...], "digests": {...}} a round
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
