@@ -166,3 +166,24 @@ def test_a_checkpoint_written_in_the_background_is_whole_after_join_and_its_fail
         writer.join()
     writer.join()  # said once
     assert not missing.parent.exists() and not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("damage", ["missing", "not a record"])
+def test_a_missing_or_damaged_file_of_rows_is_refused_in_one_sentence_and_kept(tmp_path, tiny_config, damage):
+    run = tmp_path / "run"
+    run_simulation(tiny_config.replace(rounds=2), run, stop_after=1)
+    rows = run / ROWS_FILE
+    if damage == "missing":
+        rows.unlink()
+        said = (f"checkpoint {run / 'checkpoint.pt'} is incomplete: {rows}, which holds the metrics rows of its "
+                "rounds, is missing; it was left untouched: start a new run with another --name")
+    else:
+        line = json.loads(rows.read_text())
+        rows.write_text(json.dumps({**line, "digests": ["not", "a", "mapping"]}) + "\n")
+        said = (f"cannot resume from {run / 'checkpoint.pt'}: a line of {rows} is not a round's record (round, rows, "
+                "digests); the file is damaged and was left untouched")
+    saved = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    with pytest.raises(CheckpointError) as info:
+        run_simulation(tiny_config.replace(rounds=2), run, resume=True)
+    assert str(info.value) == said
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == saved

@@ -14,6 +14,7 @@ the rows inside, still resume.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -47,27 +48,42 @@ class CheckpointWriter:
         self._failed: BaseException | None = None
 
     def save(self, path: Path, payload: dict[str, Any]) -> None:
+        """Writes ``payload`` as the checkpoint ``path``, after the round's line of :data:`ROWS_FILE`
+        beside it is on the disk itself (fsync: a power cut must not keep a checkpoint whose rows
+        were lost)."""
         self.join()
         if not self.background:
-            save_checkpoint(path, payload)
+            _write(path, payload)
             return
 
         def write() -> None:
             try:
-                save_checkpoint(path, payload)
+                _write(path, payload)
             except BaseException as exc:  # raised by join(), in the run's own thread
                 self._failed = exc
 
-        self._thread = threading.Thread(target=write, name="checkpoint", daemon=True)
+        # not a daemon: a run that ends or is interrupted still finishes the write, never cuts it short
+        self._thread = threading.Thread(target=write, name="checkpoint")
         self._thread.start()
 
     def join(self) -> None:
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join()
+        if self._thread is not None:
+            self._thread.join()  # an interrupt here leaves the thread to a later join (the run's error path)
+            self._thread = None
         failed, self._failed = self._failed, None
         if failed is not None:
             raise failed
+
+
+def _write(path: Path, payload: dict[str, Any]) -> None:
+    rows = path.with_name(ROWS_FILE)
+    if rows.exists():
+        try:
+            with open(rows, "rb") as f:
+                os.fsync(f.fileno())
+        except OSError as exc:
+            raise write_failure(rows, exc) from None
+    save_checkpoint(path, payload)
 
 
 def append_round_rows(path: Path, round_num: int, rows: list[dict[str, Any]],
@@ -99,16 +115,24 @@ def checkpoint_rows(path: Path, data: dict[str, Any]) -> tuple[list[dict[str, An
                 fresh.setdefault(r, {})[site] = digest
     else:
         source = path.with_name(ROWS_FILE)
+        if not source.is_file():
+            raise CheckpointError(f"checkpoint {path} is incomplete: {source}, which holds the metrics rows of its "
+                                  "rounds, is missing; it was left untouched: start a new run with another --name")
         try:
             records = read_jsonl(source, "metrics rows of the finished rounds")
         except ConfigError as exc:
             raise CheckpointError(f"cannot resume from {path}: {exc}") from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot resume from {path}: {source} cannot be read "
+                                  f"({exc.strerror or exc})") from None
         by_round = {}
         for record in records:  # a round run again after a crash: its last line counts
-            if isinstance(record, dict) and isinstance(record.get("round"), int) and isinstance(record.get("rows"),
-                                                                                                 list):
-                by_round[record["round"]] = record["rows"]
-                fresh[record["round"]] = record.get("digests") or {}
+            if not isinstance(record, dict) or not isinstance(record.get("round"), int) or \
+                    not isinstance(record.get("rows"), list) or not _digests(record.get("digests", {})):
+                raise CheckpointError(f"cannot resume from {path}: a line of {source} is not a round's record "
+                                      "(round, rows, digests); the file is damaged and was left untouched")
+            by_round[record["round"]] = record["rows"]
+            fresh[record["round"]] = record.get("digests") or {}
         missing = [r for r in range(1, data["rounds_done"] + 1) if r not in by_round]
         if missing:
             raise CheckpointError(f"checkpoint {path} is incomplete (no rows of round {missing[0]} in {source}); it "
@@ -124,6 +148,11 @@ def checkpoint_rows(path: Path, data: dict[str, Any]) -> tuple[list[dict[str, An
     except OSError as exc:
         raise write_failure(path.with_name(ROWS_FILE), exc) from None
     return rows, digests
+
+
+def _digests(value: Any) -> bool:
+    """``value`` is a round's digests as :func:`append_round_rows` writes them: site → hex digest."""
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
 import sys
 import time
@@ -28,6 +29,8 @@ from ..outputs import (
 )
 from .checkpoint import ROWS_FILE, CheckpointWriter, append_round_rows, checkpoint_rows, load_checkpoint
 from .federation import Federation, RoundStopped
+
+logger = logging.getLogger(__name__)
 
 OUTPUT_FILES = ("metrics.csv", "summary.json", "accuracy.png", "config.yaml", "checkpoint.pt", ROWS_FILE,
                 "tensorboard")
@@ -173,8 +176,11 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
     except BaseException:  # a kill or a full disk: report that, not a second failure of the outputs below
         with contextlib.suppress(Exception):
             federation.cancel_ahead()
-        with contextlib.suppress(Exception):
+        try:
             writer.join()  # a checkpoint on its way is finished, not cut short
+        except Exception as exc:  # said, not hidden behind the error that stops the run
+            logger.error("the checkpoint of the last round was not written (%s); --resume continues from the one "
+                         "before", exc)
         with contextlib.suppress(Exception):
             tb.close()
         with contextlib.suppress(Exception):
