@@ -74,13 +74,17 @@ def test_the_digests_a_resume_reads_beside_the_checkpoint_are_those_the_screen_h
     from fedcontrast.sim import Federation
     from fedcontrast.sim.checkpoint import checkpoint_rows
 
+    from fedcontrast.sim.ray_executor import Threads
+
     config = tiny_config.replace(rounds=3, clients=3)
     run_simulation(config, tmp_path / "run", stop_after=2)
     path = tmp_path / "run" / "checkpoint.pt"
     rows, digests = checkpoint_rows(path, load_checkpoint(path))
-    federation = Federation(config)  # the same rounds again, by hand: the same uploads
-    for r in (1, 2):
-        federation.run_round(r)
+    threads = json.loads((tmp_path / "run" / "summary.json").read_text())["threads_per_site"]
+    with Threads(threads):  # the same rounds again, by hand, at the run's threads: the same uploads
+        federation = Federation(config)
+        for r in (1, 2):
+            federation.run_round(r)
     assert digests == federation.screen.digests and sorted(digests) == ["site_0", "site_1", "site_2"]
     assert all(sorted(seen.values()) == [1, 2] for seen in digests.values())
     assert [row["round"] for row in rows] == sorted(row["round"] for row in rows) and rows[-1]["round"] == 2

@@ -105,17 +105,17 @@ class SketchHistory:
     def __init__(self) -> None:
         self.count = 0
         self.seen: set[int] = set()  # the rounds among the rows
-        self.rounds = torch.empty(0, dtype=torch.int64)
-        self.matrix = torch.empty(0, BUCKETS, dtype=torch.float64)
-        self.norms = torch.empty(0, dtype=torch.float64)
+        self.rounds = torch.empty(0, dtype=torch.int64, device="cpu")  # on the CPU, as the sketches
+        self.matrix = torch.empty(0, BUCKETS, dtype=torch.float64, device="cpu")
+        self.norms = torch.empty(0, dtype=torch.float64, device="cpu")
 
     def add(self, round_num: int, sketch: torch.Tensor, norm: float) -> None:
         n = self.count
         if n == self.matrix.shape[0]:  # full: twice the room, the rows kept
             cap = max(4, 2 * n)
-            self.rounds = torch.cat([self.rounds, torch.empty(cap - n, dtype=torch.int64)])
-            self.matrix = torch.cat([self.matrix, torch.empty(cap - n, BUCKETS, dtype=torch.float64)])
-            self.norms = torch.cat([self.norms, torch.empty(cap - n, dtype=torch.float64)])
+            self.rounds = torch.cat([self.rounds, self.rounds.new_empty(cap - n)])
+            self.matrix = torch.cat([self.matrix, self.matrix.new_empty((cap - n, BUCKETS))])
+            self.norms = torch.cat([self.norms, self.norms.new_empty(cap - n)])
         self.rounds[n], self.norms[n] = round_num, norm
         self.matrix[n] = sketch
         self.count = n + 1
