@@ -21,47 +21,26 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def child(args) -> None:
-    """One run in this process; prints its per-round figures as JSON."""
+    """One run in this process, timed by :func:`ray_executor.timed_run`; prints its per-round figures."""
     import torch
+    from ray_executor import timed_run
 
     from fedcontrast.config import RunConfig, TrainingConfig
-    from fedcontrast.sim import federation as fed
-    from fedcontrast.sim.simulator import run_simulation
 
     torch.set_num_threads(1)
     config = RunConfig(algorithm=args.algorithm, dataset="digits", clients=args.sites, rounds=args.rounds,
                        device="cpu", executor={"kind": "sequential", "site_cpus": 1}, min_samples=2,
                        training=TrainingConfig(local_epochs=1, batch_size=32))
-    train: list[float] = []
-    stock = fed.SequentialExecutor.train_sites
-
-    def timed(self, federation, sites, round_num):
-        t0 = time.perf_counter()
-        out = stock(self, federation, sites, round_num)
-        train.append(time.perf_counter() - t0)
-        return out
-
-    fed.SequentialExecutor.train_sites = timed
-    times: list[float] = []
-    last = [time.perf_counter()]
-
-    def progress(done, total, row):
-        now = time.perf_counter()
-        if row is not None:
-            times.append(now - last[0])
-        last[0] = now
-
     with tempfile.TemporaryDirectory() as tmp:
-        run_simulation(config, Path(tmp) / "run", progress=progress)
+        timing = timed_run(config, Path(tmp) / "run")
         size = sum(p.stat().st_size for p in (Path(tmp) / "run").glob("checkpoint*"))
-    print(json.dumps({"round": times, "train": train, "checkpoint_bytes": size}))
+    print(json.dumps({"round": timing["rounds"], "train": timing["trains"], "checkpoint_bytes": size}))
 
 
 def run(src: Path | None, args) -> dict:
@@ -78,7 +57,8 @@ def figures(result: dict, sites: int) -> dict:
     driver = [r - t for r, t in zip(result["round"], result["train"])]
     early, late = driver[1:11], driver[-10:]
     return {"early": 1000 * statistics.median(early) / sites, "late": 1000 * statistics.median(late) / sites,
-            "round_early": statistics.median(result["round"][1:11]), "round_late": statistics.median(result["round"][-10:]),
+            "round_early": statistics.median(result["round"][1:11]),
+            "round_late": statistics.median(result["round"][-10:]),
             "checkpoint_mib": result["checkpoint_bytes"] / 2 ** 20}
 
 
@@ -109,8 +89,9 @@ def main() -> int:
         sys.path.insert(0, str(Path(__file__).parent))
         from _results import machine, write_section
 
-        lines = [f"## The simulator's driver over a long run: `benchmarks/long_runs.py`", "",
-                 f"Command: `.venv/bin/python benchmarks/long_runs.py{f' --before {args.before}' if args.before else ''} "
+        before = f" --before {args.before}" if args.before else ""
+        lines = ["## The simulator's driver over a long run: `benchmarks/long_runs.py`", "",
+                 f"Command: `.venv/bin/python benchmarks/long_runs.py{before} "
                  f"--sites {args.sites} --rounds {args.rounds} --algorithm {args.algorithm}` ({machine()}).", "",
                  f"{args.algorithm} on digits, {args.sites} sites (`--min-samples 2`), {args.rounds} rounds of 1 local "
                  "epoch, the sequential engine on one thread, each code in a process of its own, one after the "

@@ -152,6 +152,7 @@ def timed_run(config, run_dir: Path, executor=None, *, memory: bool = False) -> 
         return {"pss": peak.peak, "pss_driver": peak.peak_driver, "workers": peak.workers}
     driver = [t - (w if executor is not None else s) for t, w, s in zip(times, waited, train)]
     return {"round": median_after_first(times), "train": median_after_first(train), "per_site": per_site,
+            "rounds": times, "trains": train,  # every round's, for benchmarks/long_runs.py
             "driver": median_after_first(driver), "driver_cpu": median_after_first([c[0] for c in cpu]),
             "workers_cpu": median_after_first([c[1] for c in cpu])}
 

@@ -91,11 +91,15 @@ class SummaryTally:
         self.uploaded_total += sum(uploaded.values())
         self.uploaded_count += len(uploaded)
 
+    def curve(self) -> list[float]:
+        """Global test accuracy after each round so far (:func:`test_accuracy_curve`)."""
+        return test_accuracy_curve(self.global_rows)
+
     def summary(self, *, config: dict[str, Any], wall_time_s: float, rounds_total: int) -> dict[str, Any]:
-        global_rows = sorted(self.global_rows, key=lambda r: r["round"])
-        curve = [r["accuracy"] for r in global_rows]
+        curve = self.curve()
         best = max(range(len(curve)), key=lambda i: curve[i]) if curve else None
-        final_metrics = json.loads(global_rows[-1]["extra"]) if global_rows else {}
+        last = sorted(self.global_rows, key=lambda r: r["round"])[-1:]  # the last round's (stable sort)
+        final_metrics = json.loads(last[0]["extra"]) if last else {}
         return {
             "algorithm": config["algorithm"], "dataset": config["dataset"],
             "rounds_completed": len(curve), "rounds_planned": rounds_total,

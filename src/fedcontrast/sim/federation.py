@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,7 +89,7 @@ class Federation:
         self.executor: Any = SequentialExecutor()  # who trains a round's sites (run_simulation sets the run's)
         self.last_round: int | None = None  # the last round this process will run: none sent beyond
         self.ahead: tuple[int, Any] | None = None  # (round, the executor's handle) of sites sent ahead
-        self.before_aggregate: Any = None  # called once a round's sites are in, before anything else changes
+        self.before_aggregate: Callable[[], None] | None = None  # once a round's sites are in, before it changes
         self.device = resolve_device(config.device)
         splits = self.splits = load_splits(config)
         parts = self.partition = partition(config, splits)

@@ -23,7 +23,6 @@ from ..outputs import (
     TensorBoardLog,
     append_metrics_csv,
     plot_curves,
-    test_accuracy_curve,
     write_json,
     write_metrics_csv,
 )
@@ -126,14 +125,13 @@ def site_progress_for(progress: Progress | None):
 def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkpoint: dict[str, Any] | None,
                 progress: Progress | None, stop_after: int | None) -> dict[str, Any]:
     ckpt_path = run_dir / "checkpoint.pt"
-    rows: list[dict[str, Any]] = []
     start, elapsed = 0, 0.0
+    tally = SummaryTally()  # summary.json and the plot after each round, from each round's rows once
     if checkpoint is not None:
         federation.load_state_dict(checkpoint["federation"])
-        rows, start, elapsed = checkpoint["rows"], checkpoint["rounds_done"], checkpoint["elapsed"]
-        write_metrics_csv(run_dir / "metrics.csv", rows)  # drop rows of a round that did not finish
-    tally = SummaryTally()  # summary.json after each round, from each round's rows once
-    tally.add(rows)
+        start, elapsed = checkpoint["rounds_done"], checkpoint["elapsed"]
+        write_metrics_csv(run_dir / "metrics.csv", checkpoint["rows"])  # drop rows of a round that did not finish
+        tally.add(checkpoint["rows"])
 
     tb = TensorBoardLog(run_dir / "tensorboard", purge_step=start + 1 if start else None)
     end = config.rounds if stop_after is None else min(config.rounds, stop_after)
@@ -153,7 +151,6 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
             except RoundStopped as exc:  # on_rejected: stop — the round is recorded, then the run stops
                 stopped, new_rows = exc, exc.rows
             elapsed += time.perf_counter() - t0
-            rows.extend(new_rows)
             # before the checkpoint that counts round r: its rows and the digests of its fresh uploads
             append_round_rows(ckpt_path, r, new_rows, federation.screen.fresh)
             writer.save(ckpt_path, {"config": config.to_dict(), "rounds_done": r, "elapsed": elapsed,
@@ -184,10 +181,10 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
         with contextlib.suppress(Exception):
             tb.close()
         with contextlib.suppress(Exception):
-            _plot(config, run_dir, rows)
+            _plot(config, run_dir, tally)
         raise
     tb.close()
-    _plot(config, run_dir, rows)
+    _plot(config, run_dir, tally)
     summary = tally.summary(config=config.to_dict(), wall_time_s=elapsed, rounds_total=config.rounds)
     summary["threads_per_site"] = torch.get_num_threads()  # what the seed reproduces metrics at
     described = getattr(federation.executor, "summary", None)  # the Ray executor: its slots and tasks per round
@@ -197,8 +194,8 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
     return summary
 
 
-def _plot(config: RunConfig, run_dir: Path, rows: list[dict[str, Any]]) -> None:
-    curve = test_accuracy_curve(rows)
+def _plot(config: RunConfig, run_dir: Path, tally: SummaryTally) -> None:
+    curve = tally.curve()
     if curve:
         plot_curves(run_dir / "accuracy.png", {config.algorithm: curve},
                     title=f"{config.algorithm} on {config.dataset} ({config.clients} sites)")
