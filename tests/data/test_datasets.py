@@ -1,5 +1,6 @@
 """Tests of load_dataset: sizes, disjoint splits, normalisation, determinism, files and errors."""
 
+import gzip
 import pickle
 from pathlib import Path
 
@@ -199,22 +200,33 @@ def test_corrupt_cifar10_files_are_a_data_error(tmp_path):
 # --- torchvision sets from tiny local files ----------------------------------------------------
 
 
-def write_idx(path: Path, array: np.ndarray) -> None:
-    """Write an uncompressed IDX file (the MNIST format) of uint8 values."""
+def write_idx(path: Path, array: np.ndarray, *, gz: bool = False) -> None:
+    """Write an IDX file (the MNIST format) of uint8 values, gzipped when ``gz``."""
     header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
-    path.write_bytes(header + array.astype(np.uint8).tobytes())
+    data = header + array.astype(np.uint8).tobytes()
+    if gz:
+        path = path.with_name(path.name + ".gz")
+        data = gzip.compress(data)
+    path.write_bytes(data)
 
 
+def write_mnist_like(folder: Path, *, gz: bool, train: int = 40, test: int = 20, seed: int = 0) -> tuple:
+    """The four files of a tiny MNIST-like set in ``folder``; returns (train images, train labels,
+    test images, test labels) as written."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = (rng.integers(0, 256, (train, 28, 28)), np.arange(train) % 10,
+              rng.integers(0, 256, (test, 28, 28)), (np.arange(test) * 3) % 10)
+    for stem, array in zip(("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                            "t10k-labels-idx1-ubyte"), arrays):
+        write_idx(folder / stem, array, gz=gz)
+    return arrays
+
+
+@pytest.mark.parametrize("gz", [False, True])
 @pytest.mark.parametrize("name, folder", [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
-def test_mnist_like_sets_are_read_from_local_idx_files(tmp_path, name, folder):
-    rng = np.random.default_rng(0)
-    raw = tmp_path / folder / "raw"
-    raw.mkdir(parents=True)
-    train_y, test_y = np.arange(40) % 10, np.arange(20) % 10
-    write_idx(raw / "train-images-idx3-ubyte", rng.integers(0, 256, (40, 28, 28)))
-    write_idx(raw / "train-labels-idx1-ubyte", train_y)
-    write_idx(raw / "t10k-images-idx3-ubyte", rng.integers(0, 256, (20, 28, 28)))
-    write_idx(raw / "t10k-labels-idx1-ubyte", test_y)
+def test_mnist_like_sets_are_read_from_local_idx_files(tmp_path, name, folder, gz):
+    _, train_y, _, test_y = write_mnist_like(tmp_path / folder / "raw", gz=gz)  # torchvision's layout
 
     splits = load_dataset(name, root=str(tmp_path), public_fraction=0.25)
     assert splits.train.x.shape == (30, 1, 28, 28) and len(splits.public) == 10
@@ -223,6 +235,82 @@ def test_mnist_like_sets_are_read_from_local_idx_files(tmp_path, name, folder):
     assert splits.num_classes == 10
     resized = load_dataset(name, root=str(tmp_path), image_size=32, public_fraction=0)
     assert resized.test.x.shape == (20, 1, 32, 32)
+
+
+def test_idx_pixels_and_labels_arrive_unchanged(tmp_path):
+    """The reader's arrays against what was written: the raw source, before splits and normalisation."""
+    from fedcontrast.data.idx import load_idx_raw
+
+    train_x, train_y, test_x, test_y = write_mnist_like(tmp_path, gz=True, seed=3)  # the folder itself
+    raw = load_idx_raw("fashion_mnist", str(tmp_path))
+    assert raw.train_x.shape == (40, 1, 28, 28) and raw.train_x.dtype == np.uint8
+    assert np.array_equal(raw.train_x[:, 0], train_x) and np.array_equal(raw.test_x[:, 0], test_x)
+    assert np.array_equal(raw.train_y, train_y) and np.array_equal(raw.test_y, test_y)
+    assert raw.class_names[0] == "T-shirt/top" and raw.class_names[9] == "Ankle boot"
+
+
+def test_fashion_mnist_needs_no_flag_where_debians_package_put_it(tmp_path, monkeypatch):
+    import dataclasses
+
+    from fedcontrast.data import idx
+
+    package = tmp_path / "usr-share-datasets-fashion-mnist"
+    _, _, _, test_y = write_mnist_like(package, gz=True)  # as Debian's package installs them: four .gz files
+    monkeypatch.setitem(idx.SETS, "fashion_mnist", dataclasses.replace(idx.SETS["fashion_mnist"],
+                                                                       package_folder=str(package)))
+    splits = load_dataset("fashion_mnist", public_fraction=0.25)
+    assert np.array_equal(splits.test.y.numpy(), test_y) and len(splits.train) == 30
+
+    for path in package.iterdir():
+        path.unlink()
+    with pytest.raises(DataError) as info:
+        load_dataset("fashion_mnist")
+    message = str(info.value)
+    assert "apt-get install dataset-fashion-mnist" in message and str(package) in message
+    assert "never downloads" in message and "\n" not in message
+
+
+def test_mnist_has_no_package_and_asks_for_a_folder():
+    with pytest.raises(DataError, match="--data-root"):
+        load_dataset("mnist")
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda p: p.write_bytes(p.read_bytes()[:-5]), "truncated"),
+    (lambda p: p.write_bytes(b"\x00\x00\x0d\x03" + p.read_bytes()[4:]), "not an IDX file"),
+    (lambda p: p.write_bytes(b"garbage"), "not an IDX file"),
+])
+def test_damaged_idx_files_are_named_in_one_sentence(tmp_path, damage, match):
+    write_mnist_like(tmp_path, gz=False)
+    target = tmp_path / "t10k-images-idx3-ubyte"
+    damage(target)
+    with pytest.raises(DataError, match=match) as info:
+        load_dataset("fashion_mnist", root=str(tmp_path))
+    assert str(target) in str(info.value)
+
+
+def test_a_broken_gzip_and_mismatched_files_are_data_errors(tmp_path):
+    write_mnist_like(tmp_path, gz=True)
+    gz = tmp_path / "train-images-idx3-ubyte.gz"
+    gz.write_bytes(gz.read_bytes()[:30])
+    with pytest.raises(DataError, match="corrupt"):
+        load_dataset("fashion_mnist", root=str(tmp_path))
+    write_mnist_like(tmp_path, gz=True)
+    write_idx(tmp_path / "train-labels-idx1-ubyte", np.arange(39) % 10, gz=True)  # one label short
+    with pytest.raises(DataError, match="40 images but"):
+        load_dataset("fashion_mnist", root=str(tmp_path))
+    write_idx(tmp_path / "train-labels-idx1-ubyte", np.full(40, 12), gz=True)  # no such class
+    with pytest.raises(DataError, match="label 12"):
+        load_dataset("fashion_mnist", root=str(tmp_path))
+
+
+def test_a_folder_missing_some_idx_files_names_them(tmp_path):
+    write_mnist_like(tmp_path, gz=True)
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(DataError, match="missing t10k-labels-idx1-ubyte"):
+        load_dataset("fashion_mnist", root=str(tmp_path))
+    with pytest.raises(DataError, match="does not exist"):
+        load_dataset("fashion_mnist", root=str(tmp_path / "nowhere"))
 
 
 def test_cifar10_is_read_channels_first_from_local_batches(tmp_path, monkeypatch):

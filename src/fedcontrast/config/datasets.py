@@ -23,8 +23,9 @@ DATASETS: dict[str, str] = {
                          "as many as --clients (partition natural; --dataset-setting alpha=…, beta=…)",
     "cifar10": "torchvision's CIFAR-10 files in --data-root",
     "cifar100": "torchvision's CIFAR-100 files in --data-root",
-    "mnist": "torchvision's MNIST files in --data-root",
-    "fashion_mnist": "torchvision's Fashion-MNIST files in --data-root",
+    "mnist": "MNIST's four IDX files (gzipped or not) in --data-root",
+    "fashion_mnist": "Zalando's Fashion-MNIST (70,000 28×28 images, 10 classes) from Debian's package with no flag "
+                     "(apt-get install dataset-fashion-mnist), or its four IDX files in --data-root",
     "svhn": "torchvision's SVHN files in --data-root",
     "imagefolder": "--data-root with one folder per class (optionally train/ and test/)",
 }

@@ -16,6 +16,7 @@ import torch
 from ..config.datasets import DATASET_NAMES, PARTITIONED, dataset_key, dataset_settings
 from ..errors import ConfigError, DataError, UnknownNameError
 from .builtin import load_digits_raw, make_synthetic_raw
+from .idx import IDX_NAMES, load_idx_raw
 from .imagefolder import has_split_folders, load_imagefolder_raw
 from .raw import RawData
 from .splits import channel_stats, normalise_, stratified_holdout, to_float_images
@@ -160,6 +161,8 @@ def _read_raw(
         return make_synthetic_raw(samples=samples, classes=classes, noise=noise, image_size=size, seed=seed)
     if key == "imagefolder":
         return load_imagefolder_raw(root, size, class_names=class_names, channels=channels, window=window)
+    if key in IDX_NAMES:
+        return load_idx_raw(key, root)
     if key in TORCHVISION_NAMES:
         return load_torchvision_raw(key, root)
     raise UnknownNameError(f"unknown data set {key!r}; known data sets: {', '.join(DATASET_NAMES)}.")
@@ -187,8 +190,9 @@ def load_dataset(
 
     Sources (see :data:`DATASET_NAMES`): ``digits`` (scikit-learn's bundled 8×8 digits, upsampled to
     32×32 by default), ``synthetic`` (seeded class-conditional 16×16 images; ``split_seed`` also
-    seeds the images), the torchvision benchmarks ``cifar10``, ``cifar100``, ``mnist``,
-    ``fashion_mnist`` and ``svhn`` read from local files in ``root`` (native size by default), and
+    seeds the images), the torchvision benchmarks ``cifar10``, ``cifar100`` and ``svhn`` read from
+    local files in ``root``, ``mnist`` and ``fashion_mnist`` from their IDX files in ``root`` or, for
+    Fashion-MNIST with no ``root``, where Debian's package puts them (:mod:`.idx`; native size by default), and
     ``imagefolder`` (``root/<class>/`` images, 32×32 by default). ``image_size`` resizes bilinearly.
 
     Splits: sources with an official test split (the torchvision sets, an image folder with
@@ -217,7 +221,8 @@ def load_dataset(
         name, image_size, test_fraction, public_fraction, split_seed,
         synthetic_samples, synthetic_classes, synthetic_noise,
     )
-    has_official_test = key in TORCHVISION_NAMES or (key == "imagefolder" and has_split_folders(root))
+    has_official_test = (key in TORCHVISION_NAMES or key in IDX_NAMES
+                         or (key == "imagefolder" and has_split_folders(root)))
     if not has_official_test and test_fraction + public_fraction >= 1:
         raise ConfigError(
             f"test_fraction + public_fraction must be below 1 so that training data remain, got "

@@ -1,4 +1,5 @@
-"""Standard benchmark data sets read from local files through torchvision, never downloaded.
+"""CIFAR-10, CIFAR-100 and SVHN read from local files through torchvision, never downloaded
+(MNIST and Fashion-MNIST: :mod:`.idx`).
 
 Each set is read once into uint8 arrays (``ds.data`` and its labels); no per-sample transforms run.
 The expected files are checked before torchvision is asked, so that a missing file gives a message
@@ -37,18 +38,6 @@ _LAYOUTS: dict[str, _Layout] = {
     "cifar100": _Layout(
         "cifar-100-python", ("train", "test", "meta"), "train, test, meta",
         "as extracted from cifar-100-python.tar.gz",
-    ),
-    "mnist": _Layout(
-        "MNIST/raw",
-        ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-        "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte",
-        "as gunzipped from the four MNIST .gz files",
-    ),
-    "fashion_mnist": _Layout(
-        "FashionMNIST/raw",
-        ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-        "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte",
-        "as gunzipped from the four Fashion-MNIST .gz files",
     ),
     "svhn": _Layout(
         "", ("train_32x32.mat", "test_32x32.mat"), "train_32x32.mat, test_32x32.mat",
@@ -125,21 +114,6 @@ def _read_cifar(root: str, cls_name: str) -> RawData:
     )
 
 
-def _read_mnist_like(root: str, cls_name: str) -> RawData:
-    import torchvision.datasets as tvd
-
-    cls = getattr(tvd, cls_name)
-    train, test = cls(root, train=True, download=False), cls(root, train=False, download=False)
-    # ds.data is a (N, 28, 28) uint8 tensor; add the channel axis.
-    return RawData(
-        train.data.numpy()[:, None, :, :],
-        train.targets.numpy().astype(np.int64),
-        test.data.numpy()[:, None, :, :],
-        test.targets.numpy().astype(np.int64),
-        tuple(train.classes),
-    )
-
-
 def _read_svhn(root: str) -> RawData:
     import torchvision.datasets as tvd
 
@@ -154,7 +128,5 @@ def _read_svhn(root: str) -> RawData:
 _READERS = {
     "cifar10": lambda root: _read_cifar(root, "CIFAR10"),
     "cifar100": lambda root: _read_cifar(root, "CIFAR100"),
-    "mnist": lambda root: _read_mnist_like(root, "MNIST"),
-    "fashion_mnist": lambda root: _read_mnist_like(root, "FashionMNIST"),
     "svhn": _read_svhn,
 }
