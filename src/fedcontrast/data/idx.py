@@ -112,14 +112,13 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
 
 
 def _pair(paths: dict[str, Path], split: str, classes: int) -> tuple[np.ndarray, np.ndarray]:
-    images = read_idx(paths[f"{split}-images-idx3-ubyte"], 3)
-    labels = read_idx(paths[f"{split}-labels-idx1-ubyte"], 1)
+    image_file, label_file = paths[f"{split}-images-idx3-ubyte"], paths[f"{split}-labels-idx1-ubyte"]
+    images, labels = read_idx(image_file, 3), read_idx(label_file, 1)
     if len(images) != len(labels):
-        raise DataError(f"{paths[f'{split}-images-idx3-ubyte']} holds {len(images)} images but "
-                        f"{paths[f'{split}-labels-idx1-ubyte']} {len(labels)} labels: the files do not belong together.")
+        raise DataError(f"{image_file} holds {len(images)} images but {label_file} {len(labels)} labels: the files "
+                        "do not belong together.")
     if labels.size and int(labels.max()) >= classes:
-        raise DataError(f"{paths[f'{split}-labels-idx1-ubyte']} holds label {int(labels.max())}; labels must lie in "
-                        f"[0, {classes}).")
+        raise DataError(f"{label_file} holds label {int(labels.max())}; labels must lie in [0, {classes}).")
     # (N, 28, 28) → (N, 1, 28, 28): one channel; a copy, so the arrays own writable memory
     return images[:, None, :, :].copy(), labels.astype(np.int64)
 
