@@ -15,7 +15,7 @@ import torch
 from .algorithms import Algorithm, RunFacts, get_algorithm, secure_summable
 from .config import RunConfig, site_names
 from .data import ArrayDataset, DataSplits, load_dataset, partition_indices
-from .data.splits import site_test_indices  # tests import it from here too
+from .data.splits import site_test_indices, stratified_holdout  # tests import site_test_indices from here too
 from .errors import ConfigError
 from .models import ContrastiveNet, build_model
 from .seeds import derive_seed  # noqa: F401  (engines and tests import it from here)
@@ -180,6 +180,30 @@ def partition(config: RunConfig, splits: DataSplits) -> list[np.ndarray]:
     return partition_indices(splits.train.y.numpy(), config.clients, method=config.partition, beta=config.beta,
                              shards_per_client=config.shards_per_client, min_samples=config.min_samples,
                              seed=config.seed)
+
+
+VALIDATION_STREAM = 0x7A1  # a site's validation hold-out draws from a stream of its own
+
+
+def site_validation(config: RunConfig, labels: np.ndarray | torch.Tensor, index: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions (kept, held) within site ``index``'s own training samples of the labels ``labels``:
+    ``config.validation_fraction`` of them held out, stratified by class, as the site's validation
+    split. Seeded by ``split_seed`` and the index alone, so every engine holds out the same samples;
+    a class keeps at least one training sample, so a very small site may hold out none."""
+    labels = labels.cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    if config.validation_fraction == 0:
+        return np.arange(len(labels), dtype=np.int64), np.empty(0, dtype=np.int64)
+    rng = np.random.default_rng([config.split_seed, index, VALIDATION_STREAM])
+    return stratified_holdout(labels, config.validation_fraction, rng)
+
+
+def split_site_data(config: RunConfig, data: ArrayDataset, index: int) -> tuple[ArrayDataset, ArrayDataset | None]:
+    """A site's (training, validation) parts of its own training data (:func:`site_validation`);
+    validation None when nothing is held out."""
+    kept, held = site_validation(config, data.y, index)
+    if held.size == 0:
+        return data, None
+    return data.subset(kept), data.subset(held)
 
 
 def initial_model(config: RunConfig, *, in_channels: int, image_size: int, num_classes: int) -> ContrastiveNet:

@@ -57,6 +57,23 @@ def test_accuracy_curve(rows: Sequence[dict[str, Any]]) -> list[float]:
                                           key=lambda r: r["round"])]
 
 
+def validation_accuracy_curve(rows: Sequence[dict[str, Any]]) -> list[float | None]:
+    """The global model's accuracy on the sites' validation parts after each round, in round order
+    (None where a round has none: no validation split)."""
+    out: list[float | None] = []
+    for r in sorted((r for r in rows if r["site"] == GLOBAL_SITE), key=lambda r: r["round"]):
+        extra = r["extra"] if isinstance(r["extra"], dict) else json.loads(r["extra"] or "{}")
+        out.append(extra.get("val_accuracy"))
+    return out
+
+
+def best_by_validation(validation: Sequence[float | None]) -> int | None:
+    """The index of the round the validation curve picks: the first with the highest validation
+    accuracy (NaN never picked); None where no round has one. The test curve is never looked at."""
+    scored = [(v, -i) for i, v in enumerate(validation) if v is not None and v == v]
+    return -max(scored)[1] if scored else None
+
+
 def rounds_to_reach(curve: Sequence[float], target: float | None) -> int | None:
     """The first round (1-based) whose accuracy is ≥ ``target``; None if never or no target."""
     if target is None:
@@ -79,6 +96,7 @@ class SummaryTally:
     def __init__(self) -> None:
         self.global_rows: list[dict[str, Any]] = []
         self.uploaded_total, self.uploaded_count = 0, 0  # bytes uploaded, and (round, site) pairs
+        self.train_accuracy: dict[int, tuple[float, int]] = {}  # round → (Σ samples × accuracy, Σ samples)
 
     def add(self, rows: Sequence[dict[str, Any]]) -> None:
         uploaded: dict[tuple[int, str], int] = {}  # (round, site) → bytes, over the site's tasks
@@ -88,24 +106,38 @@ class SummaryTally:
             else:
                 key = (r["round"], r["site"])
                 uploaded[key] = uploaded.get(key, 0) + r["bytes_uploaded"]
+                if r["task"] == "train" and r["accuracy"] == r["accuracy"]:  # the sites' training accuracy
+                    total, count = self.train_accuracy.get(r["round"], (0.0, 0))
+                    self.train_accuracy[r["round"]] = (total + r["samples"] * r["accuracy"], count + r["samples"])
         self.uploaded_total += sum(uploaded.values())
         self.uploaded_count += len(uploaded)
+
+    def validation_curve(self) -> list[float | None]:
+        return validation_accuracy_curve(self.global_rows)
 
     def curve(self) -> list[float]:
         """Global test accuracy after each round so far (:func:`test_accuracy_curve`)."""
         return test_accuracy_curve(self.global_rows)
 
     def summary(self, *, config: dict[str, Any], wall_time_s: float, rounds_total: int) -> dict[str, Any]:
-        curve = self.curve()
-        best = max(range(len(curve)), key=lambda i: curve[i]) if curve else None
+        curve, validation = self.curve(), self.validation_curve()
+        best = best_by_validation(validation)  # chosen on the sites' validation parts, never on the test split
         last = sorted(self.global_rows, key=lambda r: r["round"])[-1:]  # the last round's (stable sort)
         final_metrics = json.loads(last[0]["extra"]) if last else {}
+        trained = self.train_accuracy.get(last[0]["round"]) if last else None
         return {
             "algorithm": config["algorithm"], "dataset": config["dataset"],
             "rounds_completed": len(curve), "rounds_planned": rounds_total,
             "final_accuracy": curve[-1] if curve else None,
-            "best_accuracy": curve[best] if best is not None else None,
+            "final_val_accuracy": validation[-1] if validation else None,
+            # the sites' accuracy on their own training data in the last round (its last epoch), sample-weighted
+            "final_train_accuracy": trained[0] / trained[1] if trained and trained[1] else None,
+            # the round the validation curve picks, and the test accuracy of that round's model
             "best_round": best + 1 if best is not None else None,
+            "best_val_accuracy": validation[best] if best is not None else None,
+            "best_accuracy": curve[best] if best is not None else None,
+            "best_chosen_by": "validation" if best is not None else
+            "none: no validation split (validation_fraction 0), and the test split never chooses",
             "target_accuracy": config.get("target_accuracy"),
             "rounds_to_target": rounds_to_reach(curve, config.get("target_accuracy")),
             "bytes_uploaded_per_site_per_round": (self.uploaded_total / self.uploaded_count
@@ -113,6 +145,7 @@ class SummaryTally:
             "wall_time_s": round(wall_time_s, 3),
             "final_metrics": final_metrics,  # the last round's other test metrics (local accuracy, ξ, ...)
             "accuracy_curve": curve,
+            "val_accuracy_curve": validation,
         }
 
 

@@ -14,7 +14,8 @@ from ..yamlio import loads_yaml
 # flag name → config key (None default = "not given": the YAML file or the default applies)
 RUN_FLAGS = {
     "algorithm": str, "dataset": str, "data_root": str, "image_size": int, "test_fraction": float,
-    "public_fraction": float, "split_seed": int, "partition": str, "clients": int, "beta": float,
+    "public_fraction": float, "validation_fraction": float, "split_seed": int, "partition": str, "clients": int,
+    "beta": float,
     "shards_per_client": int, "min_samples": int, "model": str, "projection_dim": int, "rounds": int,
     "sample_fraction": float, "seed": int, "target_accuracy": float, "device": str,
 }

@@ -23,8 +23,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     summary = run(config, run_dir, resume=args.resume, overwrite=args.overwrite,
                   progress=None if args.quiet else print_progress(header),
                   local_evaluation=True if args.local_eval else None, linear_probe=args.linear_probe)
-    print(f"final test accuracy {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f} "
-          f"at round {summary['best_round']}), {summary['wall_time_s']:.1f} s; results in {run_dir}")
+    print(accuracy_line(summary) + f"; {summary['wall_time_s']:.1f} s; results in {run_dir}")
     final = summary.get("final_metrics", {})
     if "local_accuracy" in final:  # personalised plugins (FedPCL) report no balanced accuracy
         spread = f" ± {final['local_accuracy_std']:.4f}" if "local_accuracy_std" in final else ""
@@ -34,6 +33,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.linear_probe and "probe_accuracy" in final:
         print(f"linear probe of the global encoder: {final['probe_accuracy']:.4f}")
     return 0
+
+
+def accuracy_line(summary: dict) -> str:
+    """The three splits of a finished run in one line: test, validation, the sites' training accuracy,
+    and the round the validation curve picks."""
+    def fmt(key: str) -> str:
+        value = summary.get(key)
+        return "n/a" if value is None else f"{value:.4f}"
+
+    best = (f"best round by validation {summary['best_round']} (validation {fmt('best_val_accuracy')}, test "
+            f"{fmt('best_accuracy')})" if summary.get("best_round") is not None else
+            "no validation split (validation_fraction 0): no best round")
+    return (f"final test accuracy {fmt('final_accuracy')}, validation {fmt('final_val_accuracy')}, the sites' "
+            f"training {fmt('final_train_accuracy')}; {best}")
 
 
 def cmd_probe(args: argparse.Namespace) -> int:

@@ -40,6 +40,9 @@ class RunConfig:
     image_size: int | None = None
     test_fraction: float = 0.2
     public_fraction: float = 0.1
+    # each site holds out this stratified part of its own training data as its validation split: what
+    # tuning and the best round look at (construction.site_validation); never trained on
+    validation_fraction: float = 0.1
     split_seed: int = 0
     partition: str = "dirichlet"
     clients: int = 10
@@ -111,6 +114,8 @@ class RunConfig:
         _check(isinstance(self.rounds, int) and self.rounds >= 1,
                f"rounds must be an integer >= 1, got {self.rounds!r}")
         _check(_finite(self.beta) and self.beta > 0, f"beta must be a number > 0, got {self.beta!r}")
+        _check(_finite(self.validation_fraction) and 0 <= self.validation_fraction <= 0.5,
+               f"validation_fraction must be from 0 (no validation split) to 0.5, got {self.validation_fraction!r}")
         _check(_finite(self.sample_fraction) and 0 < self.sample_fraction <= 1,
                f"sample_fraction must be in (0, 1], got {self.sample_fraction!r}")
         _check(isinstance(self.seed, int) and self.seed >= 0, f"seed must be an integer >= 0, got {self.seed!r}")

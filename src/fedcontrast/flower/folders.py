@@ -116,7 +116,8 @@ def run_report(run: Path) -> list[str]:
         best = summary.get("best_accuracy")
         lines.append(f"finished: {done} of {total} rounds; the sites' held-out accuracy of the final model "
                      + ("n/a" if final is None else f"{final:.4f}")
-                     + (f" (best {best:.4f} after round {summary.get('best_round')})" if best is not None else ""))
+                     + (f" ({best:.4f} after round {summary.get('best_round')}, the round the sites' validation "
+                        "parts pick)" if best is not None else ""))
     elif status == "failed":
         lines.append(f"stopped after {done} of {total} rounds: {outcome.get('error')} (continue it with --resume)")
     else:

@@ -311,7 +311,7 @@ class FlowerServer:
         after = round_num - 1
         if after == 0:
             return
-        total, weighted = 0.0, 0.0
+        total, weighted, val_total, val_weighted = 0.0, 0.0, 0.0, 0.0
         for site in self.sites:
             measured = evaluations.get(site) or {}
             if not measured:
@@ -322,9 +322,14 @@ class FlowerServer:
             if "accuracy" in measured and samples > 0:
                 total += samples
                 weighted += samples * float(measured["accuracy"])
+            val_samples = float(measured.get("val_samples", 0.0))  # the part of its training data it holds out
+            if "val_accuracy" in measured and val_samples > 0:
+                val_total += val_samples
+                val_weighted += val_samples * float(measured["val_accuracy"])
         if total > 0:
+            validation = {"val_accuracy": val_weighted / val_total} if val_total > 0 else {}
             self.rows.append(metric_row(after, GLOBAL_SITE, "evaluate", int(total),
-                                        {"accuracy": weighted / total, **self.downlink.metrics}))
+                                        {"accuracy": weighted / total, **validation, **self.downlink.metrics}))
 
     def final_evaluation(self) -> None:
         """The final model goes to every site, which scores it and keeps it (``site_report/``)."""

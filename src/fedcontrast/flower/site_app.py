@@ -143,7 +143,7 @@ class SiteRuntime:
         test = self.data.test
         assert test is not None  # a site's data: its training and held-out splits
         measured = evaluate_site(self.algorithm, site, received, test, self.report, config=self.config,  # the core's
-                                 shape=self.shape)
+                                 shape=self.shape, validation=self.data.validation)
         return {**measured, "samples": float(len(test))} if self.releases.evaluation_metrics else {}
 
     def train(self, round_num: int, received: dict[str, torch.Tensor], state: dict[str, Any], nbytes: int):

@@ -215,6 +215,8 @@ def format_round(record: dict[str, Any]) -> str:
                         else ""))  # one site's number is no mean
     elif record.get("sites") and not record.get("incomplete"):
         parts.append("no site released its held-out accuracy")
+    if record.get("site_val_accuracy") is not None:
+        parts.append(f"validation {record['site_val_accuracy']:.4f}")
     if record.get("withheld"):
         parts.append(describe_withheld(record["withheld"]))
     if record.get("absent"):
@@ -231,15 +233,18 @@ def null_reasons(records: list[dict[str, Any]], summary: dict[str, Any]) -> dict
     """Why each null value of ``summary`` (see :func:`export_results`) is null, one sentence each:
     ``final_site_accuracy.SITE`` for a site's, ``plot`` for a missing accuracy.png."""
     if not records:
-        return {k: "no round has finished yet" for k in ("final_accuracy", "best_accuracy", "final_site_accuracy_mean",
+        return {k: "no round has finished yet" for k in ("final_accuracy", "best_round", "final_site_accuracy_mean",
                                                            "final_model", "plot")}
     last, why = records[-1], {}
     no_global = next((r["no_global_accuracy"] for r in reversed(records) if r.get("no_global_accuracy")), None)
     if summary["final_accuracy"] is None:
         why["final_accuracy"] = (last.get("no_global_accuracy")
                                  or "the last round's record holds no global test accuracy")
-    if summary["best_accuracy"] is None:
-        why["best_accuracy"] = no_global or "no round's record holds a global test accuracy"
+    if summary["best_round"] is None:
+        why["best_round"] = ("no site released a validation accuracy (validation_fraction 0, or every site withheld "
+                             "its evaluation): the best round is chosen on validation data only, never on test data")
+    elif summary["best_accuracy"] is None:
+        why["best_accuracy"] = no_global or "the round validation picks holds no global test accuracy"
     kept = {s: [n for n in names if metric_kind(n) == "evaluation"] for s, names in last.get("withheld", {}).items()}
     kept = {s: names for s, names in kept.items() if names}
     for site, value in summary["final_site_accuracy"].items():
@@ -264,7 +269,7 @@ def export_results(workspace: str | Path, out_dir: str | Path, facts: dict[str, 
     """Copy the final model and write accuracy.png (the aggregator's test accuracy when it has test
     data, every site's held-out accuracy and their sample-weighted mean), rounds.csv and
     summary.json into ``out_dir`` (``facts``: recorded in it too, e.g. each party's threads)."""
-    from ..outputs import plot_curves, write_json
+    from ..outputs import best_by_validation, plot_curves, write_json
 
     ws, out = Path(workspace), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -301,13 +306,20 @@ def export_results(workspace: str | Path, out_dir: str | Path, facts: dict[str, 
     else:  # an empty plot says nothing; summary.json says why there is none
         plot.unlink(missing_ok=True)
     final_sites = {s: v[-1] for s, v in per_site.items()} if records else {}
+    validation = [r.get("site_val_accuracy") for r in records]  # the sites' validation parts, weighted
+    best = best_by_validation(validation)  # the round validation picks; the test curve never chooses
     summary = {"algorithm": config.algorithm, "dataset": config.dataset, "collaborators": config.clients,
                "rounds_completed": len(records), "final_accuracy": curve[-1] if curve else None,
-               "best_accuracy": max((a for a in curve if a is not None), default=None),
+               "final_val_accuracy": validation[-1] if validation else None,
+               "best_round": records[best]["round"] if best is not None else None,
+               "best_val_accuracy": validation[best] if best is not None else None,
+               "best_accuracy": curve[best] if best is not None else None,
+               "best_site_accuracy": mean_curve[best] if best is not None else None,
                "final_site_accuracy": final_sites, "final_site_accuracy_mean": mean_curve[-1] if records else None,
                "final_model": str(out / FINAL_MODEL) if (out / FINAL_MODEL).exists() else None,
                "final_downlink": str(out / FINAL_DOWNLINK), "accuracy_curve": curve,
-               "site_accuracy_curve": mean_curve, "plot": str(plot) if curves else None}
+               "site_accuracy_curve": mean_curve, "val_accuracy_curve": validation,
+               "plot": str(plot) if curves else None}
     summary["why_null"] = null_reasons(records, summary)
     summary.update(facts or {})
     write_json(out / "summary.json", summary)

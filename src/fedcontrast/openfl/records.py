@@ -76,10 +76,11 @@ def json_safe(value: Any, where: str = "") -> Any:
     return value
 
 
-def weighted_site_mean(sites: dict[str, dict[str, Any]], key: str = "accuracy") -> float | None:
+def weighted_site_mean(sites: dict[str, dict[str, Any]], key: str = "accuracy",
+                       samples: str = EVAL_SAMPLES) -> float | None:
     """The mean of the sites' evaluation ``key``, weighted by the size of each site's held-out split
-    (= the figure pooled over every site's held-out samples)."""
-    pairs = [(v["evaluation"][key], v["evaluation"].get(EVAL_SAMPLES, 1.0)) for v in sites.values()
+    (``samples``: the name of that size; = the figure pooled over every site's held-out samples)."""
+    pairs = [(v["evaluation"][key], v["evaluation"].get(samples, 1.0)) for v in sites.values()
              if key in v.get("evaluation", {})]
     total = sum(n for _, n in pairs)
     return sum(a * n for a, n in pairs) / total if total else None
@@ -312,6 +313,9 @@ class RoundReport(Callback):
         mean = weighted_site_mean(record["sites"])  # over the sites that released their accuracy
         if mean is not None:
             record["site_accuracy"] = mean
+        validation = weighted_site_mean(record["sites"], "val_accuracy", "val_samples")  # their validation parts
+        if validation is not None:
+            record["site_val_accuracy"] = validation
         record["time"] = time.time()
         record = json_safe(record, f"round {round_num}")
         from ..jsonl import append_jsonl, rewrite_jsonl
@@ -340,7 +344,7 @@ def training_half(record: dict[str, Any]) -> dict[str, Any]:
     """What the aggregator knew of a round before the sites evaluated its model (the pending record):
     ``record`` without the sites' evaluations and what was derived from them."""
     half = {k: v for k, v in record.items()
-            if k not in ("site_accuracy", "time", "incomplete", "not_evaluated", "withheld")}
+            if k not in ("site_accuracy", "site_val_accuracy", "time", "incomplete", "not_evaluated", "withheld")}
     sites = {s: {k: v for k, v in values.items() if k != "evaluation"} for s, values in record.get("sites", {}).items()}
     half["sites"] = {s: values for s, values in sites.items() if values}
     withheld = {s: [n for n in names if metric_kind(n) != "evaluation"]

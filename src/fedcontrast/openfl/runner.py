@@ -141,7 +141,8 @@ class PluginTaskRunner(TaskRunner):
         released = self.releases.evaluation_metrics  # else kept on the site (its log, its report); nothing leaves
         measured = evaluate_site(self.algorithm, site, received, loader.test, self._report(col_name),
                                  config=self.config, shape=loader.shape,  # fedcontrast.rounds
-                                 sent_bytes=lambda m: 8 * (len(m) + 1) if released else 0)  # float64 scalars
+                                 sent_bytes=lambda m: 8 * (len(m) + 1) if released else 0,  # float64 scalars
+                                 validation=loader.validation)
         out = {}
         if released:
             out = {TensorKey(f"{EVALUATE_TASK}_{key}", col_name, fl_round, True, ("metric",)): np.array(value)

@@ -60,15 +60,20 @@ def run_site_task(algorithm: Algorithm, site: SiteContext, task: str, received: 
 
 def evaluate_site(algorithm: Algorithm, site: SiteContext, received: dict[str, torch.Tensor], test: Any,
                   report: SiteReport, *, config: RunConfig, shape: dict[str, int],
-                  sent_bytes: Callable[[dict[str, float]], int] | None = None) -> dict[str, float]:
+                  sent_bytes: Callable[[dict[str, float]], int] | None = None,
+                  validation: Any = None) -> dict[str, float]:
     """What ``site`` received at the start of round ``site.round_num`` — the model after the round
     before; the final model when ``site.round_num`` is ``rounds + 1``, the evaluation after the last
     round — scored on its held-out split ``test``: its report's row of that model, now complete (and,
     for the final model, the model and what loads it in its report folder); ``sent_bytes``: what the
-    engine sends of the measurement. Returns what it measured."""
+    engine sends of the measurement; ``validation``: the site's validation part, scored the same way
+    (``val_accuracy`` …). Returns what it measured."""
     after = site.round_num - 1
     final = snapshot(site.model, received) if after >= config.rounds else None  # before the plugin loads others
     measured = algorithm.evaluate_at_site(site, received, test)
+    if validation is not None:  # the part of its training data the site holds out: ``val_`` before each name
+        measured.update({f"val_{k}": v for k, v in algorithm.evaluate_at_site(site, received, validation).items()})
+        measured["val_samples"] = float(len(validation))
     report.evaluated(after, measured, len(test), sent_bytes(measured) if sent_bytes is not None else 0)
     if final is not None:
         write_final_model(report.folder, site=site, config=config, shape=shape, model=final, received=received,

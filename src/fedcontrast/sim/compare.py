@@ -57,6 +57,7 @@ def run_comparison(base: RunConfig, algorithms: Sequence[str], seeds: Sequence[i
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     curves: dict[str, list[list[float]]] = {}
+    summaries: dict[str, list[dict[str, Any]]] = {}
     walls: dict[str, list[float]] = {}
     from .ray_executor import make_executor, site_progress
 
@@ -72,6 +73,7 @@ def run_comparison(base: RunConfig, algorithms: Sequence[str], seeds: Sequence[i
             summary = run_simulation(config, out / f"{run_name}-s{seed}", resume=resume, progress=progress,
                                      executor=executor)
             curves.setdefault(algorithm, []).append(summary["accuracy_curve"])
+            summaries.setdefault(algorithm, []).append(summary)
             walls.setdefault(algorithm, []).append(summary["wall_time_s"])
     finally:
         executor.close()
@@ -81,13 +83,17 @@ def run_comparison(base: RunConfig, algorithms: Sequence[str], seeds: Sequence[i
     table = []
     for algorithm in algorithms:
         finals = [c[-1] for c in curves[algorithm]]
-        bests = [max(c) for c in curves[algorithm]]
+        # the test accuracy of the round each run's validation curve picks (never the best test round)
+        bests = [s["best_accuracy"] for s in summaries[algorithm] if s.get("best_accuracy") is not None]
+        vals = [s["final_val_accuracy"] for s in summaries[algorithm] if s.get("final_val_accuracy") is not None]
         reach = [rounds_to_reach(c, ref_final) for c in curves[algorithm]]
         final_m, final_s = _mean_std(finals)
-        best_m, best_s = _mean_std(bests)
+        best_m, best_s = _mean_std(bests) if bests else (None, None)
+        val_m, val_s = _mean_std(vals) if vals else (None, None)
         table.append({
             "algorithm": algorithm, "seeds": len(finals),
             "final_accuracy_mean": final_m, "final_accuracy_std": final_s,
+            "final_val_accuracy_mean": val_m, "final_val_accuracy_std": val_s,
             "best_accuracy_mean": best_m, "best_accuracy_std": best_s,
             f"rounds_to_{reference}_final": (statistics.fmean(cast(list[int], reach))
                                           if all(r is not None for r in reach) else None),
@@ -119,17 +125,21 @@ def _write_table(out: Path, table: list[dict[str, Any]], reference: str, ref_fin
         writer = csv.DictWriter(f, fieldnames=[k for k in table[0] if k != "rounds_to_reference_per_seed"])
         writer.writeheader()
         writer.writerows({k: v for k, v in row.items() if k != "rounds_to_reference_per_seed"} for row in table)
-    lines = [f"| algorithm | final accuracy | best accuracy | rounds to {reference}'s final ({ref_final:.4f}) "
-             "| wall time / run |", "|---|---|---|---|---|"]
+    lines = [f"| algorithm | final test accuracy | final validation accuracy | test accuracy at the round validation "
+             f"picks | rounds to {reference}'s final ({ref_final:.4f}) | wall time / run |",
+             "|---|---|---|---|---|---|"]
+
+    def cell(row: dict[str, Any], key: str) -> str:
+        mean = row[f"{key}_mean"]
+        return "n/a (no validation split)" if mean is None else f"{100 * mean:.2f} ± {100 * row[f'{key}_std']:.2f} %"
+
     for row in table:
         reach = row[key]
         reach_s = f"{reach:.1f}" if reach is not None else (
             f">{rounds} (per seed: "
             f"{', '.join('-' if r is None else str(r) for r in row['rounds_to_reference_per_seed'])})")
-        lines.append(f"| {row['algorithm']} | {100 * row['final_accuracy_mean']:.2f} ± "
-                     f"{100 * row['final_accuracy_std']:.2f} % "
-                     f"| {100 * row['best_accuracy_mean']:.2f} ± {100 * row['best_accuracy_std']:.2f} % "
-                     f"| {reach_s} | {row['wall_time_s_mean']:.1f} s |")
+        lines.append(f"| {row['algorithm']} | {cell(row, 'final_accuracy')} | {cell(row, 'final_val_accuracy')} "
+                     f"| {cell(row, 'best_accuracy')} | {reach_s} | {row['wall_time_s_mean']:.1f} s |")
     (out / "compare.md").write_text("\n".join(lines) + "\n")
 
 

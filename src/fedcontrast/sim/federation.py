@@ -30,6 +30,7 @@ from ..construction import (
     load_splits,
     partition,
     site_privacy,
+    site_validation,
     task_seed,
 )
 from ..devices import resolve_device
@@ -98,12 +99,22 @@ class Federation:
 
         self.test = on_device(splits.test)
         self.public = on_device(splits.public) if splits.public is not None else None
+        # each site's shard: the part it trains on and the validation part it holds out (construction.site_validation)
+        shards = [np.asarray(p, dtype=np.int64) for p in parts]
+        kept_held = [site_validation(config, splits.train.y[p], i) for i, p in enumerate(shards)]
+        self.site_validations = [on_device(splits.train.subset(p[h])) if h.size else None
+                                 for p, (_, h) in zip(shards, kept_held)]
+        held_out = np.concatenate([p[h] for p, (_, h) in zip(shards, kept_held)] or [np.empty(0, dtype=np.int64)])
+        # the sites' validation parts together: the global model's validation split (tuning, the best round)
+        self.validation = on_device(splits.train.subset(held_out)) if held_out.size else None
         shape = {"in_channels": splits.in_channels, "image_size": splits.image_size, "num_classes": splits.num_classes}
+        labelled = splits.train.subset(np.setdiff1d(np.arange(len(splits.train)), held_out)) if held_out.size \
+            else splits.train  # a linear probe never trains on validation samples
         self.core = AggregatorRound(config, shape, public=self.public, device=self.device,
-                                    labelled=on_device(splits.train))  # the aggregator's round (fedcontrast.rounds)
+                                    labelled=on_device(labelled))  # the aggregator's round (fedcontrast.rounds)
         self.algorithm, self.server, self.screen = self.core.algorithm, self.core.server, self.core.screen
-        self.sites = [Site(name, i, on_device(splits.train.subset(p)))
-                      for i, (name, p) in enumerate(zip(site_names(config), parts))]
+        self.sites = [Site(name, i, on_device(splits.train.subset(p[k])))
+                      for i, (name, p, (k, _)) in enumerate(zip(site_names(config), shards, kept_held))]
         # a data set with sites of its own (fedprox_synthetic) holds out each site's own test samples:
         # a site's own model is scored on those, not on the shared test split re-weighted to its labels
         self.site_tests = (None if splits.site_test is None
@@ -156,18 +167,33 @@ class Federation:
                            round_num=round_num, seed=seed, device=self.device, state=site.state,
                            public=self.public, index=site.index, privacy=privacy)
 
-    def personalized_evaluation(self, round_num: int) -> dict[str, float]:
+    def personalized_evaluation(self, round_num: int, *, validation: bool = False) -> dict[str, float]:
         """Each site's own model on the test split (the site's own held-out samples where the data set
-        has them): mean ("accuracy") and spread over sites."""
+        has them), or on its own validation part (``validation``; a site that holds none out is left
+        out): mean ("accuracy") and spread over sites."""
         algorithm = self.algorithm
         assert isinstance(algorithm, PersonalEvaluation)
-        per_site = [algorithm.evaluate_site(self.site_context(site, round_num, 0), self.downlink.for_site(site.name),
-                                            self.test if self.site_tests is None else self.site_tests[site.index])
-                    for site in self.sites]
+        held = [(site, self.site_validations[site.index] if validation else
+                 self.test if self.site_tests is None else self.site_tests[site.index]) for site in self.sites]
+        per_site = [algorithm.evaluate_site(self.site_context(site, round_num, 0),
+                                            self.downlink.for_site(site.name), data)
+                    for site, data in held if data is not None]
+        if not per_site:
+            return {}
         out: dict[str, float] = {}
         for key in per_site[0]:
             out[key], out[f"{key}_std"] = _mean_std([m[key] for m in per_site])
         return out
+
+    def validation_evaluation(self, round_num: int) -> dict[str, float]:
+        """The round's model on the sites' validation parts, as the test split is scored (``val_``
+        before each name): what tuning and the best round look at, never the test split."""
+        if self.validation is None:
+            return {}
+        measured = self.algorithm.evaluate(self.downlink, self.server, self.validation)
+        if isinstance(self.algorithm, PersonalEvaluation):
+            measured.update(self.personalized_evaluation(round_num, validation=True))
+        return {f"val_{k}": v for k, v in measured.items()}
 
     def local_model_evaluation(self, uploads: dict[str, dict[str, torch.Tensor]]) -> dict[str, float]:
         """Each site's uploaded local model on the test split, on the site's own label distribution
@@ -300,6 +326,7 @@ class Federation:
             evaluation.update(self.personalized_evaluation(round_num))
         if self.local_evaluation:
             evaluation.update(self.local_model_evaluation(uploads))
+        evaluation.update(self.validation_evaluation(round_num))
         if self.linear_probe and "probe_accuracy" not in evaluation:
             load_weights(self.server.model, self.downlink.global_tensors)
             evaluation.update(linear_probe(self.server.model.encoder, self.splits.train, self.test, self.device,

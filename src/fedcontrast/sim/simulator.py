@@ -195,9 +195,14 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
 
 
 def _plot(config: RunConfig, run_dir: Path, tally: SummaryTally) -> None:
-    curve = tally.curve()
+    curve, validation = tally.curve(), tally.validation_curve()
     if curve:
-        plot_curves(run_dir / "accuracy.png", {config.algorithm: curve},
+        curves: dict[str, list[float | None]] = {f"{config.algorithm}, test": list(curve)}
+        styles: dict[str, dict[str, Any]] = {f"{config.algorithm}, test": {"color": "C0"}}
+        if any(v is not None for v in validation):
+            curves[f"{config.algorithm}, validation"] = validation
+            styles[f"{config.algorithm}, validation"] = {"color": "C0", "linestyle": "--", "linewidth": 1.0}
+        plot_curves(run_dir / "accuracy.png", curves, styles=styles, ylabel="global model's accuracy",
                     title=f"{config.algorithm} on {config.dataset} ({config.clients} sites)")
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig
-from ..construction import data_shape, load_public, load_splits, partition, site_test_of
+from ..construction import data_shape, load_public, load_splits, partition, site_test_of, split_site_data
 from ..data import ArrayDataset
 from ..deploy.workspace import SHARD_PREFIX, shard_index
 from ..errors import ConfigError, DataError, FedContrastError, SiteRefusal
@@ -50,6 +50,7 @@ class SiteData:
         self.data_path = data_path
         self.site_index: int | None = None  # the shard's index for ``shard:N`` lines
         self.train: ArrayDataset | None = None
+        self.validation: ArrayDataset | None = None  # the part of its training data it holds out (tuning)
         self.test: ArrayDataset | None = None
         self.site_policy = None  # this site's policy, if it has one (it also says what may leave the site)
         self.reported_train_size: float | None = None  # the count as released (set by the runner; noised under DP)
@@ -76,8 +77,9 @@ class SiteData:
         elif data_path.startswith(SHARD_PREFIX):  # the embedded demo: shard N of the configured partition
             splits = load_splits(config)
             self.site_index = shard_index(data_path, config.clients)
-            self.train = splits.train.subset(partition(config, splits)[self.site_index])
-            self.test = site_test_of(config, splits, self.site_index, self.train.y)
+            shard = splits.train.subset(partition(config, splits)[self.site_index])
+            self.test = site_test_of(config, splits, self.site_index, shard.y)
+            self.train, self.validation = split_site_data(config, shard, self.site_index)
             self.public = splits.public
             self.shape = data_shape(config) if config.data_schema else {
                 "in_channels": splits.in_channels, "image_size": splits.image_size, "num_classes": splits.num_classes}
@@ -92,5 +94,7 @@ class SiteData:
 
             own = load_site_splits(data_path, config.data_schema, test_fraction=config.test_fraction,
                                    split_seed=config.split_seed, public=load_public(config))
-            self.train, self.test, self.public = own.train, own.test, own.public
+            self.test, self.public = own.test, own.public
+            # its own folder: the draw needs only be the same every time this site reads it
+            self.train, self.validation = split_site_data(config, own.train, 0)
             self.shape = data_shape(config)

@@ -50,8 +50,9 @@ FINAL_RECEIVED = "final_received.pt"
 FINAL_STATE = "final_state.pt"
 FINAL_INFO = "final_model.json"
 CONFIG_FILE = "config.yaml"
-CSV_COLUMNS = ("round", "rounds", "held_out_samples", "accuracy", "personal_accuracy", "bytes_received", "bytes_sent",
-               "epsilon_round", "epsilon_spent", "epsilon_budget", "evaluation", "training")
+CSV_COLUMNS = ("round", "rounds", "held_out_samples", "accuracy", "personal_accuracy", "val_accuracy",
+               "train_accuracy", "bytes_received", "bytes_sent", "epsilon_round", "epsilon_spent", "epsilon_budget",
+               "evaluation", "training")
 
 
 def read_rows(folder: str | Path) -> list[dict[str, Any]]:
@@ -88,6 +89,8 @@ class SiteReport:
         row["evaluation"] = {k: _number(v) for k, v in sorted(metrics.items())}
         row["accuracy"] = row["evaluation"].get("accuracy")
         row["personal_accuracy"] = row["evaluation"].get("local_accuracy")
+        # the same model on the part of its training data the site holds out (tuning, the best round)
+        row["val_accuracy"] = row["evaluation"].get("val_accuracy")
         row["held_out_samples"] = samples
         row.setdefault("bytes_sent_by_task", {})["evaluate"] = sent_bytes
         self._write()
@@ -97,6 +100,8 @@ class SiteReport:
         """A plugin task's result in round ``round_num`` (a redone task replaces its first attempt's figures)."""
         row = self.row(round_num)
         row.setdefault("training", {}).update({f"{task}_{k}": _number(v) for k, v in sorted(metrics.items())})
+        if task == "train" and "accuracy" in metrics:  # on its own training data, over the last local epoch
+            row["train_accuracy"] = _number(metrics["accuracy"])
         row["bytes_received"] = received_bytes
         row.setdefault("bytes_sent_by_task", {})[task] = sent_bytes
         if epsilon:  # cumulative after this task: the round's last task has the round's figures
@@ -144,7 +149,8 @@ def format_row(row: dict[str, Any], site: str) -> str:
     if row.get("accuracy") is not None:
         personal = row.get("personal_accuracy")
         parts.append(f"held-out accuracy {row['accuracy']:.4f}" + (f" (personal model {personal:.4f})"
-                                                                      if personal is not None else ""))
+                                                                      if personal is not None else "")
+                     + (f", validation {row['val_accuracy']:.4f}" if row.get("val_accuracy") is not None else ""))
     parts.append(f"received {row.get('bytes_received', 0) / 1e6:.3g} MB, sent {row.get('bytes_sent', 0) / 1e6:.3g} MB")
     if row.get("epsilon_spent") is not None:
         budget = row.get("epsilon_budget")
