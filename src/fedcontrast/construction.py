@@ -119,10 +119,11 @@ def load_splits(config: RunConfig) -> DataSplits:
     schema, and the plan's public folder (when it names one) as the public set."""
     schema = config.data_schema
     if schema is None:
-        return load_dataset(config.dataset, root=config.data_root, image_size=config.image_size,
-                            test_fraction=config.test_fraction, public_fraction=config.public_fraction,
-                            split_seed=config.split_seed, sites=config.clients,
-                            settings=config.dataset_settings or None)
+        splits = load_dataset(config.dataset, root=config.data_root, image_size=config.image_size,
+                              test_fraction=config.test_fraction, public_fraction=config.public_fraction,
+                              split_seed=config.split_seed, sites=config.clients,
+                              settings=config.dataset_settings or None)
+        return splits if config.feature_shift == "none" else scanned_splits(config, splits)
     splits = load_dataset("imagefolder", root=config.data_root, image_size=schema.image_size,
                           test_fraction=config.test_fraction,
                           public_fraction=0.0 if config.public_data else config.public_fraction,
@@ -131,6 +132,25 @@ def load_splits(config: RunConfig) -> DataSplits:
     if config.public_data is None:
         return splits
     return DataSplits(splits.train, splits.test, load_public(config), splits.name, splits.class_names)
+
+
+def scanned_splits(config: RunConfig, splits: DataSplits) -> DataSplits:
+    """``splits`` as the sites' scanners acquire them (``feature_shift: scanner``, :mod:`.data.shift`):
+    each site's shard through its own device, and the test split divided among the sites (IID, seeded
+    by ``split_seed``), each part through its site's device: the global model is scored on every
+    site's kind of image, each site on its own part. The public split is left as it is."""
+    from .data.shift import scan, scanner_for
+
+    train_x, test_x = splits.train.x.clone(), splits.test.x.clone()
+    own_tests = partition_indices(splits.test.y.numpy(), config.clients, method="iid", seed=config.split_seed)
+    for index, (shard, own) in enumerate(zip(partition(config, splits), own_tests)):
+        scanner = scanner_for(index, config.split_seed)
+        shard_t, own_t = torch.as_tensor(shard, dtype=torch.int64), torch.as_tensor(own, dtype=torch.int64)
+        train_x[shard_t] = scan(train_x[shard_t], scanner, seed=derive_seed(config.split_seed, index, 1))
+        test_x[own_t] = scan(test_x[own_t], scanner, seed=derive_seed(config.split_seed, index, 2))
+    return DataSplits(ArrayDataset(train_x, splits.train.y, splits.num_classes),
+                      ArrayDataset(test_x, splits.test.y, splits.num_classes), splits.public, splits.name,
+                      splits.class_names, site_test=tuple(np.asarray(o, dtype=np.int64) for o in own_tests))
 
 
 def data_shape(config: RunConfig) -> dict[str, int]:

@@ -14,7 +14,8 @@ from ..yamlio import loads_yaml
 # flag name → config key (None default = "not given": the YAML file or the default applies)
 RUN_FLAGS = {
     "algorithm": str, "dataset": str, "data_root": str, "image_size": int, "test_fraction": float,
-    "public_fraction": float, "validation_fraction": float, "split_seed": int, "partition": str, "clients": int,
+    "public_fraction": float, "validation_fraction": float, "split_seed": int, "partition": str,
+    "feature_shift": str, "clients": int,
     "beta": float,
     "shards_per_client": int, "min_samples": int, "model": str, "projection_dim": int, "rounds": int,
     "sample_fraction": float, "seed": int, "target_accuracy": float, "device": str,
@@ -31,7 +32,11 @@ def dataset_help() -> str:
 def _add_run_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
     p.add_argument("--config", help="YAML file of settings; flags given on the command line override it")
     helps = {"dataset": dataset_help(), "partition": "how the training data are split among the sites: dirichlet "
-             "(default), iid, shards; natural for a data set with sites of its own (fedprox_synthetic)"}
+             "(default), iid, shards; natural for a data set with sites of its own (fedprox_synthetic)",
+             "feature_shift": "none (default), or scanner: each site's images through a device of its own (contrast, "
+             "brightness, blur, noise), the test split divided among the sites' devices (docs/usage.md)",
+             "validation_fraction": "the part of each site's training data it holds out as its validation split "
+             "(default 0.1; 0: none): what tuning and the best round look at, never the test split"}
     for key, typ in {**RUN_FLAGS, **TRAINING_FLAGS}.items():
         if key not in skip:
             p.add_argument("--" + key.replace("_", "-"), dest=key, type=typ, default=None, help=helps.get(key))

@@ -26,6 +26,8 @@ from .sections import (
     minimum_threshold,
 )
 
+SHIFTS = ("none", "scanner")  # feature_shift (fedcontrast.data.shift; kept here: the config imports no torch)
+
 # A site's name is its certificate's common name: OpenFL lower-cases it and uses it in file names.
 SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 
@@ -45,6 +47,9 @@ class RunConfig:
     validation_fraction: float = 0.1
     split_seed: int = 0
     partition: str = "dirichlet"
+    # feature shift among the sites: none, or scanner (each site's images through a device of its own:
+    # contrast, brightness, blur, noise; data/shift.py); the labels are split by ``partition`` as usual
+    feature_shift: str = "none"
     clients: int = 10
     beta: float = 0.5
     shards_per_client: int = 2
@@ -101,6 +106,13 @@ class RunConfig:
             _check(self.partition != NATURAL,
                    f"partition {NATURAL} is the split of a data set with sites of its own "
                    f"({', '.join(sorted(PARTITIONED))}); {self.dataset} is split by dirichlet, iid or shards")
+        _check(self.feature_shift in SHIFTS, f"feature_shift must be one of {', '.join(SHIFTS)}, "
+                                             f"got {self.feature_shift!r}")
+        owned = ("the sites own their images (a data schema)" if self.data_schema is not None
+                 else f"{self.dataset} has sites of its own" if dataset_key(self.dataset) in PARTITIONED else None)
+        _check(self.feature_shift == "none" or owned is None,
+               f"feature_shift {self.feature_shift} simulates the sites' devices on a data set the simulator splits, "
+               f"but {owned}: leave it out")
         _check(self.public_data is None or self.data_schema is not None,
                "public_data needs a data_schema (the images' shape and classes)")
         if isinstance(self.training, dict):  # RunConfig(training={...}) as well as from_dict
