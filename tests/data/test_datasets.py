@@ -465,3 +465,20 @@ def test_a_folder_of_one_class_warns_that_accuracy_is_meaningless(tmp_path, capl
     with caplog.at_level("WARNING", logger="fedcontrast.data.imagefolder"):
         load_dataset("imagefolder", root=str(tmp_path / "two"), test_fraction=0.25)
     assert not caplog.records
+
+
+def test_train_samples_takes_a_stratified_seeded_sample_of_the_training_split(tmp_path):
+    write_mnist_like(tmp_path, gz=True, train=60)  # six of each class
+    whole = load_dataset("fashion_mnist", root=str(tmp_path), public_fraction=0)
+    sample = load_dataset("fashion_mnist", root=str(tmp_path), public_fraction=0, settings={"train_samples": 20})
+    assert len(sample.train) == 20 and torch.equal(torch.bincount(sample.train.y), torch.full((10,), 2))
+    assert len(sample.test) == len(whole.test)  # the official test split stays whole
+    again = load_dataset("fashion_mnist", root=str(tmp_path), public_fraction=0, settings={"train_samples": 20})
+    assert torch.equal(sample.train.x, again.train.x)
+    other = load_dataset("fashion_mnist", root=str(tmp_path), public_fraction=0, split_seed=1,
+                         settings={"train_samples": 20})
+    assert not torch.equal(sample.train.x, other.train.x)
+    with pytest.raises(ConfigError, match="exceeds the 60 training images"):
+        load_dataset("fashion_mnist", root=str(tmp_path), settings={"train_samples": 61})
+    with pytest.raises(ConfigError, match="train_samples must be an integer"):
+        load_dataset("fashion_mnist", root=str(tmp_path), settings={"train_samples": 2.5})

@@ -79,12 +79,30 @@ class FedProxSyntheticSettings:
         return dataclasses.asdict(self)
 
 
+@dataclass(frozen=True)
+class FileSetSettings:
+    """Settings of the benchmark sets read from files (``mnist``, ``fashion_mnist``). ``train_samples``: a
+    stratified sample of this many images of the official training split (seeded by ``split_seed``),
+    to fit a run to a budget; None (the default): all of them. The official test split stays whole."""
+
+    train_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.train_samples is None or (_is_int(self.train_samples) and 10 <= self.train_samples <= 10**7),
+               f"train_samples must be an integer from 10 to 10000000, or left out for the whole training split, "
+               f"got {self.train_samples!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 # data set → the class of its settings (a data set not listed takes none)
-SETTINGS: dict[str, type] = {"fedprox_synthetic": FedProxSyntheticSettings}
+SETTINGS: dict[str, type] = {"fedprox_synthetic": FedProxSyntheticSettings, "mnist": FileSetSettings,
+                             "fashion_mnist": FileSetSettings}
 PARTITIONED: frozenset[str] = frozenset({"fedprox_synthetic"})
 
 

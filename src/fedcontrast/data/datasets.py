@@ -246,6 +246,8 @@ def load_dataset(
     else:
         raw = _read_raw(key, root, size, synthetic_samples, synthetic_classes, synthetic_noise, split_seed,
                         class_names, channels, window)
+        if getattr(typed, "train_samples", None):  # a stratified sample of the training split, to fit a budget
+            raw = _sample_train(raw, key, typed.train_samples, rng)
         (train_x, train_y), test, public = _split(raw, key, test_fraction, public_fraction, rng)
         names = tuple(raw.class_names)
 
@@ -274,6 +276,15 @@ def load_dataset(
 
 
 _Pair = tuple[np.ndarray, np.ndarray]
+
+
+def _sample_train(raw: RawData, key: str, samples: int, rng: np.random.Generator) -> RawData:
+    """``samples`` images of ``raw``'s training split, stratified by class, in their original order."""
+    total = len(raw.train_y)
+    if samples > total:
+        raise ConfigError(f"train_samples {samples} exceeds the {total} training images of {key}")
+    _, chosen = stratified_holdout(raw.train_y, samples / total, rng)
+    return RawData(raw.train_x[chosen], raw.train_y[chosen], raw.test_x, raw.test_y, raw.class_names)
 
 
 def _split(
