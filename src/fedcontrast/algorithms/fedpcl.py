@@ -32,7 +32,7 @@ from .base import Downlink, InvalidUploadError, ServerContext, SiteContext, Task
 from .capabilities import PersonalEvaluation, SecureSum, SharedFiles, UploadChecks
 from .facts import RunFacts
 from .registry import register_algorithm
-from .training import batch_indices, site_generator
+from .training import batch_indices, optimizer_step, site_generator
 
 LOCAL_PROTOTYPES = "fedpcl.local_prototypes"  # upload (C, d): mean normalised z per class (zero rows if absent)
 COUNTS = "fedpcl.counts"  # upload (C,): samples per class
@@ -229,7 +229,7 @@ class FedPCL(SecureSum, UploadChecks, SharedFiles, PersonalEvaluation):
                 loss = l_g + l_p
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                optimizer.step()
+                optimizer_step(optimizer, cfg)
                 totals += torch.stack([loss.detach(), l_g.detach(), l_p.detach()])
                 steps += 1
         site.state[HEAD] = {k: v.detach().clone() for k, v in head.state_dict().items()}

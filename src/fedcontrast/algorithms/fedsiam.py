@@ -42,7 +42,7 @@ from .base import (
 )
 from .moon import frozen_copy, represent_all
 from .registry import register_algorithm
-from .training import augment, batch_indices, make_optimizer, site_generator
+from .training import augment, batch_indices, make_optimizer, optimizer_step, site_generator
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class FedSiamDA(Algorithm):
                                                                      x, y, z_prev, mu)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                optimizer.step()
+                optimizer_step(optimizer, cfg)
                 totals += torch.stack([loss.detach(), ce.detach(), l_stop.detach(), l_hist.detach()])
                 steps += 1
                 if last_epoch:

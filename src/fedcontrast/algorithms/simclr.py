@@ -20,7 +20,7 @@ from ..losses import check_temperature, nt_xent
 from ..models import ContrastiveNet
 from .base import Algorithm, Downlink, ServerContext, SiteContext, TaskResult, load_weights, weight_tensors
 from .registry import register_algorithm
-from .training import batch_indices, site_generator
+from .training import batch_indices, optimizer_step, site_generator
 
 
 def _pair(value: Any) -> tuple:
@@ -71,7 +71,7 @@ def train_simclr(model: ContrastiveNet, data: Any, training: TrainingConfig, hp:
             loss = nt_xent(model.represent(v1), model.represent(v2), temperature=hp.temperature)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            optimizer.step()
+            optimizer_step(optimizer, training)
             total += loss.detach()
             steps += 1
     return {"loss": (total / max(steps, 1)).item(), "steps": float(steps)}

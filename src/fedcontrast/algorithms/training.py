@@ -35,6 +35,15 @@ def make_optimizer(model: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimiz
                            momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
+def optimizer_step(optimizer: torch.optim.Optimizer, cfg: TrainingConfig, *, clip: bool = True) -> None:
+    """``optimizer.step()``, the whole gradient of its parameters first clipped to ``cfg.clip_grad_norm``
+    in L2 (where set and ``clip``: off under DP-SGD, whose optimiser clips each sample's instead)."""
+    if clip and cfg.clip_grad_norm:  # None or 0: off
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad_norm)
+    optimizer.step()
+
+
 def augment(x: torch.Tensor, kind: str, generator: torch.Generator) -> torch.Tensor:
     """Batch-wise random augmentation: ``crop`` (pad 2, random 4-pixel shift) and ``crop_flip``.
 
@@ -77,14 +86,16 @@ def train_supervised(model: nn.Module, data, cfg: TrainingConfig, *, generator: 
         return _train(session.model if session else model, optimizer, data, cfg, generator=generator, device=device,
                       extra_loss=extra_loss,
                       epoch_batches=session.epoch_batches if session else
-                      (lambda: batch_indices(len(data), cfg.batch_size, generator)))
+                      (lambda: batch_indices(len(data), cfg.batch_size, generator)),
+                      private_steps=session is not None)
     finally:
         if session is not None:
             session.close()
 
 
 def _train(model: nn.Module, optimizer, data, cfg: TrainingConfig, *, generator: torch.Generator,
-           device: torch.device, extra_loss: ExtraLoss | None, epoch_batches) -> TrainStats:
+           device: torch.device, extra_loss: ExtraLoss | None, epoch_batches,
+           private_steps: bool = False) -> TrainStats:
     x_all, y_all = data.x.to(device), data.y.to(device)
     loss_sum = torch.zeros((), device=device)  # summed on device: no sync per step
     ce_sum = torch.zeros((), device=device)
@@ -107,7 +118,7 @@ def _train(model: nn.Module, optimizer, data, cfg: TrainingConfig, *, generator:
                     component_sums[key] = component_sums.get(key, 0) + value
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            optimizer.step()
+            optimizer_step(optimizer, cfg, clip=not private_steps)
             loss_sum += loss.detach()
             ce_sum += ce.detach()
             steps += 1

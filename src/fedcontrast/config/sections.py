@@ -35,6 +35,9 @@ class TrainingConfig:
     momentum: float = 0.9
     weight_decay: float = 1e-5
     augmentation: str = "none"
+    # the L2 norm of a step's whole gradient is clipped to this (None or 0: not clipped); under DP-SGD
+    # each sample's gradient is clipped instead (privacy.dp_sgd.max_grad_norm) and this is not applied
+    clip_grad_norm: float | None = None
 
     def __post_init__(self) -> None:
         _check_types(self, "training.")
@@ -49,6 +52,9 @@ class TrainingConfig:
                f"training.weight_decay must be >= 0, got {self.weight_decay!r}")
         _check(self.augmentation in AUGMENTATIONS,
                f"training.augmentation must be one of {', '.join(AUGMENTATIONS)}, got {self.augmentation!r}")
+        _check(self.clip_grad_norm is None or (_finite(self.clip_grad_norm) and self.clip_grad_norm >= 0),
+               f"training.clip_grad_norm must be a number > 0, or 0 (or null) for no clipping, "
+               f"got {self.clip_grad_norm!r}")
 
 
 @dataclass(frozen=True)
