@@ -21,7 +21,7 @@ RUN_FLAGS = {
     "sample_fraction": float, "seed": int, "target_accuracy": float, "device": str,
 }
 TRAINING_FLAGS = {"local_epochs": int, "batch_size": int, "lr": float, "momentum": float,
-                  "weight_decay": float, "augmentation": str, "clip_grad_norm": float}
+                  "weight_decay": float, "augmentation": str, "clip_grad_norm": float, "lr_schedule": str}
 
 
 def dataset_help() -> str:

@@ -230,6 +230,11 @@ class RunConfig:
                 data[key] = value
         return RunConfig.from_dict(data)
 
+    def training_at(self, round_num: int) -> TrainingConfig:
+        """The local training settings of round ``round_num`` (the learning rate as ``training.lr_schedule``
+        sets it for that round of ``rounds``): what every engine gives a site's tasks."""
+        return self.training.at_round(round_num, self.rounds)
+
     def default_name(self) -> str:
         if self.partition == NATURAL:  # the generator's heterogeneity, not a partition's β
             own = dataset_settings(self.dataset, self.dataset_settings)

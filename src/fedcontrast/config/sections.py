@@ -4,6 +4,8 @@ schema, the public data set and robustness against hostile sites. Each is a froz
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +23,7 @@ from .checks import (
 )
 
 AUGMENTATIONS = ("none", "crop", "crop_flip")
+LR_SCHEDULES = ("constant", "cosine")
 ACCOUNTANTS = ("rdp", "prv")
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
@@ -38,6 +41,9 @@ class TrainingConfig:
     # the L2 norm of a step's whole gradient is clipped to this (None or 0: not clipped); under DP-SGD
     # each sample's gradient is clipped instead (privacy.dp_sgd.max_grad_norm) and this is not applied
     clip_grad_norm: float | None = None
+    # the learning rate across rounds: constant, or cosine (round r of R trains at
+    # lr · ½(1 + cos(π (r − 1) / R)): the full rate first, about none in the last round)
+    lr_schedule: str = "constant"
 
     def __post_init__(self) -> None:
         _check_types(self, "training.")
@@ -55,6 +61,16 @@ class TrainingConfig:
         _check(self.clip_grad_norm is None or (_finite(self.clip_grad_norm) and self.clip_grad_norm >= 0),
                f"training.clip_grad_norm must be a number > 0, or 0 (or null) for no clipping, "
                f"got {self.clip_grad_norm!r}")
+        _check(self.lr_schedule in LR_SCHEDULES,
+               f"training.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+
+    def at_round(self, round_num: int, rounds: int) -> TrainingConfig:
+        """The settings a site trains with in round ``round_num`` of ``rounds``: ``lr`` as the schedule
+        sets it (a round past the last one, the final evaluation, counts as the last)."""
+        if self.lr_schedule == "constant":
+            return self
+        r = min(max(round_num, 1), rounds)
+        return dataclasses.replace(self, lr=self.lr * 0.5 * (1 + math.cos(math.pi * (r - 1) / rounds)))
 
 
 @dataclass(frozen=True)

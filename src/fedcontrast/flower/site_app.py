@@ -130,9 +130,9 @@ class SiteRuntime:
 
     # --- the round ----------------------------------------------------------------------------------
     def context(self, round_num: int, seed: int, state: dict[str, Any], privacy: Any = None) -> SiteContext:
-        return SiteContext(name=self.name, data=self.data.train, model=self.model, training=self.config.training,
-                           round_num=round_num, seed=seed, device=self.device, state=state, public=self.data.public,
-                           index=self.index, privacy=privacy)
+        return SiteContext(name=self.name, data=self.data.train, model=self.model,
+                           training=self.config.training_at(round_num), round_num=round_num, seed=seed,
+                           device=self.device, state=state, public=self.data.public, index=self.index, privacy=privacy)
 
     def evaluate(self, round_num: int, received: dict[str, torch.Tensor], state: dict[str, Any],
                  nbytes: int) -> dict[str, float]:

@@ -133,10 +133,10 @@ class PluginTaskRunner(TaskRunner):
         fl_round, round_num = round_num, round_num + 1  # fedcontrast counts rounds from 1
         loader = self.data_loader
         index = self.site_index(col_name)
-        site = SiteContext(name=col_name, data=loader.train, model=self.model, training=self.config.training,
-                           round_num=round_num, seed=task_seed(self.config, round_num, index, EVALUATION_STREAM),
-                           device=self.device, state=self._round_state(col_name, round_num), public=loader.public,
-                           index=index)
+        site = SiteContext(name=col_name, data=loader.train, model=self.model,
+                           training=self.config.training_at(round_num), round_num=round_num,
+                           seed=task_seed(self.config, round_num, index, EVALUATION_STREAM), device=self.device,
+                           state=self._round_state(col_name, round_num), public=loader.public, index=index)
         received = self._received(input_tensor_dict)
         released = self.releases.evaluation_metrics  # else kept on the site (its log, its report); nothing leaves
         measured = evaluate_site(self.algorithm, site, received, loader.test, self._report(col_name),
@@ -157,9 +157,9 @@ class PluginTaskRunner(TaskRunner):
         index = self.site_index(col_name)
         state = self._task_state(col_name, round_num, task)
         received = self._received(input_tensor_dict)
-        site = SiteContext(name=col_name, data=loader.train, model=self.model, training=self.config.training,
-                           round_num=round_num, seed=task_seed(self.config, round_num, index,
-                                                              self.algorithm.tasks.index(task)),
+        site = SiteContext(name=col_name, data=loader.train, model=self.model,
+                           training=self.config.training_at(round_num), round_num=round_num,
+                           seed=task_seed(self.config, round_num, index, self.algorithm.tasks.index(task)),
                            device=self.device, state=state, public=loader.public, index=index,
                            # DP noise from the operating system: the aggregator knows the plan's seed
                            privacy=site_privacy(self.config, state, round_num, noise_seed=None))

@@ -163,9 +163,9 @@ class Federation:
     def site_context(self, site: Site, round_num: int, seed: int) -> SiteContext:
         # Simulation only: the noise seed derives from the task seed, so runs are reproducible.
         privacy = site_privacy(self.config, site.state, round_num, noise_seed=derive_seed(seed, NOISE_STREAM))
-        return SiteContext(name=site.name, data=site.data, model=self.site_model, training=self.config.training,
-                           round_num=round_num, seed=seed, device=self.device, state=site.state,
-                           public=self.public, index=site.index, privacy=privacy)
+        return SiteContext(name=site.name, data=site.data, model=self.site_model,
+                           training=self.config.training_at(round_num), round_num=round_num, seed=seed,
+                           device=self.device, state=site.state, public=self.public, index=site.index, privacy=privacy)
 
     def personalized_evaluation(self, round_num: int, *, validation: bool = False) -> dict[str, float]:
         """Each site's own model on the test split (the site's own held-out samples where the data set

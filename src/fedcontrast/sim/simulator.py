@@ -62,6 +62,11 @@ def _check_resumable(saved: dict[str, Any], config: RunConfig, path: Path) -> No
     if differing:
         raise CheckpointError(f"cannot resume from {path}: it was made with different settings "
                               f"({', '.join(differing)}); use the original settings or another --name")
+    schedule = (saved.get("training") or {}).get("lr_schedule", "constant")
+    if schedule != "constant" and saved.get("rounds") != config.rounds:
+        raise CheckpointError(f"cannot resume from {path} with {config.rounds} rounds: its learning rate follows a "
+                              f"{schedule} schedule over {saved.get('rounds')} rounds, which other rounds would "
+                              "change for the rounds already run; resume with the same --rounds, or start afresh")
 
 
 def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
