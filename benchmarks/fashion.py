@@ -71,8 +71,9 @@ def config_for(args: argparse.Namespace, setting: str, algorithm: str, grid_poin
     rounds = args.rounds
     if algorithm == "flesd":  # its paper's protocol: two rounds, as many local epochs in all as the others
         rounds, training = 2, {**training, "local_epochs": max(1, args.rounds * args.local_epochs // 2)}
-    return RunConfig(algorithm=algorithm, dataset="fashion_mnist", dataset_settings={"train_samples": args.train_samples},
-                     clients=args.clients, rounds=rounds, seed=seed, training=training,
+    return RunConfig(algorithm=algorithm, dataset="fashion_mnist",
+                     dataset_settings={"train_samples": args.train_samples}, clients=args.clients, rounds=rounds,
+                     seed=seed, training=training,
                      hyperparameters={algorithm: dict(grid_point)} if grid_point else {},
                      executor={"site_cpus": 1}, **SETTINGS[setting])
 
@@ -87,8 +88,31 @@ def one_run(args: argparse.Namespace, setting: str, algorithm: str, grid_point: 
     if summary_file.exists():
         done = json.loads(summary_file.read_text())
         if done.get("rounds_completed") == config.rounds and "threads_per_site" in done:
+            if algorithm == "fedavg":
+                done["final_probe_accuracy"] = final_probe(config, path)
             return done
-    return run_simulation(config, path, resume=path.exists(), local_evaluation=algorithm == "fedavg")
+    summary = run_simulation(config, path, resume=path.exists(), local_evaluation=algorithm == "fedavg")
+    if algorithm == "fedavg":  # FLESD is scored by a linear probe: FedAvg's final encoder probed alike
+        summary["final_probe_accuracy"] = final_probe(config, path)
+    return summary
+
+
+def final_probe(config, path: Path) -> float:
+    """The linear probe of the run's final global encoder, as FLESD's is scored (its own protocol: the
+    sites' training data without their validation parts, the test split), kept in probe.json."""
+    from fedcontrast.algorithms import load_weights
+    from fedcontrast.algorithms.simclr import probe
+    from fedcontrast.sim.checkpoint import load_checkpoint
+    from fedcontrast.sim.federation import Federation
+
+    kept = path / "probe.json"
+    if kept.exists():
+        return float(json.loads(kept.read_text())["probe_accuracy"])
+    federation = Federation(config)
+    load_weights(federation.server.model, load_checkpoint(path / "checkpoint.pt")["federation"]["downlink"]["global"])
+    measured = probe(federation.server.model, federation.server, federation.test, 100)
+    kept.write_text(json.dumps(measured) + "\n")
+    return float(measured["probe_accuracy"])
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:
@@ -97,7 +121,7 @@ def mean_sd(values: list[float]) -> tuple[float, float]:
 
 def paired(a: list[float], b: list[float]) -> tuple[float, float, float]:
     """Mean of a − b over the seeds and its 95 % t interval."""
-    diffs = [x - y for x, y in zip(a, b)]
+    diffs = [x - y for x, y in zip(a, b, strict=True)]
     mean, sd = mean_sd(diffs)
     half = T_975.get(len(diffs) - 1, 1.96) * sd / math.sqrt(len(diffs)) if len(diffs) > 1 else math.inf
     return mean, mean - half, mean + half
@@ -119,8 +143,8 @@ def report(args: argparse.Namespace, results: dict[tuple, dict[str, Any]], wall:
              f"its validation part; the whole official test split (10,000 images). {args.clients} sites, "
              f"{args.rounds} rounds of {args.local_epochs} local epochs (FLESD: 2 rounds of "
              f"{args.rounds * args.local_epochs // 2}, its paper's protocol), batch 64, SGD lr 0.01 momentum 0.9, "
-             "MOON's simple CNN on 28×28 images, every run from the same initial model at a seed. The full-size version "
-             "(54,000 images, 100 rounds) needs a GPU: `--train-samples 60000 --rounds 100`.", "",
+             "MOON's simple CNN on 28×28 images, every run from the same initial model at a seed. The full-size "
+             "version (54,000 images, 100 rounds) needs a GPU: `--train-samples 60000 --rounds 100`.", "",
              "Tuning: the grid point with the best mean **final validation accuracy** is chosen per setting; the "
              "test split chooses nothing. Test accuracy: mean ± sd over seeds "
              f"{', '.join(map(str, args.seeds))}; Δ: the paired difference against FedAvg at the same seed, with its "
@@ -135,7 +159,7 @@ def report(args: argparse.Namespace, results: dict[tuple, dict[str, Any]], wall:
         for algorithm in args.algorithms:
             points = GRID[algorithm]
             scored = []
-            for i, point in enumerate(points):
+            for i in range(len(points)):
                 runs = [results.get((setting, algorithm, i, s)) for s in args.seeds]
                 if all(runs) and all(r.get("final_val_accuracy") is not None for r in runs):
                     scored.append((statistics.fmean(r["final_val_accuracy"] for r in runs), i, runs))
@@ -153,20 +177,32 @@ def report(args: argparse.Namespace, results: dict[tuple, dict[str, Any]], wall:
                 reference = base_test
                 if algorithm == "fedpcl":  # personalised: against FedAvg's local models on their own labels
                     reference = [base[s]["final_metrics"].get("local_accuracy", math.nan) for s in args.seeds]
+                if algorithm == "flesd":  # a linear probe: against the probe of FedAvg's encoder
+                    reference = [base[s].get("final_probe_accuracy", math.nan) for s in args.seeds]
                 d, lo, hi = paired(test, reference)
                 delta = f"{100 * d:+.2f} [{100 * lo:+.2f}, {100 * hi:+.2f}]"
                 verdict = ("**beats FedAvg**" if d >= 0.02 and lo > 0 else "better (interval above 0)" if lo > 0
                            else "worse (interval below 0)" if hi < 0 else "no difference shown")
                 if algorithm == "fedpcl":
                     delta += " vs FedAvg's local models"
+                if algorithm == "flesd":
+                    delta += " vs FedAvg's encoder probed"
                 verdicts.append((setting, algorithm, verdict, d))
             lines.append(f"| {LABELS[algorithm]} | {point or 'its defaults'} | {100 * val_m:.2f} ± {100 * val_s:.2f} % "
                          f"| {100 * test_m:.2f} ± {100 * test_s:.2f} % | {delta} | {verdict} |")
         local = [base[s]["final_metrics"].get("local_accuracy") for s in args.seeds if base[s]]
+        probes = [base[s].get("final_probe_accuracy") for s in args.seeds if base[s]]
+        notes = []
         if local and all(v is not None for v in local):
             m, sd = mean_sd(local)
-            lines += ["", f"FedAvg's local models scored per site on its own labels (what FedPCL is set beside): "
-                          f"{100 * m:.2f} ± {100 * sd:.2f} %."]
+            notes.append(f"FedAvg's local models scored per site on its own labels (what FedPCL is set beside): "
+                         f"{100 * m:.2f} ± {100 * sd:.2f} %")
+        if probes and all(v is not None for v in probes):
+            m, sd = mean_sd(probes)
+            notes.append(f"FedAvg's final encoder under FLESD's linear probe (what FLESD is set beside): "
+                         f"{100 * m:.2f} ± {100 * sd:.2f} %")
+        if notes:
+            lines += ["", "; ".join(notes) + "."]
         lines.append("")
     lines += ["### Every grid point (mean over seeds)", "",
               "| setting | algorithm | grid point | validation | test |", "|---|---|---|---|---|"]

@@ -30,7 +30,7 @@ TINY = ["--dataset", "synthetic", "--image-size", "16", "--clients", "2", "--rou
     (["compare", "--algorithms", "fedavg", "moon:mu"], "name:key=value"),
     (["compare", "--algorithms", "fedavg", "moon:mu=-1"], "mu"),
     (["simulate", "--dataset", "fedprox_synthetic", "--partition", "iid"], "partition iid does not apply"),
-    (["simulate", "--dataset-setting", "alpha=1"], "dataset_settings apply to fedprox_synthetic, not digits"),
+    (["simulate", "--dataset-setting", "alpha=1"], "dataset_settings apply to fashion_mnist, fedprox_synthetic, mnist, not digits"),
     (["partition", "--dataset", "fedprox_synthetic", "--dataset-setting", "alpha"], "--dataset-setting expects"),
 ])
 def test_bad_input_exits_2_with_one_sentence(tmp_path, capsys, argv, fragment):
@@ -51,10 +51,16 @@ def test_unknown_yaml_key(tmp_path, capsys):
 
 def test_simulate_then_resume_and_compare(tmp_path, capsys):
     runs = ["--runs-dir", str(tmp_path)]
-    assert main(["simulate", "--algorithm", "moon", "--name", "r", *TINY, *runs]) == 0
-    assert (tmp_path / "r" / "metrics.csv").exists()
-    assert main(["simulate", "--algorithm", "moon", "--name", "r", *TINY, *runs]) == 2  # exists
-    assert main(["simulate", "--algorithm", "moon", "--name", "r", "--resume", *TINY, "--rounds", "2",
+    assert main(["simulate", "--algorithm", "moon", "--name", "c", *TINY, *runs]) == 0
+    assert (tmp_path / "c" / "metrics.csv").exists()
+    assert main(["simulate", "--algorithm", "moon", "--name", "c", *TINY, *runs]) == 2  # exists
+    capsys.readouterr()
+    # the default cosine schedule spans the planned rounds: more of them would change the rounds already run
+    assert main(["simulate", "--algorithm", "moon", "--name", "c", "--resume", *TINY, "--rounds", "2", *runs]) == 2
+    assert "follows a cosine schedule over 1 round," in capsys.readouterr().err
+    constant = ["--lr-schedule", "constant"]  # a constant rate: a finished run takes more rounds
+    assert main(["simulate", "--algorithm", "moon", "--name", "r", *TINY, *constant, *runs]) == 0
+    assert main(["simulate", "--algorithm", "moon", "--name", "r", "--resume", *TINY, *constant, "--rounds", "2",
                  *runs]) == 0
     capsys.readouterr()
     assert main(["compare", "--algorithms", "fedavg", "moon", "moon:mu=0.5", "--seeds", "0", "1", "--name", "cmp",

@@ -106,9 +106,10 @@ class SummaryTally:
             else:
                 key = (r["round"], r["site"])
                 uploaded[key] = uploaded.get(key, 0) + r["bytes_uploaded"]
-                if r["task"] == "train" and r["accuracy"] == r["accuracy"]:  # the sites' training accuracy
-                    total, count = self.train_accuracy.get(r["round"], (0.0, 0))
-                    self.train_accuracy[r["round"]] = (total + r["samples"] * r["accuracy"], count + r["samples"])
+                accuracy, samples = r.get("accuracy"), r.get("samples") or 0
+                if r.get("task") == "train" and accuracy is not None and accuracy == accuracy and samples:
+                    total, count = self.train_accuracy.get(r["round"], (0.0, 0))  # the sites' training accuracy
+                    self.train_accuracy[r["round"]] = (total + samples * accuracy, count + samples)
         self.uploaded_total += sum(uploaded.values())
         self.uploaded_count += len(uploaded)
 

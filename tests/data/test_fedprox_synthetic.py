@@ -90,7 +90,7 @@ def test_load_dataset_gives_images_the_models_take_and_the_sites():
     assert len(splits.site_train) == 12 and len(splits.site_test) == 12 and splits.public is not None
     with pytest.raises(ConfigError, match="sites"):
         load_dataset("fedprox_synthetic")
-    with pytest.raises(ConfigError, match="dataset_settings apply to fedprox_synthetic"):
+    with pytest.raises(ConfigError, match="dataset_settings apply to fashion_mnist, fedprox_synthetic, mnist, not digits"):
         load_dataset("digits", settings={"alpha": 1})
 
 

@@ -89,7 +89,7 @@ def test_final_model_at_the_site_scores_what_its_report_states(tmp_path, algorit
     assert any(not torch.equal(v, initial[k]) for k, v in model.state_dict().items())
     loaded, loaded_config, _ = load_final_model(folder)
     assert loaded_config == config
-    assert score_final_model(folder, loader.train, loader.test) == final["evaluation"]
+    assert score_final_model(folder, loader.train, loader.test, validation=loader.validation) == final["evaluation"]
 
 
 def test_report_in_a_site_workspace_shows_the_sites_own_rounds(tmp_path, capsys):

@@ -101,8 +101,11 @@ def test_the_round_record_and_log_say_who_withheld_and_that_the_aggregator_has_n
 
     report = object.__new__(RoundReport)  # only what write_record uses: no model, no data
     table = pd.DataFrame(columns=["tensor_name", "origin", "round", "report", "tags", "nparray"])
+    from fedcontrast.config import RunConfig
+
     report.__dict__.update(out_dir=tmp_path, rounds=2, written=0, sites=["site_0", "site_1"], no_test=NO_TEST_DATA,
                            algorithm=get_algorithm("fedavg"), tensor_db=SimpleNamespace(tensor_db=table),
+                           config=RunConfig(algorithm="fedavg", clients=2),
                            sent={1: {"evaluate": {"site_0": [], "site_1": []}}},
                            pending={"round": 1, "rounds": 2, "no_global_accuracy": NO_TEST_DATA,
                                     "withheld": {"site_1": ["train_loss"]},
@@ -110,8 +113,9 @@ def test_the_round_record_and_log_say_who_withheld_and_that_the_aggregator_has_n
     with caplog.at_level(logging.INFO):
         report.write_record(1)
     [record] = read_records(tmp_path)
-    assert record["withheld"] == {"site_0": ["evaluate_accuracy", "evaluate_loss", "evaluate_samples"],
-                                  "site_1": ["evaluate_accuracy", "evaluate_loss", "evaluate_samples", "train_loss"]}
+    evaluation = ["evaluate_accuracy", "evaluate_loss", "evaluate_samples", "evaluate_val_accuracy", "evaluate_val_loss",
+                  "evaluate_val_samples"]  # on its held-out split and on its validation part
+    assert record["withheld"] == {"site_0": evaluation, "site_1": [*evaluation, "train_loss"]}
     assert record["no_global_accuracy"] == NO_TEST_DATA and "site_accuracy" not in record
     assert ("round 1/2: accuracy at the sites on their own held-out data: n/a; site_0, site_1 withheld their "
             "evaluation metrics") in caplog.text
@@ -141,7 +145,8 @@ def test_the_operators_report_says_why_its_view_is_empty(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_accuracy"] is None and summary["plot"] is None
     why = summary["why_null"]
-    assert why["final_accuracy"] == why["best_accuracy"] == "the aggregator holds no test data"
+    assert why["final_accuracy"] == "the aggregator holds no test data"
+    assert why["best_round"].startswith("no site released a validation accuracy")
     assert why["final_site_accuracy.site_1"].startswith("site_1 withheld its evaluation metrics")
     assert why["final_site_accuracy_mean"] == ("no site released its held-out accuracy for the final model "
                                                "(site_0, site_1 withheld their evaluation metrics)")

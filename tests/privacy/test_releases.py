@@ -133,12 +133,16 @@ def test_under_dp_a_collaborator_sends_a_noised_count_and_no_metrics(tmp_path, m
     assert not any(k.startswith("prototypes_classes") for k in metrics)
 
 
+# the evaluation of what a site received: on its held-out split and on its validation part
+EVALUATED = {f"evaluate_{m}" for m in ("accuracy", "loss", "samples", "val_accuracy", "val_loss", "val_samples")}
+
+
 def test_a_site_may_make_its_count_public_and_share_its_metrics(tmp_path, monkeypatch):
     config = RunConfig(algorithm="fedavg", dataset="synthetic", image_size=16, clients=2, min_samples=5,
                        projection_dim=32, training={"local_epochs": 1, "batch_size": 32}, privacy=DP_SGD)
     loader, runner = runner_for(config, tmp_path, monkeypatch, "public_sample_count: true\n"
                                 "share_training_metrics: true\nshare_evaluation_metrics: true\n")
-    assert set(sent(runner, "evaluate")) == {"evaluate_accuracy", "evaluate_loss", "evaluate_samples"}
+    assert set(sent(runner, "evaluate")) == EVALUATED
     metrics = sent(runner, "train")
     assert metrics[WEIGHT_METRIC] == len(loader.train)  # exact, by the site's choice
     assert {"train_loss", "train_ce", "train_accuracy", "train_dp_epsilon"} <= set(metrics)
@@ -150,11 +154,11 @@ def test_without_dp_a_site_may_still_withhold_its_metrics(tmp_path, monkeypatch)
     loader, runner = runner_for(config, tmp_path, monkeypatch, "share_training_metrics: false\n")
     metrics = sent(runner, "train")
     assert metrics == {WEIGHT_METRIC: float(len(loader.train))}
-    assert set(sent(runner, "evaluate")) == {"evaluate_accuracy", "evaluate_loss", "evaluate_samples"}
+    assert set(sent(runner, "evaluate")) == EVALUATED
 
 
 @pytest.mark.parametrize("algorithm", available_algorithms())
-def test_every_plugin_reports_only_the_metrics_it_declares(algorithm):
+def test_every_plugin_reports_only_the_metrics_it_declares(algorithm, tmp_path):
     # What the audit lists is what can leave: a metric a plugin reports without declaring it would
     # escape the audit (the OpenFL runner drops it).
     config = RunConfig(algorithm=algorithm, dataset="synthetic", clients=2, rounds=2, min_samples=5,
@@ -179,6 +183,16 @@ def test_every_plugin_reports_only_the_metrics_it_declares(algorithm):
     ctx = federation.site_context(federation.sites[0], 2, 0)
     evaluated = algo.evaluate_at_site(ctx, federation.downlink.for_site(ctx.name), federation.test)
     assert set(evaluated) <= set(algo.evaluation_metrics)
+    # what the engines' evaluation sends (with the validation part's) is what the audit lists
+    from fedcontrast.privacy.releases import evaluation_metric_names
+    from fedcontrast.rounds import evaluate_site
+    from fedcontrast.site.report import SiteReport
+
+    report = SiteReport(tmp_path / "report", ctx.name, config.rounds, None)
+    measured = evaluate_site(algo, ctx, federation.downlink.for_site(ctx.name), federation.test, report,
+                             config=config, shape={}, validation=federation.site_validations[0])
+    assert {*measured, "samples"} <= set(evaluation_metric_names(algo, config))
+    assert {"val_accuracy", "val_samples"} <= set(measured)
 
 
 def test_secure_noise_has_the_same_distribution_and_is_the_deployments_default():

@@ -139,7 +139,7 @@ def test_summary_kept_round_by_round_equals_the_summary_counted_by_hand():
             for task, sent in (("train", 100 * r), ("prototypes", 7)):
                 rows.append({"round": r, "site": site, "task": task, "bytes_uploaded": sent + (site == "b")})
         rows.append({"round": r, "site": GLOBAL_SITE, "accuracy": [0.5, 0.7, 0.6][r - 1],
-                     "extra": json.dumps({"round_seen": r})})
+                     "extra": json.dumps({"round_seen": r, "val_accuracy": [0.4, 0.5, 0.9][r - 1]})})
     tally = SummaryTally()
     for r in (1, 2, 3):
         tally.add([row for row in rows if row["round"] == r])
@@ -148,8 +148,10 @@ def test_summary_kept_round_by_round_equals_the_summary_counted_by_hand():
     # by hand: 6 (round, site) pairs, each its train bytes + 7, plus 1 for site b
     per_pair = sum(100 * r + 7 + extra for r in (1, 2, 3) for extra in (0, 2)) / 6
     assert kept["bytes_uploaded_per_site_per_round"] == per_pair
-    assert kept["accuracy_curve"] == [0.5, 0.7, 0.6] and kept["best_round"] == 2 and kept["rounds_to_target"] == 2
-    assert kept["final_metrics"] == {"round_seen": 3} and kept["rounds_completed"] == 3
+    # the best round is the validation curve's (round 3), never the test curve's (round 2)
+    assert kept["accuracy_curve"] == [0.5, 0.7, 0.6] and kept["best_round"] == 3 and kept["rounds_to_target"] == 2
+    assert kept["best_accuracy"] == 0.6 and kept["val_accuracy_curve"] == [0.4, 0.5, 0.9]
+    assert kept["final_metrics"] == {"round_seen": 3, "val_accuracy": 0.9} and kept["rounds_completed"] == 3
     assert kept == build_summary(rows, config=config, wall_time_s=1.5, rounds_total=4)
 
 

@@ -30,20 +30,31 @@ SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    """Local SGD settings shared by every supervised algorithm (MOON §4.1 defaults)."""
+    """Local SGD settings shared by every supervised algorithm: MOON's (§4.1: 10 epochs, batch 64, lr
+    0.01, momentum 0.9, weight decay 1e-5) and three that keep a few hundred images per site from
+    running local training past what it can learn (docs/results.md, "Why MOON collapsed"):
+
+    - ``augmentation: crop`` — each batch shifted by up to 2 pixels (the padded random crops MOON's
+      reference code trains on; no flips, which would change a digit): cross-entropy keeps learning
+      after the first epoch instead of leaving MOON's contrastive term to drive nine epochs alone;
+    - ``lr_schedule: cosine`` — the rate falls across rounds, so what a site still moves shrinks;
+    - ``clip_grad_norm: 5`` — no step follows a gradient over 5 in L2 (FedAvg's are under 2 after its
+      first rounds; MOON's reached 60–120 in the step that collapsed a site's model).
+
+    ``none``, ``constant`` and ``0`` give the paper's plain settings back."""
 
     local_epochs: int = 10
     batch_size: int = 64
     lr: float = 0.01
     momentum: float = 0.9
     weight_decay: float = 1e-5
-    augmentation: str = "none"
+    augmentation: str = "crop"
     # the L2 norm of a step's whole gradient is clipped to this (None or 0: not clipped); under DP-SGD
     # each sample's gradient is clipped instead (privacy.dp_sgd.max_grad_norm) and this is not applied
-    clip_grad_norm: float | None = None
+    clip_grad_norm: float | None = 5.0
     # the learning rate across rounds: constant, or cosine (round r of R trains at
     # lr · ½(1 + cos(π (r − 1) / R)): the full rate first, about none in the last round)
-    lr_schedule: str = "constant"
+    lr_schedule: str = "cosine"
 
     def __post_init__(self) -> None:
         _check_types(self, "training.")

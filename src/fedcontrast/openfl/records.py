@@ -22,6 +22,7 @@ from ..devices import resolve_device
 from ..errors import FedContrastError
 from ..evaluation import local_model_accuracy
 from ..outputs import write_json
+from ..privacy.releases import evaluation_metric_names
 from . import aggregation
 from .packing import GLOBAL_PACKED, unpack
 from .plan import EVALUATE_TASK
@@ -207,9 +208,9 @@ class RoundReport(Callback):
         """``{site: metric names}`` that sites withheld from ``tasks`` of OpenFL round ``round_num``
         (:func:`withheld_metrics`)."""
         sent = getattr(self, "sent", {}).get(round_num, {})
-        algorithm = getattr(self, "algorithm", None)
-        declared = {} if algorithm is None else {
-            EVALUATE_TASK: tuple(f"{EVALUATE_TASK}_{m}" for m in (*algorithm.evaluation_metrics, EVAL_SAMPLES)),
+        algorithm, config = getattr(self, "algorithm", None), getattr(self, "config", None)
+        declared = {} if algorithm is None or config is None else {
+            EVALUATE_TASK: tuple(f"{EVALUATE_TASK}_{m}" for m in evaluation_metric_names(algorithm, config)),
             **{t: tuple(f"{t}_{m}" for m in algorithm.task_metrics.get(t, ())) for t in algorithm.tasks}}
         return withheld_metrics({t: sent[t] for t in tasks if t in sent}, declared)
 

@@ -2,7 +2,8 @@
 
 Every round a collaborator also reports numbers computed from its private data: its aggregation
 weight (its exact sample count), the metrics of its tasks (training loss, accuracy, contrastive
-terms …), its evaluation of what it received (held-out accuracy and the held-out split's size),
+terms …), its evaluation of what it received (held-out accuracy and the held-out split's size, and
+the same on its validation part),
 and under DP its ε so far. Under add/remove adjacency an exact count breaks any sample-level
 guarantee, and a metric computed on private data is a release like any other.
 
@@ -50,6 +51,16 @@ def release_choices(privacy: Any, policy: Any = None) -> ReleaseChoices:
         training_metrics=share(policy.share_training_metrics if policy is not None else None),
         evaluation_metrics=share(policy.share_evaluation_metrics if policy is not None else None),
         epsilon_metrics=dp and (exact or privacy.dp_sgd is None))
+
+
+def evaluation_metric_names(algorithm: Any, config: Any) -> tuple[str, ...]:
+    """Every number a site's evaluation of what it received may send: the plugin's evaluation metrics
+    and the held-out split's size, and, where the plan holds out a validation part
+    (``validation_fraction`` > 0), the same metrics on it (``val_``) and its size."""
+    names = (*algorithm.evaluation_metrics, "samples")
+    if config.validation_fraction > 0:
+        names += (*(f"val_{m}" for m in algorithm.evaluation_metrics), "val_samples")
+    return names
 
 
 @dataclass(frozen=True)
@@ -102,8 +113,9 @@ def describe_releases(config: Any, algorithm: Any, tensors: list, choices: Relea
         if names:
             lines.append(_metric_line(f"{task} metrics ({', '.join(names)})", "the training data", len(names),
                                       choices.training_metrics, dp, "share_training_metrics"))
-    names = (*algorithm.evaluation_metrics, "samples")
-    lines.append(_metric_line(f"evaluate metrics ({', '.join(names)})", "the site's held-out data", len(names),
+    names = evaluation_metric_names(algorithm, config)
+    held = "the site's held-out data" + (" and its validation part" if config.validation_fraction > 0 else "")
+    lines.append(_metric_line(f"evaluate metrics ({', '.join(names)})", held, len(names),
                               choices.evaluation_metrics, dp, "share_evaluation_metrics"))
     if dp:
         if not choices.epsilon_metrics:

@@ -16,7 +16,7 @@ import torch
 
 from ..algorithms import Algorithm, SiteContext, TaskResult
 from ..config import RunConfig
-from ..site.report import SiteReport, snapshot, write_final_model
+from ..site.report import SiteReport, measure_held_out, snapshot, write_final_model
 
 logger = logging.getLogger(__name__)
 
@@ -70,10 +70,7 @@ def evaluate_site(algorithm: Algorithm, site: SiteContext, received: dict[str, t
     (``val_accuracy`` …). Returns what it measured."""
     after = site.round_num - 1
     final = snapshot(site.model, received) if after >= config.rounds else None  # before the plugin loads others
-    measured = algorithm.evaluate_at_site(site, received, test)
-    if validation is not None:  # the part of its training data the site holds out: ``val_`` before each name
-        measured.update({f"val_{k}": v for k, v in algorithm.evaluate_at_site(site, received, validation).items()})
-        measured["val_samples"] = float(len(validation))
+    measured = measure_held_out(algorithm, site, received, test, validation)  # and the validation part's
     report.evaluated(after, measured, len(test), sent_bytes(measured) if sent_bytes is not None else 0)
     if final is not None:
         write_final_model(report.folder, site=site, config=config, shape=shape, model=final, received=received,

@@ -64,9 +64,11 @@ def _check_resumable(saved: dict[str, Any], config: RunConfig, path: Path) -> No
                               f"({', '.join(differing)}); use the original settings or another --name")
     schedule = (saved.get("training") or {}).get("lr_schedule", "constant")
     if schedule != "constant" and saved.get("rounds") != config.rounds:
+        planned = saved.get("rounds")
         raise CheckpointError(f"cannot resume from {path} with {config.rounds} rounds: its learning rate follows a "
-                              f"{schedule} schedule over {saved.get('rounds')} rounds, which other rounds would "
-                              "change for the rounds already run; resume with the same --rounds, or start afresh")
+                              f"{schedule} schedule over {planned} round{'s' if planned != 1 else ''}, which other "
+                              "rounds would change for the rounds already run; resume with the same --rounds, or "
+                              "start afresh")
 
 
 def run_simulation(config: RunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,

@@ -217,12 +217,25 @@ def load_final_model(folder: str | Path) -> tuple[ContrastiveNet, RunConfig, dic
     return model, config, info
 
 
+def measure_held_out(algorithm: Any, site: SiteContext, received: dict[str, torch.Tensor], test: Any,
+                     validation: Any = None) -> dict[str, float]:
+    """What a site measures of what it received: the plugin's ``evaluate_at_site`` on its held-out
+    split ``test`` and, given its validation part, the same there (``val_`` before each name, and
+    ``val_samples``)."""
+    measured = dict(algorithm.evaluate_at_site(site, received, test))
+    if validation is not None:
+        measured.update({f"val_{k}": v for k, v in algorithm.evaluate_at_site(site, received, validation).items()})
+        measured["val_samples"] = float(len(validation))
+    return measured
+
+
 def score_final_model(folder: str | Path, train: Any, test: Any, *, public: Any = None,
-                      device: str | torch.device | None = "cpu") -> dict[str, float]:
+                      device: str | torch.device | None = "cpu", validation: Any = None) -> dict[str, float]:
     """Score the final model in ``folder`` as the site did in its final round (the plugin's
     ``evaluate_at_site`` with the same state and seed): ``train`` and ``test`` are the site's own
-    splits (FLESD's probe trains on ``train``), ``public`` the plan's public set when it has one;
-    ``device`` None: the run's own device setting."""
+    splits (FLESD's probe trains on ``train``), ``validation`` its validation part (scored too when
+    given), ``public`` the plan's public set when it has one; ``device`` None: the run's own device
+    setting."""
     from ..construction import build_algorithm_with_public
     from ..devices import resolve_device
 
@@ -234,7 +247,7 @@ def score_final_model(folder: str | Path, train: Any, test: Any, *, public: Any 
                        round_num=info["round"], seed=info["seed"], device=device,
                        state=_load(folder / info["files"]["state"]), public=public, index=info["index"])
     received = {k: v.to(device) for k, v in _load(folder / info["files"]["received"]).items()}
-    return algorithm.evaluate_at_site(site, received, test)
+    return measure_held_out(algorithm, site, received, test, validation)
 
 
 def snapshot(model: torch.nn.Module, received: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -305,7 +318,8 @@ def score_in_workspace(workspace: str | Path, name: str | None = None) -> tuple[
     try:
         loader = SiteData(data_path=data, run_config=settings.get("run_config"),  # SiteRefusal: one sentence
                           network=settings.get("network"), model_shape=settings.get("model_shape"))
-        scored = score_final_model(folder, loader.train, loader.test, public=loader.public, device=None)
+        scored = score_final_model(folder, loader.train, loader.test, public=loader.public, device=None,
+                                   validation=loader.validation)
     finally:
         os.chdir(before)
     from ..yamlio import read_json
