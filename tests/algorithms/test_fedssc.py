@@ -46,8 +46,9 @@ def test_cosine_and_constant_schedules():
 
 
 def test_uploads_only_classes_above_threshold_with_last_epoch_means(make_site):
-    # lr ≈ 0 keeps the model fixed, so the last epoch's class means are those of the initial model.
-    site = make_site(training=TrainingConfig(local_epochs=1, batch_size=16, lr=1e-12))
+    # lr ≈ 0 keeps the model fixed, so the last epoch's class means are those of the initial model
+    # (of the images as they are: no augmentation).
+    site = make_site(training=TrainingConfig(local_epochs=1, batch_size=16, lr=1e-12, augmentation="none"))
     alg = get_algorithm("fedssc").from_settings({"min_class_samples": 10})
     received = {**weight_tensors(site.model), CLASS_REPS: torch.zeros(10, 32), CLASS_PRESENT: torch.zeros(10)}
     with torch.no_grad():

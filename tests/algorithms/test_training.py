@@ -60,7 +60,7 @@ def test_the_cosine_schedule_of_the_learning_rate_across_rounds():
     assert [config.training_at(r).lr for r in range(1, 5)] == pytest.approx(expected)
     assert config.training_at(5).lr == pytest.approx(expected[-1])  # the final evaluation counts as the last round
     assert config.training_at(2).momentum == config.training.momentum  # only the rate changes
-    constant = RunConfig(rounds=4, training={"lr": 0.1})
+    constant = RunConfig(rounds=4, training={"lr": 0.1, "lr_schedule": "constant"})
     assert all(constant.training_at(r) is constant.training for r in range(1, 6))
     with pytest.raises(ConfigError, match="lr_schedule must be one of constant, cosine"):
         TrainingConfig(lr_schedule="step")
