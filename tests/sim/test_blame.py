@@ -37,9 +37,15 @@ def run_until_stopped(federation, rounds):
     return None, None
 
 
+# The plain local step (no augmentation, a constant rate, no clipping): a wrecked global model then
+# drives an honest site's training to non-finite weights, the symptom the blame is tested on (a clipped
+# step keeps them finite, and the run then goes on with a worse model instead of stopping).
+PLAIN = {"augmentation": "none", "lr_schedule": "constant", "clip_grad_norm": 0}
+
+
 @pytest.fixture
 def two(tiny_config):
-    return tiny_config.replace(rounds=4, training={"lr": 0.05})
+    return tiny_config.replace(rounds=4, training={"lr": 0.05, **PLAIN})
 
 
 def test_in_bound_attacker_is_named_and_the_correcting_honest_site_is_not_blamed(two):

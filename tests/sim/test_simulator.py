@@ -110,7 +110,8 @@ from fedcontrast.cli import main
 sys.exit(main(sys.argv[2:]))
 """
 CLI_TINY = ["--dataset", "synthetic", "--image-size", "16", "--clients", "2", "--local-epochs", "1",
-            "--min-samples", "5", "--public-fraction", "0", "--quiet", "--name", "r"]
+            "--min-samples", "5", "--public-fraction", "0", "--quiet", "--name", "r",
+            "--lr-schedule", "constant"]  # a constant rate: a run goes on with more --rounds
 
 
 def test_full_disk_ends_with_one_sentence_and_the_run_resumes(tmp_path):

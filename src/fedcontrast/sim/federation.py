@@ -329,7 +329,7 @@ class Federation:
         evaluation.update(self.validation_evaluation(round_num))
         if self.linear_probe and "probe_accuracy" not in evaluation:
             load_weights(self.server.model, self.downlink.global_tensors)
-            evaluation.update(linear_probe(self.server.model.encoder, self.splits.train, self.test, self.device,
+            evaluation.update(linear_probe(self.server.model.encoder, self.server.labelled, self.test, self.device,
                                            module=self.server.model))
         rows.append(metric_row(round_num, GLOBAL_SITE, "evaluate", len(self.test),
                                {**evaluation, **self.downlink.metrics}))
