@@ -2,7 +2,8 @@
 sites' validation parts over a small grid from its paper, over seeds, with paired intervals.
 
     .venv/bin/python benchmarks/fashion.py [--jobs 2] [--seeds 0 1 2] [--settings dir0.1 dir0.5 scanner]
-                                           [--algorithms fedavg moon ...] [--no-section]
+                                           [--algorithms fedavg moon ...] [--grid full|small]
+                                           [--rounds 30] [--local-epochs 5] [--train-samples 10000] [--no-section]
 
 The data are the real Fashion-MNIST from Debian's package (`apt-get install dataset-fashion-mnist`),
 read with no flag. Settings: 10 sites with Dirichlet β = 0.1 and β = 0.5 label skew, and a feature
@@ -54,9 +55,23 @@ GRID: dict[str, list[dict[str, Any]]] = {
     "fedpcl": [{"temperature": 0.07}, {"temperature": 0.5}],
     "flesd": [{"target_temperature": 0.1}],
 }
+# --grid small: what fitted 2 cores (MOON's three μ, FedProx's two; one point, the paper's, for the others)
+SMALL_GRID: dict[str, list[dict[str, Any]]] = {
+    "fedavg": [{}],
+    "fedprox": [{"mu": 0.01}, {"mu": 0.1}],
+    "moon": [{"mu": 0.1}, {"mu": 1.0}, {"mu": 5.0}],
+    "fedssc": [{"mu_moon": 1.0}],
+    "fedsiam_da": [{"mu": 0.1}],
+    "fedpcl": [{"temperature": 0.07}],
+    "flesd": [{"target_temperature": 0.1}],
+}
 LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "moon": "MOON", "fedssc": "FedSSC", "fedsiam_da": "FedSiam-DA",
           "fedpcl": "FedPCL (personalised)", "flesd": "FLESD (linear probe)"}
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def grid_of(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    return GRID if args.grid == "full" else SMALL_GRID
 
 
 def run_name(setting: str, algorithm: str, grid_point: dict[str, Any], seed: int) -> str:
@@ -135,8 +150,8 @@ def report(args: argparse.Namespace, results: dict[tuple, dict[str, Any]], wall:
     lines = ["## Fashion-MNIST: contrastive and representation-sharing FL against FedAvg (`benchmarks/fashion.py`)", "",
              f"Command: `.venv/bin/python benchmarks/fashion.py --jobs {args.jobs} --seeds "
              f"{' '.join(map(str, args.seeds))} --rounds {args.rounds} --local-epochs {args.local_epochs} "
-             f"--train-samples {args.train_samples}` ({wall / 3600:.1f} h for the runs not already in "
-             f"benchmarks/runs/fashion, {args.jobs} runs at a time with one torch thread each, on {machine()}).", "",
+             f"--train-samples {args.train_samples} --grid {args.grid}` ({wall / 3600:.1f} h for the runs not "
+             f"already in benchmarks/runs/fashion, {args.jobs} runs at a time with one torch thread each, on {machine()}).", "",
              f"Data: the real Fashion-MNIST (Debian's `dataset-fashion-mnist`), **sub-sampled to fit 2 cores**: "
              f"{args.train_samples:,} training images (stratified), of which 10 % are the public split (FedPCL's "
              f"backbone, FLESD's distillation set; no site trains on it) and each site holds out 10 % of its share as "
@@ -148,7 +163,10 @@ def report(args: argparse.Namespace, results: dict[tuple, dict[str, Any]], wall:
              "Tuning: the grid point with the best mean **final validation accuracy** is chosen per setting; the "
              "test split chooses nothing. Test accuracy: mean ± sd over seeds "
              f"{', '.join(map(str, args.seeds))}; Δ: the paired difference against FedAvg at the same seed, with its "
-             "95 % t interval. **Beats FedAvg** means Δ ≥ +2 points with the interval above 0.", ""]
+             "95 % t interval. **Beats FedAvg** means Δ ≥ +2 points with the interval above 0."
+             + (" With `--grid small` only MOON (μ 0.1, 1, 5) and FedProx (μ 0.01, 0.1) are tuned; the others run "
+                "their paper's setting (`--grid full` sweeps two or three points each)." if args.grid == "small" else ""),
+             ""]
     verdicts = []
     for setting in args.settings:
         lines += [f"### {SETTING_NAMES[setting]}", "",
@@ -157,7 +175,7 @@ def report(args: argparse.Namespace, results: dict[tuple, dict[str, Any]], wall:
         base = {s: results.get((setting, "fedavg", 0, s)) for s in args.seeds}
         base_test = [base[s]["final_accuracy"] for s in args.seeds if base[s]]
         for algorithm in args.algorithms:
-            points = GRID[algorithm]
+            points = grid_of(args)[algorithm]
             scored = []
             for i in range(len(points)):
                 runs = [results.get((setting, algorithm, i, s)) for s in args.seeds]
@@ -208,7 +226,7 @@ def report(args: argparse.Namespace, results: dict[tuple, dict[str, Any]], wall:
               "| setting | algorithm | grid point | validation | test |", "|---|---|---|---|---|"]
     for setting in args.settings:
         for algorithm in args.algorithms:
-            for i, point in enumerate(GRID[algorithm]):
+            for i, point in enumerate(grid_of(args)[algorithm]):
                 runs = [results.get((setting, algorithm, i, s)) for s in args.seeds]
                 if not all(runs):
                     continue
@@ -234,28 +252,31 @@ def main() -> None:
     parser.add_argument("--local-epochs", type=int, default=5)
     parser.add_argument("--train-samples", type=int, default=10000)
     parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--grid", choices=["full", "small"], default="full",
+                        help="full: each paper's small sweep (default); small: what fits 2 cores in an hour")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one torch thread each")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--no-section", action="store_true", help="print the report, leave RESULTS.md alone")
     args = parser.parse_args()
     if "fedavg" not in args.algorithms:
         args.algorithms.insert(0, "fedavg")  # the reference every Δ is paired with
+    grid = grid_of(args)
     jobs = [(setting, algorithm, i, seed) for seed in args.seeds for setting in args.settings
-            for algorithm in args.algorithms for i in range(len(GRID[algorithm]))]
+            for algorithm in args.algorithms for i in range(len(grid[algorithm]))]
     results: dict[tuple, dict[str, Any]] = {}
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(one_run, args, s, a, GRID[a][i], seed): (s, a, i, seed) for s, a, i, seed in jobs}
+        futures = {pool.submit(one_run, args, s, a, grid[a][i], seed): (s, a, i, seed) for s, a, i, seed in jobs}
         for n, future in enumerate(as_completed(futures), start=1):
             key = futures[future]
             try:
                 results[key] = future.result()
             except Exception as exc:  # one failed run is reported, the others go on
-                print(f"[{n}/{len(jobs)}] {run_name(key[0], key[1], GRID[key[1]][key[2]], key[3])} failed: {exc}",
+                print(f"[{n}/{len(jobs)}] {run_name(key[0], key[1], grid[key[1]][key[2]], key[3])} failed: {exc}",
                       file=sys.stderr, flush=True)
                 continue
             done = results[key]
-            print(f"[{n}/{len(jobs)}] {run_name(key[0], key[1], GRID[key[1]][key[2]], key[3])}: test "
+            print(f"[{n}/{len(jobs)}] {run_name(key[0], key[1], grid[key[1]][key[2]], key[3])}: test "
                   f"{pct(done['final_accuracy'])} %, validation {pct(done.get('final_val_accuracy'))} % "
                   f"({(time.perf_counter() - t0) / 60:.0f} min so far)", file=sys.stderr, flush=True)
     text = report(args, results, time.perf_counter() - t0)
