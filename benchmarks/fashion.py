@@ -255,9 +255,12 @@ def main() -> None:
     parser.add_argument("--grid", choices=["full", "small"], default="full",
                         help="full: each paper's small sweep (default); small: what fits 2 cores in an hour")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one torch thread each")
-    parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--out", default=None, help="where the runs land (default: benchmarks/runs/fashion/ and "
+                        "a folder named by --rounds, --local-epochs, --train-samples, so other budgets never meet)")
     parser.add_argument("--no-section", action="store_true", help="print the report, leave RESULTS.md alone")
     args = parser.parse_args()
+    if args.out is None:
+        args.out = str(OUT / f"r{args.rounds}-e{args.local_epochs}-n{args.train_samples}")
     if "fedavg" not in args.algorithms:
         args.algorithms.insert(0, "fedavg")  # the reference every Δ is paired with
     grid = grid_of(args)
