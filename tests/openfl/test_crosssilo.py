@@ -28,13 +28,12 @@ pytestmark = pytest.mark.skipif(netns_unavailable() is not None, reason=str(netn
 SITES = ["hosp1", "hosp2", "hosp3"]
 COMMON = ["--rounds", "2", "--local-epochs", "1", "--min-samples", "5", "--round-timeout", "180"]
 OPTIONS = {
-    "moon": [],
+    "moon": ["--secure-aggregation"],
     "fedpcl": ["--public-data", "public", "--set", "fedpcl.pretrain_epochs=2", "--set", "fedpcl.projection_hidden=[32]"],
     "flesd": ["--public-data", "public", "--set", "flesd.distill_epochs=2", "--set", "flesd.probe_epochs=20",
               "--set", "flesd.quantize=int8"],
 }
-PORTS = {"moon": 50601, "fedpcl": 50603, "flesd": 50604, "kill": 50605, "tls": 50606,
-         "secure": 50607}
+PORTS = {"moon": 50601, "fedpcl": 50603, "flesd": 50604, "kill": 50605, "tls": 50606}
 RUN_TIMEOUT = 240
 
 
@@ -72,11 +71,11 @@ def check_what_the_site_takes_home(lab, exp, site, records, monkeypatch):
     assert all(r["training"] and r["bytes_sent"] > 0 and r["bytes_received"] > 0 for r in rows[1:])  # rounds 1, 2 (0: initial)
     assert (folder / "accuracy.png").stat().st_size > 0 and (folder / "final_model.json").is_file()
     assert f"{site}, round 2/2 (final model): held-out accuracy {rows[-1]['accuracy']:.4f}" in lab.log(exp, site)
-    run_config = yaml.safe_load((ws / "plan" / "plan.yaml").read_text())["task_runner"]["settings"]["run_config"]
+    loader_settings = yaml.safe_load((ws / "plan" / "plan.yaml").read_text())["data_loader"]["settings"]
     lines = [line.split(",", 1) for line in (ws / "plan" / "data.yaml").read_text().splitlines()
              if line.strip() and not line.lstrip().startswith("#")]
     monkeypatch.chdir(ws)  # the plan's relative paths (public folder, backbone files) are the workspace's
-    loader = SiteDataLoader(data_path=dict(lines)[site].strip(), run_config=run_config)
+    loader = SiteDataLoader(data_path=dict(lines)[site].strip(), **loader_settings)  # the site's policy checked too
     scored = score_final_model(folder, loader.train, loader.test, public=loader.public)
     assert scored["accuracy"] == rows[-1]["accuracy"]
     out, acc = lab.fedcontrast(site, "report", exp.name, "--score"), f"{rows[-1]['accuracy']:.4f}"
@@ -90,44 +89,17 @@ def run_to_end(lab, exp):
     return exp.records(lab)
 
 
-# Across hosts: MOON (weights), FedPCL (two tasks, personal models, the operator's backbone files) and FLESD
-# (public-set representations, int8); FedSSC's path is the same as MOON's on the wire and runs on one host
-# (tests/openfl/test_federation.py) — multi-host tests are kept few (the test command's time).
-@pytest.mark.parametrize("algorithm", ["moon", "fedpcl", "flesd"])
-def test_federation_across_hosts_every_site_measures_every_round(lab, deployed, algorithm, monkeypatch):
-    exp = deployed(algorithm)
-    records = run_to_end(lab, exp)
-    assert [r["round"] for r in records] == [1, 2]
-    for record in records:
-        assert "accuracy" not in record  # the aggregator holds no data: only the sites measure
-        assert set(record["sites"]) == set(SITES)
-        weighted, total = 0.0, 0.0
-        for site, values in record["sites"].items():
-            evaluation = values["evaluation"]  # its own held-out split, what it received
-            assert 0.0 <= evaluation["accuracy"] <= 1.0 and evaluation["samples"] > 0, (site, evaluation)
-            assert values["training"] and values["samples"] > 0  # kept per site, not averaged away
-            weighted += evaluation["accuracy"] * evaluation["samples"]
-            total += evaluation["samples"]
-        assert record["site_accuracy"] == pytest.approx(weighted / total)
-        if algorithm == "fedpcl":  # the personal model, by the nearest own prototype too
-            assert all("local_accuracy" in v["evaluation"] for v in record["sites"].values())
-        if algorithm == "flesd":  # a linear probe on each site's own labelled data
-            assert all("probe_accuracy" in v["evaluation"] for v in record["sites"].values())
-    # The held-out split is the site's own: its size is what its folder's test/ holds.
-    for site in SITES:
-        held_out = sum(1 for _ in (lab.disk(site) / "images" / "test").rglob("*.png"))
-        assert records[-1]["sites"][site]["evaluation"]["samples"] == held_out
-        check_what_the_site_takes_home(lab, exp, site, records, monkeypatch)
-    assert not (lab.disk(OPERATOR) / "images").exists()
-
-
-def test_secure_aggregation_across_hosts_with_every_sites_peers_pinned(lab, deployed):
-    """MOON under secure aggregation across hosts: the operator prints the roster of the certificates
-    it signed; each hospital checks its own line against its own certificate (`site roster` there) —
-    the phone call — and pins every member in its policy, requiring secure aggregation. The aggregator
-    records only the sum of the three sites; no site's log says a peer's key went unpinned."""
-    exp = lab.deploy("fed_secure", algorithm="moon", port=PORTS["secure"], reuse=deployed("moon"),
-                     options=COMMON + ["--secure-aggregation"])
+# Across hosts, one federation run: MOON under secure aggregation with every site's peers pinned. FedPCL's
+# and FLESD's deployments (the operator's backbone files, the public folders) are checked here without a
+# run; their runs, like FedSSC's, are on one host (tests/openfl/test_federation.py), where the wire is the
+# same — multi-host tests are kept few (the test command's time).
+def test_moon_across_hosts_under_secure_aggregation_every_site_measures_every_round(lab, deployed, monkeypatch):
+    """The operator prints the roster of the certificates it signed; each hospital checks its own line
+    against its own certificate (`site roster` there) — the phone call — and pins every member in its
+    policy, requiring secure aggregation. The aggregator records only the sum of the three sites and
+    holds no data; every site measures every round on its own held-out split and takes home its report,
+    plot and final model."""
+    exp = deployed("moon")
     roster = lab.fedcontrast(OPERATOR, "site", "roster", exp.name)
     for site in SITES:
         ws = exp.workspace(lab, site)
@@ -141,6 +113,24 @@ def test_secure_aggregation_across_hosts_with_every_sites_peers_pinned(lab, depl
     for site in SITES:
         log = lab.log(exp, site)
         assert "took part in the secure sum" in log and "checked against the federation's CA only" not in log
+    for record in records:
+        assert "accuracy" not in record  # the aggregator holds no data: only the sites measure
+        assert set(record["sites"]) == set(SITES)
+        weighted, total = 0.0, 0.0
+        for site, values in record["sites"].items():
+            evaluation = values["evaluation"]  # its own held-out split, what it received
+            assert 0.0 <= evaluation["accuracy"] <= 1.0 and evaluation["samples"] > 0, (site, evaluation)
+            assert values["training"]  # kept per site, not averaged away
+            assert values["samples"] is None  # a site's training count stays inside the secure sum
+            weighted += evaluation["accuracy"] * evaluation["samples"]
+            total += evaluation["samples"]
+        assert record["site_accuracy"] == pytest.approx(weighted / total)
+    # The held-out split is the site's own: its size is what its folder's test/ holds.
+    for site in SITES:
+        held_out = sum(1 for _ in (lab.disk(site) / "images" / "test").rglob("*.png"))
+        assert records[-1]["sites"][site]["evaluation"]["samples"] == held_out
+        check_what_the_site_takes_home(lab, exp, site, records, monkeypatch)
+    assert not (lab.disk(OPERATOR) / "images").exists()
 
 
 def test_fedpcl_sites_use_the_operators_backbone_files(lab, deployed):
