@@ -15,7 +15,8 @@ Recorded:
   representations of 256 fixed test images with those of its uploads one and two rounds before.
 
 The instrumentation only reads: each run's metrics are checked equal to a plain run's (`--no-check`
-skips that). Writes section `moon_collapse` of RESULTS.md.
+skips that; a run benchmarks/main_job.py made of the same job, where there is one, is the plain run:
+its accuracy after every round must equal the instrumented run's). Writes section `moon_collapse` of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from fedcontrast.config import RunConfig
 from fedcontrast.construction import load_splits
 from fedcontrast.sim import run_simulation
 
+MAIN_JOB = Path(__file__).parent / "runs" / "main_job"  # benchmarks/main_job.py's runs: the plain reference
 OLD = {"augmentation": "none", "clip_grad_norm": None, "lr_schedule": "constant"}  # before issue 44
 
 
@@ -88,8 +90,8 @@ class Recorder:
                 ce = F.cross_entropy(logits, y)
                 g_ce = torch.autograd.grad(ce, params, retain_graph=True, allow_unused=True)
                 g_con = torch.autograd.grad(term, params, retain_graph=True, allow_unused=True)
-                recorder.pending = {"g_ce": _norm(g_ce), "g_con": _norm(g_con), "ce": float(ce),
-                                    "con": float(parts["contrastive"]), "epoch": epoch}
+                recorder.pending.update(g_ce=_norm(g_ce), g_con=_norm(g_con), ce=float(ce.detach()),  # beside d
+                                        con=float(parts["contrastive"]), epoch=epoch)
                 return term, parts
 
             return measured
@@ -136,7 +138,7 @@ def read_rows(run: Path) -> tuple[list[float], list[tuple[int, float]]]:
     return curve, ce
 
 
-def measure(config: RunConfig, out: Path, check: bool) -> dict:
+def measure(config: RunConfig, out: Path, check: bool, reference: Path | None = None) -> dict:
     probe = load_splits(config).test.x[:256]
     recorder = Recorder(probe)
     uninstall = recorder.install()
@@ -144,13 +146,19 @@ def measure(config: RunConfig, out: Path, check: bool) -> dict:
         summary = run_simulation(config, out / "instrumented", overwrite=True)
     finally:
         uninstall()
-    if check:  # the same run without the hooks: the instrumentation only read
-        run_simulation(config, out / "plain", overwrite=True)
-        a, b = (open(out / n / "metrics.csv").read() for n in ("instrumented", "plain"))
-        if a != b:
-            raise SystemExit(f"the instrumented run of {config.algorithm} differs from the plain run: "
-                             "not a measurement")
     curve, ce = read_rows(out / "instrumented")
+    if check:  # the same run without the hooks: the instrumentation only read
+        if reference is not None and (reference / "summary.json").exists():  # benchmarks/main_job.py's own run
+            plain = json.loads((reference / "summary.json").read_text())["accuracy_curve"]
+            if plain != curve:
+                raise SystemExit(f"the instrumented run of {config.algorithm} differs from {reference}: "
+                                 "not a measurement")
+        else:
+            run_simulation(config, out / "plain", overwrite=True)
+            a, b = (open(out / n / "metrics.csv").read() for n in ("instrumented", "plain"))
+            if a != b:
+                raise SystemExit(f"the instrumented run of {config.algorithm} differs from the plain run: "
+                                 "not a measurement")
     return {"summary": summary, "steps": recorder.steps, "uploads": recorder.uploads, "curve": curve, "ce": ce}
 
 
@@ -194,9 +202,10 @@ def worst_steps(result: dict, around: int = 6) -> list[str]:
     of_round = [i for i, s in enumerate(steps) if s["site"] == site and s["round"] == rnd]
     for i in range(max(peak - around, of_round[0]), min(peak + around, of_round[-1]) + 1):
         s = steps[i]
-        lines.append(f"| {s['round']} | {s['site']} | {i - of_round[0] + 1} | {s['ce']:.3f} | {s['con']:.3f} | "
-                     f"{s['z']:.1f} | {s['d']:.2f} | {s['g_ce']:.2f} | {s['g_con']:.2f} | {s['g']:.2f} | "
-                     f"{s['logit']:.1f} |")
+        cells = [f"{s[k]:{fmt}}" if k in s else "—" for k, fmt in
+                 (("ce", ".3f"), ("con", ".3f"), ("z", ".1f"), ("d", ".2f"), ("g_ce", ".2f"), ("g_con", ".2f"),
+                  ("g", ".2f"), ("logit", ".1f"))]
+        lines.append(f"| {s['round']} | {s['site']} | {i - of_round[0] + 1} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -217,7 +226,8 @@ def main() -> None:
     results, stats = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, (label, config) in enumerate(runs.items()):
-            results[label] = measure(config, Path(tmp) / str(i), check=not args.no_check)
+            reference = MAIN_JOB / f"{'-'.join(label.lower().replace(',', '').replace(chr(39), '').split())}-s{args.seed}"
+            results[label] = measure(config, Path(tmp) / str(i), check=not args.no_check, reference=reference)
             stats[label] = statistics_of(results[label], args.rounds)
             print(label, json.dumps(stats[label]), flush=True)
     wall = time.perf_counter() - t0
@@ -227,7 +237,7 @@ def main() -> None:
 
     lines = ["## Why MOON collapsed on the README's main job: `benchmarks/moon_collapse.py`", "",
              f"Command: `.venv/bin/python benchmarks/moon_collapse.py --seed {args.seed} --rounds {args.rounds}` "
-             f"({wall / 60:.1f} min on {machine()}; each instrumented run's metrics checked equal to a plain run's: "
+             f"({wall / 60:.1f} min on {machine()}; each instrumented run checked equal to a plain run of the job: "
              f"{'no' if args.no_check else 'yes'}). The README's job in the simulator at one thread per site, seed "
              f"{args.seed}. Medians over site-rounds from round 10 on unless said.", "",
              "| | MOON, old defaults | MOON, today's defaults | FedAvg, old defaults |", "|---|---|---|---|"]
