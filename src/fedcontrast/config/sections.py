@@ -35,11 +35,11 @@ class TrainingConfig:
     running local training past what it can learn (docs/results.md, "Why MOON collapsed"):
 
     - ``augmentation: crop`` — each batch shifted by up to 2 pixels (the padded random crops MOON's
-      reference code trains on; no flips, which would change a digit): cross-entropy keeps learning
-      after the first epoch instead of leaving MOON's contrastive term to drive nine epochs alone;
+      reference code trains on; no flips, which would change a digit): cross-entropy keeps a gradient
+      (2.5× larger at a round's start) after the first epoch, where MOON's contrastive term drove alone;
     - ``lr_schedule: cosine`` — the rate falls across rounds, so what a site still moves shrinks;
-    - ``clip_grad_norm: 5`` — no step follows a gradient over 5 in L2 (FedAvg's are under 2 after its
-      first rounds; MOON's reached 60–120 in the step that collapsed a site's model).
+    - ``clip_grad_norm: 5`` — no step follows a gradient over 5 in L2 (FedAvg's largest on the README's
+      job: 18; MOON's reached 163 in the step that collapsed a site's model).
 
     ``none``, ``constant`` and ``0`` give the paper's plain settings back."""
 
