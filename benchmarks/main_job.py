@@ -45,12 +45,16 @@ def job(algorithm: str, training: dict, seed: int, rounds: int):
     return config.replace(training=training) if training else config
 
 
+def run_name(label: str, seed: int) -> str:
+    """The folder of a variant's run at ``seed`` under benchmarks/runs/main_job (moon_collapse.py reads it too)."""
+    return "-".join(label.lower().replace(",", "").replace("'", "").replace("+", "").split()) + f"-s{seed}"
+
+
 def one_run(label: str, seed: int, rounds: int, out: str) -> list[float]:
     from fedcontrast.sim import run_simulation
 
     algorithm, training = {**VARIANTS, **ABLATION}[label]
-    name = "-".join(w for w in label.lower().replace(",", "").replace("'", "").replace("+", "").split())
-    path = Path(out) / f"{name}-s{seed}"
+    path = Path(out) / run_name(label, seed)
     return run_simulation(job(algorithm, training, seed, rounds), path, resume=path.exists())["accuracy_curve"]
 
 

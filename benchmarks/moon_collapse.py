@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from _results import machine, write_section
+from main_job import OLD, run_name
+from main_job import OUT as MAIN_JOB  # benchmarks/main_job.py's runs: the plain reference
 
 import fedcontrast.algorithms.fedavg as fedavg_module
 import fedcontrast.algorithms.moon as moon_module
@@ -42,9 +44,6 @@ from fedcontrast.algorithms.base import load_weights
 from fedcontrast.config import RunConfig
 from fedcontrast.construction import load_splits
 from fedcontrast.sim import run_simulation
-
-MAIN_JOB = Path(__file__).parent / "runs" / "main_job"  # benchmarks/main_job.py's runs: the plain reference
-OLD = {"augmentation": "none", "clip_grad_norm": None, "lr_schedule": "constant"}  # before issue 44
 
 
 class Recorder:
@@ -226,8 +225,8 @@ def main() -> None:
     results, stats = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, (label, config) in enumerate(runs.items()):
-            reference = MAIN_JOB / f"{'-'.join(label.lower().replace(',', '').replace(chr(39), '').split())}-s{args.seed}"
-            results[label] = measure(config, Path(tmp) / str(i), check=not args.no_check, reference=reference)
+            results[label] = measure(config, Path(tmp) / str(i), check=not args.no_check,
+                                     reference=MAIN_JOB / run_name(label, args.seed))
             stats[label] = statistics_of(results[label], args.rounds)
             print(label, json.dumps(stats[label]), flush=True)
     wall = time.perf_counter() - t0
