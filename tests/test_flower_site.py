@@ -246,16 +246,18 @@ def test_a_sites_clientapp_process_refuses_code_from_the_operators_bundle(tmp_pa
 
 
 # --- secure aggregation at a Flower site ------------------------------------------------------------
-def secure_sites(folders, tmp_path, *, pins=True):
+def secure_sites(folders, tmp_path, *, pins=True, also=""):
     """hosp1 and hosp2 under secure aggregation, each with its SuperNode key and a policy that requires
-    secure aggregation and pins the other's key (``pins``); returns (plan text, settings by site, keys)."""
+    secure aggregation and pins the roster (``pins``: the federation, its threshold and every member's
+    key, ``also`` more pinned members' lines); returns (plan text, settings by site, keys)."""
     from fedcontrast.privacy.secagg import fingerprint
 
-    config = plan("fedavg", secure_aggregation={})
+    config = plan("fedavg", secure_aggregation={"federation": "hospitals-2026"})
     keys = {s: deploy.make_site_key(tmp_path / "keys", s) for s in SITES}
     public = {s: serialization.load_ssh_public_key(keys[s][1].read_bytes()) for s in SITES}
     out = {}
-    roster = "peers:\n" + "".join(f"  {s}: {fingerprint(public[s])}\n" for s in SITES)  # as site roster prints it
+    roster = ("federation: hospitals-2026\nsecure_threshold: 2\npeers:\n"  # as site roster prints it
+              + "".join(f"  {s}: {fingerprint(public[s])}\n" for s in SITES) + also)
     for site in SITES:
         policy = tmp_path / f"{site}-policy.yaml"
         policy.write_text("require_secure_aggregation: true\n" + (roster if pins else ""))
@@ -274,19 +276,19 @@ def secure_exchange(text, sts, config, relay, answers=None):
     errors = {}
     for site in SITES:
         reply, _ = site_app.handle("train", 5, text, sts[site], content, None)
-        relay.receive(site, 0, "advert", bytes(reply["secagg"]["payload"]))
+        relay.receive(site, 1, "advert", bytes(reply["secagg"]["payload"]))
     for phase, answer in PHASES:
         for site in relay.members[relay.phase]:
             if site in errors:
                 continue
             message = {"task": {"round": 1, "phase": phase},
-                       "secagg": {"payload": answers(site, answer, relay.answer(site, 0, answer))}}
+                       "secagg": {"payload": answers(site, answer, relay.answer(site, 1, answer))}}
             try:
                 reply, _ = site_app.handle("secagg", 5, text, sts[site], message, None)
             except Exception as exc:  # noqa: BLE001 — what the site answers the operator with
                 errors[site] = site_app.refusal(exc)
                 continue
-            relay.receive(site, 0, phase, bytes(reply["secagg"]["payload"]))
+            relay.receive(site, 1, phase, bytes(reply["secagg"]["payload"]))
     return errors
 
 
@@ -296,7 +298,10 @@ def secure_relay(config):
 
     algorithm = build_algorithm(config)
     specs = algorithm.upload_specs(initial_model(config, **data_shape(config)), 10)
-    return relay_for(list(SITES), config.secure_aggregation, SumLayout.of(algorithm, specs, config.secure_aggregation))
+    relay = relay_for(list(SITES), config.secure_aggregation, SumLayout.of(algorithm, specs, config.secure_aggregation),
+                      config.to_dict(), "5")  # the plan and the run the sites derive their session from
+    relay.begin(1)
+    return relay
 
 
 def test_flower_sites_with_pinned_keys_give_the_secure_sum(folders, tmp_path):
@@ -304,7 +309,7 @@ def test_flower_sites_with_pinned_keys_give_the_secure_sum(folders, tmp_path):
     config = RunConfig.from_dict(json.loads(text))
     relay = secure_relay(config)
     assert not secure_exchange(text, sts, config, relay)
-    assert relay.survivors == list(SITES) and relay.total(0).size == relay.words
+    assert relay.survivors == list(SITES) and relay.total(1).size == relay.words
 
 
 def test_a_flower_site_refuses_a_peer_key_the_operator_substituted(folders, tmp_path):
@@ -337,6 +342,28 @@ def test_a_flower_site_that_requires_secure_aggregation_refuses_an_unpinned_plan
     text, sts, _ = secure_sites(folders, tmp_path, pins=False)
     with pytest.raises(site_app.SiteRefused, match="requires secure aggregation but pins no key for hosp1, hosp2"):
         site_app.handle("query", 6, text, sts["hosp1"], {}, None)
+
+
+def test_a_flower_site_refuses_a_plan_that_is_not_the_roster_the_sites_pinned(folders, tmp_path):
+    """The sites pinned hosp1, hosp2 and hosp3; the operator's plan names hosp1 and hosp2 (with threshold
+    2, all two would need): the site refuses it before any data is read, naming hosp3. A plan for
+    another federation is refused too; the roster reaches the protocol's own check."""
+    from fedcontrast.flower import secure
+
+    text, sts, _ = secure_sites(folders, tmp_path, also="  hosp3: SHA256:" + "3" * 64 + "\n")
+    with pytest.raises(site_app.SiteRefused, match=r"^this site's policy .* refuses the plan before any data is read: "
+                                                   r".*the plan's secure sum is not the federation the sites pinned "
+                                                   r"under peers: \(hosp1, hosp2, hosp3\): it leaves out hosp3"):
+        site_app.handle("query", 6, text, sts["hosp1"], {}, None)
+    (tmp_path / "pinned").mkdir()
+    text, sts, _ = secure_sites(folders, tmp_path / "pinned")
+    other = json.dumps({**json.loads(text), "secure_aggregation": {**json.loads(text)["secure_aggregation"],
+                                                                   "federation": "hospitals-2025"}})
+    with pytest.raises(site_app.SiteRefused, match="the plan is for federation hospitals-2025"):
+        site_app.handle("query", 6, other, sts["hosp1"], {}, None)
+    site_app.handle("train", 5, text, sts["hosp1"], {"task": {"round": 1}, "received": downlink(plan())}, None)
+    steps = next(v for k, v in secure._SESSIONS.items() if k[1] == "hosp1")
+    assert (steps.peer_key.members, steps.peer_key.threshold) == (list(SITES), 2)
 
 
 def test_a_flower_site_with_a_nan_upload_withdraws_naming_the_cause(folders, tmp_path, monkeypatch):

@@ -26,8 +26,10 @@ def federation(n, t, round_num=0):
     adverts = {name: site.advertise() for name, site in sites.items()}
     public = {name: key.public_key() for name, key in private.items()}
     outboxes = {name: site.share(adverts, public) for name, site in sites.items()}
+    deals = {name: site.deal for name, site in sites.items()}  # each dealer's signed root
     for name, site in sites.items():  # the aggregator routes each ciphertext to its receiver
-        site.receive({sender: box[name] for sender, box in outboxes.items() if sender != name})
+        site.receive({sender: box[name] for sender, box in outboxes.items() if sender != name},
+                     {s: d for s, d in deals.items() if s != name}, public)
     return names, sites, adverts
 
 
@@ -37,7 +39,11 @@ def run(vectors, t, *, drop=(), clip=4.0, bits=64):
     masked = {name: sites[name].mask(vectors[i], q) for i, name in enumerate(names) if name not in drop}
     survivors = [n for n in names if n in masked]
     reveals = {s: sites[s].reveal(survivors, [n for n in names if n not in masked]) for s in survivors}
-    return unmask(masked, reveals, adverts, names, t, q), q, masked
+    return unmask(masked, reveals, adverts, names, t, q, roots=roots(sites)), q, masked
+
+
+def roots(sites):
+    return {name: site.deal[0] for name, site in sites.items()}
 
 
 @pytest.mark.parametrize("bits,finest", [(32, 1e-7), (64, 1e-9)])
@@ -79,12 +85,13 @@ def test_fewer_than_t_shares_reveal_nothing():
     masked = {n: sites[n].mask(np.ones(64), q) for n in names}
     reveals = {s: sites[s].reveal(names, []) for s in names[:2]}  # t - 1 = 2 sites answer
     with pytest.raises(SecureAggregationError, match="fewer than the threshold 3"):
-        unmask(masked, reveals, adverts, names, 3, q)
+        unmask(masked, reveals, adverts, names, 3, q, roots=roots(sites))
     # combining t - 1 shares by hand gives a wrong seed (or a value outside the secrets' range, refused):
     # the mask does not come off
-    shares = [(idx, share) for r in reveals.values() for target, (_, idx, share) in r.items() if target == "site_0"]
-    right = _combine([(idx, share) for s in names[:3] for target, (_, idx, share) in sites[s].reveal(names, []).items()
-                      if target == "site_0"])
+    shares = [(idx, share) for r in reveals.values() for target, (_, idx, share, *_) in r.items()
+              if target == "site_0"]
+    right = _combine([(idx, share) for s in names[:3]
+                      for target, (_, idx, share, *_) in sites[s].reveal(names, []).items() if target == "site_0"])
     try:
         wrong = _combine(shares)
     except ValueError:
@@ -236,6 +243,36 @@ def test_shamir_shares_lie_on_one_polynomial_of_degree_below_t_whose_value_at_ze
         _combine([(1, b"\xff" * 2 * SHARE_PIECE)] + shares[1:t])  # a value outside the field
     with pytest.raises(ValueError):
         _combine([shares[0], shares[0]])  # one index twice
+
+
+@pytest.mark.parametrize("n,t,bad", [(10, 7, 1), (41, 28, 6), (13, 5, 4)])
+def test_reed_solomon_decoding_finds_the_polynomial_through_every_good_share(n, t, bad):
+    """Berlekamp–Welch (``shamir.decode``) against the polynomial solved independently from good
+    shares (Gauss–Jordan on a Vandermonde system): with up to ⌊(n − t)/2⌋ shares replaced by random
+    field values it returns that polynomial and exactly the good shares' indices; ``on_polynomial``
+    agrees share by share; with one bad share more than it can correct it claims no polynomial."""
+    import os
+
+    from fedcontrast.privacy.shamir import FIELD, SHARE_PIECE, decode, on_polynomial
+    from fedcontrast.privacy.shamir import split as _split
+
+    rng = np.random.default_rng(n)
+    shares = _split(os.urandom(16), t, n)
+    ys = [int.from_bytes(share, "big") for _, share in shares]
+    coefficients = _solve_mod([[pow(x, d, FIELD) for d in range(t)] for x in range(1, t + 1)], ys[:t], FIELD)
+    corrupt = set(int(i) for i in rng.choice(n, size=bad, replace=False))
+    points = [(x, int(rng.integers(1, 2**62)) if x - 1 in corrupt else y) for x, y in enumerate(ys, 1)]
+    found = decode(points, t)
+    assert found is not None
+    assert found[0] == coefficients and found[1] == {x for x in range(1, n + 1) if x - 1 not in corrupt}
+    basis = [shares[i] for i in range(n) if i not in corrupt][:t]
+    others = [i for i, share in enumerate(shares) if share not in basis]
+    given = [shares[i] if i not in corrupt else (shares[i][0], points[i][1].to_bytes(SHARE_PIECE, "big"))
+             for i in others]
+    assert on_polynomial(basis, given) == [i not in corrupt for i in others]
+    more = sorted(set(range(n)) - corrupt)[: (n - t) // 2 + 1 - bad]  # one bad share beyond what it corrects
+    points = [(x, (y + 1) % FIELD if x - 1 in corrupt or x - 1 in more else y) for x, y in enumerate(ys, 1)]
+    assert decode(points, t) is None
 
 
 def test_shamir_sharing_is_fresh_each_time_and_fewer_than_t_shares_fit_any_secret():

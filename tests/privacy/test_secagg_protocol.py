@@ -53,7 +53,7 @@ def federation(n, *, threshold, words=50, die=None, forge=None, bits=64, seed=0)
     keys, pems = make_keys(names)
     pins = {s: fingerprint(keys[s].public_key()) for s in names}
     quantizer = Quantizer.for_sites(10.0, n, bits)
-    relay = SecAggRelay(names, threshold, words, quantizer)
+    relay = SecAggRelay(names, threshold, words, quantizer, session=SESSION)
     vectors = {s: rng.uniform(-10, 10, words) for s in names}
     die = die or {}
     errors: dict[str, str] = {}
@@ -197,7 +197,7 @@ class Lab:
         self.keys, self.pems = keys or make_keys(self.names)
         self.pins = {s: fingerprint(self.keys[s].public_key()) for s in self.names}
         self.quantizer = Quantizer.for_sites(10.0, n, bits)
-        self.relay = SecAggRelay(self.names, threshold, words, self.quantizer)
+        self.relay = SecAggRelay(self.names, threshold, words, self.quantizer, session=session)
         self.relay.begin(round_num)
         self.round, self.threshold = round_num, threshold
         rng = np.random.default_rng(seed)
@@ -253,7 +253,7 @@ def held_shares(lab, target):
     """The shares of ``target``'s self-mask seed and of its key the relay got from the honest sites."""
     b = s = 0
     for reveal in lab.relay.received[4].values():
-        kind, _, _ = reveal.get(target, (None, None, None))
+        kind = reveal.get(target, (None,))[0]
         b, s = b + (kind == "b"), s + (kind == "s")
     return b, s
 
@@ -281,7 +281,7 @@ def test_a_peer_set_below_the_threshold_is_refused_by_the_target(n, t):
 
     def lying(site, kind):
         if site == target and kind == "boxes":
-            return json.dumps({"peers": [target], "boxes": {}}).encode()
+            return json.dumps({"peers": [target], "boxes": {}, "deals": {}}).encode()
         return honest(site, kind)
 
     lab.answer = lying
@@ -320,7 +320,7 @@ def test_different_survivor_sets_for_different_sites_never_reveal_both_masks_of_
     assert all("signed that same set, fewer than the threshold" in lab.errors[s] for s in group_b)
     b_shares, s_shares = held_shares(lab, target)
     assert s_shares == 0 and b_shares == t  # its key stays secret: the pairwise masks stay on
-    shares = [(i, share) for r in lab.relay.received[4].values() for tgt, (k, i, share) in r.items()
+    shares = [(i, share) for r in lab.relay.received[4].values() for tgt, (k, i, share, *_) in r.items()
               if tgt == target and k == "b"]
     words = lab.relay.received[2][target] - prg(_combine(shares), 4096, np.uint64)  # the best the relay can do
     assert_uniform(words)
@@ -408,8 +408,7 @@ def test_a_garbage_share_is_found_its_sender_named_and_the_sum_still_exact():
 
     def garbage(answer):
         reveal = json.loads(honest_reveal(answer))
-        kind, index, _ = reveal["site_0"]
-        reveal["site_0"] = [kind, index, base64.b64encode(bytes(34)).decode()]  # zeros in place of its share
+        reveal["site_0"][2] = base64.b64encode(bytes(34)).decode()  # zeros in place of its share
         return json.dumps(reveal).encode()
 
     lab.steps["site_4"].reveal = garbage
@@ -432,9 +431,11 @@ def test_a_garbage_share_among_exactly_threshold_shares_ends_the_round_without_a
 
     lab.steps["site_2"].reveal = garbage
     lab.step("consistency", "signatures", "reveal", sites=["site_2", "site_1"])
-    with pytest.raises(SecureAggregationError, match="site_0's self-mask seed .* do not rebuild what site_0 committed"):
+    with pytest.raises(SecureAggregationError, match="only 1 good shares of site site_0's self-mask seed arrived, "
+                                                     "fewer than the threshold 2.*left out: site_2's is not the one "
+                                                     "site_0 dealt it"):
         lab.relay.close()
-    assert lab.relay.sum is None
+    assert lab.relay.sum is None and "site_2" in lab.relay.blamed
 
 
 def test_a_malformed_answer_of_the_relay_is_one_sentence_at_the_site_not_a_key_error():
@@ -479,3 +480,127 @@ def test_what_the_relay_holds_of_one_site_is_uniform_noise():
     for words in seen:
         assert stats.kstest(words, "uniform").pvalue > 1e-3
     assert stats.ks_2samp(seen[0], seen[1]).pvalue > 1e-3
+
+
+# --- shares that blame their dealer; any t good shares rebuild a secret ---------------------------------
+def _lying_dealer(lab, dealer, victims, *, signed=True):
+    """``dealer`` deals ``victims`` a wrong share of its self-mask seed: inside the tree it signs
+    (``signed``: the holder's check passes, so only the revealed share shows it) or only in the box."""
+    import fedcontrast.privacy.secagg as secagg
+
+    honest_split, honest_leaf = secagg._split, secagg.leaf
+    positions = [lab.names.index(v) for v in victims]
+
+    def split(secret, t, n):
+        shares = honest_split(secret, t, n)
+        if secret == lab.steps[dealer].site.secrets[0]:
+            for k in positions:
+                index, share = shares[k]
+                shares[k] = (index, bytes([share[0] ^ 1]) + share[1:])
+        return shares
+
+    def leaf(holder, index, b_hash, s_hash):
+        if holder in victims:  # the tree signs the honest share; the box carries the wrong one
+            b_hash = bytes(32)
+        return honest_leaf(holder, index, b_hash, s_hash)
+
+    def boxes(answer):
+        secagg._split = split
+        if not signed:
+            secagg.leaf = leaf
+        try:
+            return honest_boxes(answer)
+        finally:
+            secagg._split, secagg.leaf = honest_split, honest_leaf
+
+    honest_boxes = lab.steps[dealer].boxes
+    lab.steps[dealer].boxes = boxes
+
+
+def _garbage_holder(lab, holder, target):
+    honest_reveal = lab.steps[holder].reveal
+
+    def reveal(answer):
+        message = json.loads(honest_reveal(answer))
+        share = bytearray(base64.b64decode(message[target][2]))
+        share[-1] ^= 1
+        message[target][2] = base64.b64encode(bytes(share)).decode()
+        return json.dumps(message).encode()
+
+    lab.steps[holder].reveal = reveal
+
+
+def _exact(lab):
+    error = np.abs(lab.relay.total(lab.round) - sum(lab.vectors.values())).max()
+    assert error <= lab.quantizer.error_bound(len(lab.names))
+
+
+def test_a_dealer_that_deals_an_honest_holder_a_bad_share_is_blamed_never_the_holder():
+    """Before, the holder who revealed the bad share was named and its round record said rejected."""
+    lab = Lab(5, threshold=3)
+    _lying_dealer(lab, "site_0", ["site_3"])
+    lab.send_adverts()
+    lab.finish()
+    assert "site_3" not in lab.relay.blamed and not lab.errors
+    assert "site_0" in lab.relay.blamed and "site_3" in lab.relay.blamed["site_0"]
+    _exact(lab)  # site_0's seed rebuilt from the good shares
+
+
+def test_a_dealer_whose_box_is_not_what_it_signed_is_refused_by_the_holder_who_says_so_and_is_not_blamed():
+    lab = Lab(5, threshold=3)
+    _lying_dealer(lab, "site_0", ["site_3"], signed=False)
+    lab.send_adverts()
+    lab.finish()
+    assert "site_0" in lab.steps["site_3"].site.refused and "site_3" not in lab.relay.blamed
+    assert "not the ones site_0 signed" in lab.relay.withheld["site_3"]
+    _exact(lab)
+
+
+def test_a_holder_that_alters_a_share_is_blamed_and_the_sum_still_exact():
+    lab = Lab(5, threshold=3)
+    _garbage_holder(lab, "site_4", "site_1")
+    lab.send_adverts()
+    lab.finish()
+    assert list(lab.relay.blamed) == ["site_4"] and "site_1's self-mask seed" in lab.relay.blamed["site_4"]
+    _exact(lab)
+
+
+def test_any_t_good_shares_rebuild_two_garbage_shares_at_ten_sites_no_longer_end_the_round():
+    """10 sites, t = 7: two holders send garbage for one target (8 good shares). Before, only windows
+    of consecutive shares were tried and the round ended saying no 7 of them rebuild the seed."""
+    lab = Lab(10, threshold=7)
+    _garbage_holder(lab, "site_2", "site_5")
+    _garbage_holder(lab, "site_8", "site_5")
+    lab.send_adverts()
+    lab.finish()
+    assert sorted(lab.relay.blamed) == ["site_2", "site_8"]
+    _exact(lab)
+
+
+def test_a_dealer_that_signed_two_bad_shares_among_ten_is_named_and_its_seed_rebuilt_from_eight():
+    lab = Lab(10, threshold=7)
+    _lying_dealer(lab, "site_5", ["site_1", "site_9"])
+    lab.send_adverts()
+    lab.finish()
+    assert list(lab.relay.blamed) == ["site_5"] and "site_1, site_9" in lab.relay.blamed["site_5"]
+    _exact(lab)
+
+
+def test_fewer_than_t_good_shares_end_the_round_with_a_true_sentence_naming_the_dealer():
+    lab = Lab(5, threshold=4)
+    _lying_dealer(lab, "site_0", ["site_1", "site_2"])  # 3 good shares of 5, t = 4
+    lab.send_adverts()
+    with pytest.raises(SecureAggregationError, match="site site_0 signed 5 shares of its self-mask seed .* no 4 of "
+                                                     "them rebuild what it committed to: it dealt bad shares"):
+        lab.finish()
+    assert lab.relay.sum is None
+
+
+def test_a_deal_without_its_dealers_signature_is_refused_at_the_relay_naming_the_dealer():
+    lab = Lab(3, threshold=2)
+    lab.send_adverts()
+    lab.close()
+    payload = json.loads(lab.steps["site_1"].boxes(lab.answer("site_1", "adverts")))
+    payload["deal"][0] = base64.b64encode(bytes(32)).decode()  # another root under its signature
+    with pytest.raises(SecureAggregationError, match="site site_1's deal does not carry its signature"):
+        lab.relay.receive("site_1", 0, "boxes", json.dumps(payload).encode())

@@ -168,6 +168,61 @@ def s_public(secret: bytes) -> bytes:
     return x25519.X25519PrivateKey.from_private_bytes(secret).public_key().public_bytes(*RAW)
 
 
+# --- a dealer's shares, attributable to it ----------------------------------------------------------
+# Each site signs, once per round, the root of a Merkle tree (SHA-256, leaves and nodes told apart by
+# a prefix) over one leaf per holder of its shares: the holder's name, the share's index and the
+# SHA-256 of each of its two shares. A holder checks its leaf's path to the signed root when the
+# shares arrive; when it reveals one share it sends the path and the other share's hash, so the
+# aggregator can tell a share its dealer signed (a bad one blames the dealer) from one the holder
+# altered (it blames the holder), without ever seeing the other share.
+EMPTY_LEAF = hashlib.sha256(b"fedcontrast secagg: no holder").digest()
+MAX_DEPTH = 16
+
+
+def share_hash(kind: str, share: bytes) -> bytes:
+    """The hash of one share (``kind`` b or s) inside its holder's leaf."""
+    return hashlib.sha256(PROTOCOL.encode() + b"|share|" + kind.encode() + b"|" + share).digest()
+
+
+def leaf(holder: str, index: int, b_hash: bytes, s_hash: bytes) -> bytes:
+    return hashlib.sha256(b"\0" + json.dumps([holder, int(index)]).encode() + b_hash + s_hash).digest()
+
+
+def _node(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\1" + left + right).digest()
+
+
+def tree_depth(holders: int) -> int:
+    """The depth of the tree over ``holders`` leaves (padded to a power of two)."""
+    return max(0, (holders - 1).bit_length())
+
+
+def merkle_tree(leaves: list[bytes]) -> list[list[bytes]]:
+    """Every level of the tree over ``leaves`` (padded to a power of two), the leaves first."""
+    level = leaves + [EMPTY_LEAF] * ((1 << tree_depth(len(leaves))) - len(leaves))
+    levels = [level]
+    while len(level) > 1:
+        level = [_node(level[i], level[i + 1]) for i in range(0, len(level), 2)]
+        levels.append(level)
+    return levels
+
+
+def merkle_path(levels: list[list[bytes]], position: int) -> bytes:
+    """The siblings of leaf ``position`` from the bottom up, concatenated."""
+    return b"".join(level[(position >> depth) ^ 1] for depth, level in enumerate(levels[:-1]))
+
+
+def merkle_root_of(leaf_hash: bytes, position: int, path: bytes) -> bytes | None:
+    """The root that ``leaf_hash`` at ``position`` and its ``path`` lead to (None: a malformed path)."""
+    if len(path) % 32 or len(path) // 32 > MAX_DEPTH or not 0 <= position < 1 << (len(path) // 32):
+        return None
+    node = leaf_hash
+    for depth in range(len(path) // 32):
+        sibling = path[32 * depth:32 * depth + 32]
+        node = _node(sibling, node) if position >> depth & 1 else _node(node, sibling)
+    return node
+
+
 # --- signatures with the site's long-term key -------------------------------------------------------
 def sign(key: Any, data: bytes) -> bytes:
     if isinstance(key, ec.EllipticCurvePrivateKey):
@@ -256,7 +311,10 @@ class SecAggSite:
     _s: x25519.X25519PrivateKey = field(default_factory=x25519.X25519PrivateKey.generate, repr=False)
     _b: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
     peers: dict[str, dict[str, bytes]] = field(default_factory=dict, repr=False)  # verified adverts
-    held: dict[str, tuple[int, bytes, bytes]] = field(default_factory=dict, repr=False)  # shares others sent me
+    # shares others dealt me: dealer → (index, b share, s share, Merkle path to the dealer's signed root)
+    held: dict[str, tuple[int, bytes, bytes, bytes]] = field(default_factory=dict, repr=False)
+    refused: dict[str, str] = field(default_factory=dict, repr=False)  # dealer → why its shares failed their check
+    deal: tuple[bytes, bytes] | None = field(default=None, repr=False)  # this site's signed root: (root, signature)
     signed: list[str] | None = None  # the survivor set this site signed (one per round)
     # SecAgg+ (:mod:`.secagg_graph`): the shares' threshold t_k among ``sites`` (this site's
     # neighbourhood) and the graph's parameters its advert signs; None and (): the full graph
@@ -308,17 +366,31 @@ class SecAggSite:
             self.peers[site] = advert
         n = len(self.sites)
         b_shares, s_shares = (_split(secret, self.t_shares, n) for secret in self.secrets)
+        levels = merkle_tree([leaf(site, b_shares[k][0], share_hash("b", b_shares[k][1]),
+                                   share_hash("s", s_shares[k][1])) for k, site in enumerate(self.sites)])
+        root = levels[-1][0]
+        self.deal = (root, sign(self.signing_key, self.deal_bytes(self.name, root)))
         out = {}
         for k, site in enumerate(self.sites):
+            path = merkle_path(levels, k)
             if site == self.name:  # its own shares stay here
-                self.held[site] = (b_shares[k][0], b_shares[k][1], s_shares[k][1])
+                self.held[site] = (b_shares[k][0], b_shares[k][1], s_shares[k][1], path)
                 continue
-            plain = bytes([b_shares[k][0]]) + b_shares[k][1] + s_shares[k][1]
+            plain = b_shares[k][0].to_bytes(2, "big") + b_shares[k][1] + s_shares[k][1] + path
             out[site] = self._aead(site).encrypt(self._nonce(self.name, site), plain, self._aad(self.name, site))
         return out
 
-    def receive(self, ciphertexts: dict[str, bytes]) -> None:
-        """Decrypts the shares every other site sent this site (routed by the aggregator)."""
+    def deal_bytes(self, dealer: str, root: bytes) -> bytes:
+        """What a dealer signs over the root of its shares' tree (:func:`bound`, kind ``deal``)."""
+        return bound("deal", self.session, self.round_num, self.threshold, dealer, root, *self.graph_terms)
+
+    def receive(self, ciphertexts: dict[str, bytes], deals: dict[str, tuple[bytes, bytes]],
+                signing_keys: dict[str, Any]) -> None:
+        """Decrypts the shares every other site dealt this site (routed by the aggregator) and checks
+        each against its dealer's signed root (``deals``: dealer → (root, signature)). Shares that
+        fail are kept out (``refused``, with the reason): this site will say so instead of revealing
+        them, so it can never be blamed for its dealer's fault."""
+        size = len(self.held[self.name][1]) if self.name in self.held else None
         for sender, ciphertext in ciphertexts.items():
             try:
                 plain = self._aead(sender).decrypt(self._nonce(sender, self.name), ciphertext,
@@ -326,8 +398,28 @@ class SecAggSite:
             except InvalidTag:
                 raise SecureAggregationError(f"the shares from site {sender} do not decrypt at site {self.name}: "
                                              "altered on the way") from None
-            half = (len(plain) - 1) // 2
-            self.held[sender] = (plain[0], plain[1:1 + half], plain[1 + half:])
+            problem = self._check_deal(sender, plain, size, deals.get(sender), signing_keys.get(sender))
+            if problem:
+                self.refused[sender] = problem
+                continue
+            path_bytes = len(plain) - 2 - 2 * size  # type: ignore[operator]  # checked in _check_deal
+            index = int.from_bytes(plain[:2], "big")
+            self.held[sender] = (index, plain[2:2 + size], plain[2 + size:2 + 2 * size],  # type: ignore[operator]
+                                 plain[len(plain) - path_bytes:])
+
+    def _check_deal(self, dealer: str, plain: bytes, size: int | None, deal: tuple[bytes, bytes] | None,
+                    key: Any) -> str:
+        """Why the shares ``dealer`` sent this site are not what it signed (empty: they are)."""
+        if size is None or (len(plain) - 2 - 2 * size) % 32 or len(plain) < 2 + 2 * size:
+            return f"the shares site {dealer} dealt site {self.name} have the wrong size"
+        if deal is None or key is None or not verify(key, deal[1], self.deal_bytes(dealer, deal[0])):
+            return f"site {dealer}'s shares for site {self.name} come without {dealer}'s signature over their tree"
+        index = int.from_bytes(plain[:2], "big")
+        b, s_share, path = plain[2:2 + size], plain[2 + size:2 + 2 * size], plain[2 + 2 * size:]
+        if index < 1 or merkle_root_of(leaf(self.name, index, share_hash("b", b), share_hash("s", s_share)),
+                                       index - 1, path) != deal[0]:
+            return f"the shares site {dealer} dealt site {self.name} are not the ones {dealer} signed"
+        return ""
 
     def mask(self, vector: np.ndarray, quantizer: Quantizer, peers: list[str] | None = None) -> np.ndarray:
         """The vector as the aggregator receives it: encoded, plus the self mask and pairwise masks
@@ -378,24 +470,29 @@ class SecAggSite:
                 + ": the aggregator may have told sites different survivor sets; nothing is revealed")
         return valid
 
-    def reveal(self, survivors: list[str], dropped: list[str]) -> dict[str, tuple[str, int, bytes]]:
+    def reveal(self, survivors: list[str], dropped: list[str]) -> dict[str, tuple[Any, ...]]:
         """This site's shares for unmasking: of ``b`` for each survivor, of the ``s`` key for each
-        dropped site; refused when a site is named both ways or too few survive."""
+        dropped site, each as (kind, index, share, the other share's hash, the Merkle path to its
+        dealer's signed root), or ``("withheld", why)`` for a dealer whose shares failed their check
+        here; refused when a site is named both ways or too few survive."""
         if set(survivors) & set(dropped):
             raise SecureAggregationError(f"the aggregator asked site {self.name} to reveal both masks of "
                                          f"{', '.join(sorted(set(survivors) & set(dropped)))}: refused")
         if len(survivors) < self.threshold:
             raise SecureAggregationError(f"only {len(survivors)} sites survived round {self.round_num}, fewer than "
                                          f"the threshold {self.threshold}: nothing is revealed")
-        out = {}
-        for site in survivors:
-            if site not in self.held and self.share_threshold is not None:
-                continue  # SecAgg+: a survivor outside this site's neighbourhood holds no share here
-            index, b_share, _ = self.held[site]
-            out[site] = ("b", index, b_share)
-        for site in dropped:
-            index, _, s_share = self.held[site]
-            out[site] = ("s", index, s_share)
+        out: dict[str, tuple[Any, ...]] = {}
+        for kind, targets in (("b", survivors), ("s", dropped)):
+            for site in targets:
+                if site in self.refused:
+                    out[site] = ("withheld", self.refused[site])
+                    continue
+                if site not in self.held and kind == "b" and self.share_threshold is not None:
+                    continue  # SecAgg+: a survivor outside this site's neighbourhood holds no share here
+                index, b_share, s_share, path = self.held[site]
+                share, other = ((b_share, share_hash("s", s_share)) if kind == "b"
+                                else (s_share, share_hash("b", b_share)))
+                out[site] = (kind, index, share, other, path)
         return out
 
     # --- helpers --------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from ..config.sections import minimum_threshold
-from .secagg import Quantizer, SecAggSite, SecureAggregationError, fingerprint
+from .secagg import MAX_DEPTH, Quantizer, SecAggSite, SecureAggregationError, fingerprint, tree_depth
 from .secagg_graph import graph_for
 from .shamir import share_size
 
@@ -67,9 +67,29 @@ def share_bytes(graph: Any) -> int:
     return share_size(32 if graph.full else 16)
 
 
-def box_bytes(graph: Any) -> int:
-    """A box's bytes: the index, the ``b`` share, the ``s`` share and the Poly1305 tag."""
-    return 1 + 2 * share_bytes(graph) + 16
+def box_bytes(graph: Any, holders: int) -> int:
+    """A box's bytes for a dealer with ``holders`` holders (itself included): the index (2 bytes),
+    the ``b`` share, the ``s`` share, the Merkle path to the dealer's signed root and the Poly1305 tag."""
+    return 2 + 2 * share_bytes(graph) + 32 * tree_depth(holders) + 16
+
+
+def public_key_of(site: str, text: str) -> Any:
+    """The long-term public key inside an advert's ``certificate`` text, whatever the engine put
+    there (an X.509 certificate, a PEM public key, an OpenSSH key): what the aggregator checks a
+    site's signed deal against (the sites check the key itself, :class:`PinnedKeys`)."""
+    from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
+    data = text.strip().encode()
+    loaders = ((lambda d: x509.load_pem_x509_certificate(d).public_key()), serialization.load_pem_public_key,
+               serialization.load_ssh_public_key)
+    for load in loaders:
+        try:
+            return load(data)
+        except (ValueError, TypeError, UnsupportedAlgorithm):
+            continue
+    raise SecureAggregationError(f"site {site}'s advert carries no key the aggregator can read")
 
 
 def _b64(data: bytes) -> str:
@@ -135,11 +155,13 @@ class PinnedKeys:
     roster (``pins``: site → :func:`~.secagg.fingerprint`, from its policy's ``peers:``), which the
     hospitals confirmed among themselves and the operator cannot change. A pinned peer whose key
     differs is refused; an unpinned one is refused when ``required`` (the policy requires secure
-    aggregation), else accepted and listed in ``unpinned``."""
+    aggregation), else accepted and listed in ``unpinned``. ``members`` and ``threshold``: the roster
+    the policy pins (None: none), which :class:`SecAggSteps` checks the plan's sites and threshold against."""
 
     def __init__(self, verify: Callable[[str, str], Any], pins: Mapping[str, str] | None = None,
-                 required: bool = False) -> None:
+                 required: bool = False, members: list[str] | None = None, threshold: int | None = None) -> None:
         self.verify, self.pins, self.required = verify, dict(pins or {}), required
+        self.members, self.threshold = members, threshold
         self.unpinned: set[str] = set()
 
     def __call__(self, site: str, text: str) -> Any:
@@ -195,6 +217,12 @@ class SecAggSteps:
                                          "is "
                                          f"outside {minimum_threshold(len(sites))}..{len(sites)}: below a majority an "
                                          "operator that lies could unmask this site; this site takes no part")
+        members, agreed = (peer_key.members, peer_key.threshold) if isinstance(peer_key, PinnedKeys) else (None, None)
+        if (members is not None and set(members) != set(sites)) or (agreed is not None and agreed != threshold):
+            raise SecureAggregationError(f"the plan's secure sum ({', '.join(sites)}; threshold {threshold}) is not "
+                                         f"the roster this site's policy pins ({', '.join(members or sites)}; "
+                                         f"threshold {agreed if agreed is not None else threshold}): this site takes "
+                                         "no part")
         self.plan_sites, self.threshold = list(sites), threshold
         self.site = SecAggSite(name, list(sites), threshold, round_num, signing_key, session)
         self.graph = graph_for(list(sites), threshold, neighbours, session, round_num)
@@ -257,19 +285,32 @@ class SecAggSteps:
         self.site.sites = list(self.u1)
         boxes = self.site.share({p: {k: _unb64(adverts[p][k], None, k) for k in ("c_pk", "s_pk", "commit", "signature")}
                                  for p in self.u1}, self.keys)
-        return json.dumps({p: _b64(b) for p, b in boxes.items()}).encode()
+        assert self.site.deal is not None  # signed by share()
+        return json.dumps({"boxes": {p: _b64(b) for p, b in boxes.items()},
+                           "deal": [_b64(self.site.deal[0]), _b64(self.site.deal[1])]}).encode()
 
     def masked(self, answer: bytes | None) -> bytes:
         mine = _answer(answer)
-        if set(mine) != {"peers", "boxes"} or not isinstance(mine["boxes"], dict):
+        if set(mine) != {"peers", "boxes", "deals"} or not isinstance(mine["boxes"], dict) \
+                or not isinstance(mine["deals"], dict):
             raise SecureAggregationError(f"the aggregator's shares for {self.name} are malformed; refused")
         self.u2 = self._members(_names(mine["peers"], "the aggregator's list of sites that shared"), self.u1,
                                 "list of sites that shared keys")
-        if set(mine["boxes"]) != set(self.u2) - {self.name}:
+        if set(mine["boxes"]) != set(self.u2) - {self.name} or set(mine["deals"]) != set(mine["boxes"]):
             raise SecureAggregationError(f"the aggregator's shares for {self.name} do not match {self._round()}'s "
                                          "sites")
-        size = box_bytes(self.graph)
-        self.site.receive({p: _unb64(b, size, f"the shares from {p}") for p, b in mine["boxes"].items()})
+        boxes, deals = {}, {}
+        smallest = box_bytes(self.graph, 1)
+        for p, b in mine["boxes"].items():
+            box = _unb64(b, None, f"the shares from {p}")
+            if len(box) < smallest or (len(box) - smallest) % 32 or len(box) > smallest + 32 * MAX_DEPTH:
+                raise SecureAggregationError(f"the shares from {p} have {len(box)} bytes; refused")
+            deal = mine["deals"][p]
+            if not (isinstance(deal, list) and len(deal) == 2):
+                raise SecureAggregationError(f"the aggregator's copy of site {p}'s signed deal is malformed; refused")
+            boxes[p] = box
+            deals[p] = (_unb64(deal[0], KEY_BYTES, f"site {p}'s root"), _unb64(deal[1], None, f"site {p}'s signature"))
+        self.site.receive(boxes, deals, self.keys)
         return self.site.mask(self.vector, self.quantizer, self.u2).tobytes()
 
     def consistency(self, answer: bytes | None) -> bytes:
@@ -299,7 +340,9 @@ class SecAggSteps:
         self.site.check_consistency(signatures, self.keys)
         dropped = [s for s in self.u2 if s not in self.u3]  # worked out here, never taken from the relay
         reveal = self.site.reveal(self.u3, dropped)
-        return json.dumps({t: [k, i, _b64(s)] for t, (k, i, s) in reveal.items()}).encode()
+        return json.dumps({t: list(entry) if entry[0] == "withheld" else
+                           [entry[0], entry[1], _b64(entry[2]), _b64(entry[3]), _b64(entry[4])]
+                           for t, entry in reveal.items()}).encode()
 
 
 STEPS = (("advert", "adverts", "boxes"), ("boxes", "boxes", "masked"), ("masked", "survivors", "consistency"),

@@ -5,7 +5,9 @@ and unmasks only the sum, checking every rebuilt secret against what its site co
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -14,7 +16,21 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric import x25519
 
-from .secagg import Quantizer, SecAggSite, SecureAggregationError, _combine, commitment, expand, prg, s_public
+from .secagg import (
+    MAX_DEPTH,
+    Quantizer,
+    SecAggSite,
+    SecureAggregationError,
+    _combine,
+    commitment,
+    expand,
+    leaf,
+    merkle_root_of,
+    prg,
+    s_public,
+    share_hash,
+    verify,
+)
 from .secagg_graph import Graph, graph_for
 from .secagg_protocol import (
     ANSWERS,
@@ -26,75 +42,159 @@ from .secagg_protocol import (
     _unb64,
     box_bytes,
     check_advert,
+    public_key_of,
     session_digest,
     share_bytes,
 )
 from .secagg_terms import SumLayout
-
+from .shamir import PIECE, SHARE_PIECE, decode, on_polynomial
 
 # --- the aggregator --------------------------------------------------------------------------------
-def rebuild(target: str, what: str, shares: list[tuple[str, int, bytes]], threshold: int,
-            valid: Callable[[bytes], bool]) -> tuple[bytes, dict[str, str]]:
-    """``target``'s secret from ``shares`` (sender, index, share), checked by ``valid`` (its
-    commitment or public key), and the senders whose shares disagree with it (sender → sentence).
+SEARCH_LIMIT = 20_000  # t-subsets tried, at most, for a dealer whose own shares disagree beyond decoding
 
-    A secret rebuilt from ``t`` shares equals the committed one only if every one of those shares is
-    right (each enters the interpolation with a non-zero coefficient), so checking the first ``t``
-    and the last ``t`` — together every share, since ``2t > n`` — checks them all at twice the cost of
-    one rebuild. A window that fails is searched for a subset that rebuilds the commitment; the
-    shares off it are named. When no subset works, the round ends and the suspects are named."""
+
+def rebuild(target: str, what: str, shares: list[tuple[str, int, bytes]], threshold: int,
+            valid: Callable[[bytes], bool]) -> tuple[bytes, list[str]]:
+    """``target``'s secret from ``shares`` (holder, index, share), every one of them a share
+    ``target`` itself signed (its Merkle path checked against ``target``'s signed root:
+    :func:`check_reveals`), and the holders of the shares off the polynomial that rebuilds it.
+
+    The secret must pass ``valid`` (the seed's commitment, the key's public half). The first
+    ``threshold`` shares rebuild it when ``target`` dealt honestly, and every other share is then
+    checked against their polynomial. Otherwise ``target`` signed shares that disagree, and any
+    ``threshold`` good ones still rebuild it: Reed–Solomon decoding (Berlekamp–Welch, up to
+    ``⌊(m − t)/2⌋`` bad shares among ``m``), else every subset of ``threshold`` shares while there are
+    at most :data:`SEARCH_LIMIT`. Raises, naming ``target``, when neither finds it."""
     m = len(shares)
     if m < threshold:
-        raise SecureAggregationError(f"only {m} shares of site {target}'s {what} arrived, fewer than the "
-                                     f"threshold {threshold}")
+        raise SecureAggregationError(f"only {m} good shares of site {target}'s {what} arrived, fewer than the "
+                                     f"threshold {threshold}: the round ends without a sum")
+    points = [(i, s) for _, i, s in shares]
+    if len({i for i, _ in points}) != m:
+        raise SecureAggregationError(f"site {target} signed two shares of its {what} with one index: the round ends "
+                                     "without a sum")
 
-    def combine(window: list[tuple[str, int, bytes]]) -> bytes | None:
+    def off(basis: list[tuple[int, bytes]]) -> list[str]:
+        inside = set(basis)
+        rest = [(h, i, s) for h, i, s in shares if (i, s) not in inside]
+        return [h for (h, _, _), on in zip(rest, on_polynomial(basis, [(i, s) for _, i, s in rest])) if not on]
+
+    def attempt(basis: list[tuple[int, bytes]]) -> bytes | None:
         try:
-            return _combine([(i, s) for _, i, s in window])
-        except ValueError:  # repeated x-coordinates: not shares of one polynomial
+            secret = _combine(basis)
+        except ValueError:
             return None
+        return secret if valid(secret) else None
 
-    def checked(window: list[tuple[str, int, bytes]]) -> bytes | None:
-        secret = combine(window)
-        return secret if secret is not None and valid(secret) else None
-
-    secret = checked(shares[:threshold])
-    if secret is not None and (m == threshold or combine(shares[m - threshold:]) == secret):
-        return secret, {}
-    good = shares[:threshold] if secret is not None else None
-    for start in range(1, m if good is None else 0):
-        window = [shares[(start + j) % m] for j in range(threshold)]
-        secret = checked(window)
-        if secret is not None:
-            good = window
-            break
-    if good is None or secret is None:
+    secret = attempt(points[:threshold])
+    if secret is not None:
+        return secret, off(points[:threshold])
+    decoded = decode_shares(points, threshold)
+    if decoded is not None and valid(decoded[0]):
+        basis = [p for p in points if p[0] in decoded[1]][:threshold]
+        return decoded[0], off(basis)
+    tried = 0
+    if math.comb(m, threshold) <= SEARCH_LIMIT:
+        for subset in itertools.combinations(points, threshold):
+            tried += 1
+            secret = attempt(list(subset))
+            if secret is not None:
+                return secret, off(list(subset))
         raise SecureAggregationError(
-            f"the {m} shares of site {target}'s {what} from {', '.join(sorted(s for s, _, _ in shares))} do not "
-            "rebuild "
-            f"what {target} committed to, and no {threshold} of them do (a garbage share; with more than {threshold} "
-            "shares its sender is named): the round ends without a sum")
-    base = good[:-1]
-    bad = {sender: f"its share of site {target}'s {what} does not match what {target} committed to; left out"
-           for sender, i, share in shares
-           if (sender, i, share) not in good and checked(base + [(sender, i, share)]) is None}
-    return secret, bad
+            f"site {target} signed {m} shares of its {what} (revealed by {', '.join(sorted(h for h, _, _ in shares))}) "
+            f"and no {threshold} of them rebuild what it committed to: it dealt bad shares (every subset tried); the "
+            "round ends without a sum")
+    raise SecureAggregationError(
+        f"site {target} signed {m} shares of its {what} (revealed by {', '.join(sorted(h for h, _, _ in shares))}) "
+        f"that do not rebuild what it committed to, and decoding, which corrects up to {(m - threshold) // 2} bad "
+        f"shares, finds no polynomial that does: {target} dealt bad shares; the round ends without a sum")
 
 
-def unmask(masked: dict[str, np.ndarray], reveals: dict[str, dict[str, tuple[str, int, bytes]]],
+def decode_shares(points: list[tuple[int, bytes]], threshold: int) -> tuple[bytes, set[int]] | None:
+    """The secret that Reed–Solomon decoding of ``points`` (index, share) gives, piece by piece, and
+    the indices on every piece's polynomial; None when a piece cannot be decoded."""
+    size = len(points[0][1])
+    if any(len(s) != size for _, s in points) or size % SHARE_PIECE:
+        return None
+    secret, on = b"", {i for i, _ in points}
+    for h in range(0, size, SHARE_PIECE):
+        piece = decode([(i, int.from_bytes(s[h:h + SHARE_PIECE], "big")) for i, s in points], threshold)
+        if piece is None or piece[0][0] >= 1 << (8 * PIECE):
+            return None
+        secret += piece[0][0].to_bytes(PIECE, "big")
+        on &= piece[1]
+    return (secret, on) if len(on) >= threshold else None
+
+
+def check_reveals(reveals: dict[str, dict[str, tuple[Any, ...]]], roots: dict[str, bytes],
+                  blamed: dict[str, str] | None = None,
+                  withheld: dict[str, str] | None = None, left_out: dict[str, list[str]] | None = None,
+                  ) -> dict[tuple[str, str], list[tuple[str, int, bytes]]]:
+    """The revealed shares (holder → target → (kind, index, share, other share's hash, path), or
+    ``("withheld", why)``) whose Merkle path leads to their dealer's signed root (``roots``: dealer →
+    root), by (target, kind); a share whose path does not was altered by its holder, who goes into
+    ``blamed``; a holder that withheld a dealer's shares goes, with its reason, into ``withheld``
+    (holder → sentence; nobody is blamed for what no one can check); ``left_out``: target → what was
+    left out of its shares, for the sentence that ends a round."""
+    by_target: dict[tuple[str, str], list[tuple[str, int, bytes]]] = {}
+    for holder, entries in reveals.items():
+        for target, entry in entries.items():
+            if left_out is not None:
+                left_out.setdefault(target, [])
+            if entry[0] == "withheld":
+                if left_out is not None:
+                    left_out[target].append(f"{holder} withheld its share ({str(entry[1])[:200]})")
+                if withheld is not None:
+                    withheld[holder] = (withheld.get(holder, "") + "; " if holder in withheld else "") + \
+                        f"it withheld its share of site {target}: {str(entry[1])[:200]}"
+                continue
+            kind, index, share, other, path = entry
+            hashes = (share_hash("b", share), other) if kind == "b" else (other, share_hash("s", share))
+            root = roots.get(target)
+            if root is None or merkle_root_of(leaf(holder, index, *hashes), index - 1, path) != root:
+                if left_out is not None:
+                    left_out[target].append(f"{holder}'s is not the one {target} dealt it")
+                if blamed is not None:
+                    what = "self-mask seed" if kind == "b" else "pairwise-mask key"
+                    blamed[holder] = (f"its share of site {target}'s {what} is not the one {target} dealt it (not on "
+                                      f"{target}'s signed tree); left out")
+                continue
+            by_target.setdefault((target, kind), []).append((holder, index, share))
+    return by_target
+
+
+def _rebuild_one(site: str, survived: bool, shares: list[tuple[str, int, bytes]], threshold: int,
+                 advert: dict[str, bytes]) -> tuple[bytes, list[str]]:
+    """A survivor's self-mask seed (checked against its commitment) or a dropped site's pairwise-mask
+    key (against its advertised public key) from its good shares (:func:`rebuild`)."""
+    if survived:
+        def seed_committed(secret: bytes) -> bool:
+            return "commit" not in advert or commitment(secret) == advert["commit"]
+
+        return rebuild(site, "self-mask seed", shares, threshold, seed_committed)
+
+    def key_advertised(secret: bytes) -> bool:
+        return s_public(expand(secret, b"mask key")) == advert["s_pk"]
+
+    return rebuild(site, "pairwise-mask key", shares, threshold, key_advertised)
+
+
+def unmask(masked: dict[str, np.ndarray], reveals: dict[str, dict[str, tuple[Any, ...]]],
            adverts: dict[str, dict[str, bytes]], sites: list[str], threshold: int, quantizer: Quantizer,
-           blamed: dict[str, str] | None = None, graph: Graph | None = None) -> np.ndarray:
+           blamed: dict[str, str] | None = None, graph: Graph | None = None, *, roots: dict[str, bytes],
+           withheld: dict[str, str] | None = None) -> np.ndarray:
     """The sum of the survivors' vectors from their masked vectors (``masked``: survivor → vector) and
-    the survivors' reveals (survivor → its :meth:`SecAggSite.reveal`). Every rebuilt secret is checked
-    against the advert (``commit`` for a self-mask seed, ``s_pk`` for a dropped site's key); senders of
-    shares that disagree go into ``blamed`` (sender → sentence) and are left out. ``graph`` (SecAgg+,
-    :mod:`.secagg_graph`): each secret is rebuilt from ``graph.threshold`` shares of its site's
-    neighbourhood, and a dropped site's masks removed only with its surviving neighbours."""
+    the survivors' reveals (survivor → its :meth:`SecAggSite.reveal`). Each revealed share is checked
+    against the tree its dealer signed (``roots``: dealer → root, signatures checked by the caller):
+    one that is not on it blames its holder; a dealer whose own signed shares disagree is blamed
+    (:func:`rebuild`); blamed senders go into ``blamed`` (site → sentence) and are left out. Every
+    rebuilt secret is checked against the advert (``commit`` for a self-mask seed, ``s_pk`` for a
+    dropped site's key). ``graph`` (SecAgg+, :mod:`.secagg_graph`): each secret is rebuilt from
+    ``graph.threshold`` shares of its site's neighbourhood, and a dropped site's masks removed only
+    with its surviving neighbours."""
     survivors = [s for s in sites if s in masked]
-    by_target: dict[tuple[str, str], list[tuple[str, int, bytes]]] = {}  # (target, kind) → its shares, in one pass
-    for sender, r in reveals.items():
-        for target, (k, idx, share) in r.items():
-            by_target.setdefault((target, k), []).append((sender, idx, share))
+    left_out: dict[str, list[str]] = {}
+    by_target = check_reveals(reveals, roots, blamed, withheld, left_out)  # (target, kind) → its good shares
     t_shares = threshold if graph is None else graph.threshold
     if len(survivors) < threshold:
         raise SecureAggregationError(f"only {len(survivors)} of {len(sites)} sites sent masked uploads, fewer than the "
@@ -109,18 +209,16 @@ def unmask(masked: dict[str, np.ndarray], reveals: dict[str, dict[str, tuple[str
             kind = "b" if survived else "s"
             shares = by_target.get((site, kind), [])
             advert = adverts[site]
-            if survived:
-                def seed_committed(secret: bytes, a: dict[str, bytes] = advert) -> bool:
-                    return "commit" not in a or commitment(secret) == a["commit"]
-
-                secret, bad = rebuild(site, "self-mask seed", shares, t_shares, seed_committed)
-            else:
-                def key_advertised(secret: bytes, a: dict[str, bytes] = advert) -> bool:
-                    return s_public(expand(secret, b"mask key")) == a["s_pk"]
-
-                secret, bad = rebuild(site, "pairwise-mask key", shares, t_shares, key_advertised)
-            if blamed is not None:
-                blamed.update(bad)
+            try:
+                secret, bad = _rebuild_one(site, survived, shares, t_shares, advert)
+            except SecureAggregationError as exc:
+                if left_out.get(site):
+                    raise SecureAggregationError(f"{exc} (left out: {'; '.join(left_out[site])})") from None
+                raise
+            if bad and blamed is not None:
+                blamed[site] = (f"it dealt shares of its {'self-mask seed' if survived else 'pairwise-mask key'} that "
+                                f"are not on one polynomial (those it signed for {', '.join(sorted(bad))}); its secret "
+                                "was rebuilt from the others")
             if survived:
                 total = total - prg(expand(secret, b"self mask"), size, quantizer.unsigned)
                 continue
@@ -166,13 +264,13 @@ class SecAggRelay:
         with self.lock:
             self.round, self.phase = round_num, 0
             self.graph = graph_for(self.all_sites, self.threshold, self.neighbours, self.session, round_num)
-            self._holders: dict[str, dict[str, int]] = {}  # target → holder → x-coordinate (:meth:`_holder_index`)
-            self._u1: set[str] | None = None
             self.members: list[list[str]] = [list(self.all_sites)]  # U0 (all), U1 … U5
             self.received: list[dict[str, Any]] = [{} for _ in PHASES]
             self.dropped: dict[str, str] = {}  # site → why it is out (the phase it missed, or its withdrawal)
             self.withdrawn: dict[str, str] = {}  # site → the reason it gave
-            self.blamed: dict[str, str] = {}  # site → its share that disagreed (left out of the unmasking)
+            self.blamed: dict[str, str] = {}  # site → the bad share it dealt or relayed (left out of the unmasking)
+            self.withheld: dict[str, str] = {}  # holder → the dealers whose shares failed its check, and why
+            self.roots: dict[str, bytes] = {}  # dealer → the root of its shares' tree, its signature checked
             self.bytes_from: dict[str, int] = {}  # site → the payload bytes it sent this round
             self.sum: np.ndarray | None = None
             self.unmask_cpu_s = 0.0
@@ -252,8 +350,10 @@ class SecAggRelay:
             if kind == "adverts":
                 return json.dumps({s: a for s, a in self.received[0].items() if s in mine}).encode()
             if kind == "boxes":
-                boxes = {sender: box[site] for sender, box in self.received[1].items() if site in box}
-                return json.dumps({"peers": [s for s in self.members[2] if s in mine], "boxes": boxes}).encode()
+                boxes = {sender: m["boxes"][site] for sender, m in self.received[1].items() if site in m["boxes"]}
+                deals = {sender: self.received[1][sender]["deal"] for sender in boxes}
+                return json.dumps({"peers": [s for s in self.members[2] if s in mine], "boxes": boxes,
+                                   "deals": deals}).encode()
             if kind == "survivors":  # the same for every site: encoded once per round
                 if self._survivors_answer[0] != round_num:
                     self._survivors_answer = (round_num, json.dumps({"survivors": self.members[3]}).encode())
@@ -290,7 +390,8 @@ class SecAggRelay:
             masked = {s: self.received[2][s] for s in self.members[3]}
             cpu = time.process_time()
             self.sum = unmask(masked, self.received[4], adverts, self.members[2], self.threshold, self.quantizer,
-                              self.blamed, None if self.graph.full else self.graph)
+                              self.blamed, None if self.graph.full else self.graph, roots=self.roots,
+                              withheld=self.withheld)
             self.unmask_cpu_s = time.process_time() - cpu
 
     def _check_advert(self, site: str, payload: bytes) -> dict[str, str]:
@@ -303,19 +404,38 @@ class SecAggRelay:
             return {"withdraw": reason}
         return check_advert(site, advert, "the advert it sent")
 
-    def _check_boxes(self, site: str, payload: bytes) -> dict[str, str]:
-        boxes = _json(payload, f"site {site}", "boxes")
+    def _check_boxes(self, site: str, payload: bytes) -> dict[str, Any]:
+        message = _json(payload, f"site {site}", "boxes")
         peers = {s for s in self.members[1] if s != site and s in self.graph.closed(site)}
-        if not isinstance(boxes, dict) or set(boxes) != peers:
+        boxes = message.get("boxes") if isinstance(message, dict) else None
+        if not isinstance(message, dict) or set(message) != {"boxes", "deal"} or not isinstance(boxes, dict) \
+                or set(boxes) != peers:
             raise SecureAggregationError(f"site {site} sent shares for "
                                          f"{sorted(boxes) if isinstance(boxes, dict) else '?'}"
-                                         f", not for exactly its peers {sorted(peers)}")
+                                         f", not for exactly its peers {sorted(peers)} with its signed deal")
+        size = box_bytes(self.graph, len(peers) + 1)
         for peer, box in boxes.items():
             try:
-                _unb64(box, box_bytes(self.graph), "a box")
+                _unb64(box, size, "a box")
             except SecureAggregationError as exc:
                 raise SecureAggregationError(f"site {site}'s shares for {peer}: {exc}") from None
-        return boxes
+        deal = message["deal"]
+        try:
+            if not (isinstance(deal, list) and len(deal) == 2):
+                raise SecureAggregationError("it is not its root and signature")
+            root, signature = _unb64(deal[0], KEY_BYTES, "its root"), _unb64(deal[1], None, "its signature")
+            if len(signature) > MAX_SIGNATURE:
+                raise SecureAggregationError("its signature is too long")
+        except SecureAggregationError as exc:
+            raise SecureAggregationError(f"site {site}'s signed deal is malformed ({exc})") from None
+        dealer = SecAggSite(site, [site], self.threshold, self.round, None, self.session)
+        dealer.graph_terms = () if self.graph.full else ("neighbours", self.graph.k, self.graph.threshold)
+        if not verify(public_key_of(site, self.received[0][site]["certificate"]), signature,
+                      dealer.deal_bytes(site, root)):
+            raise SecureAggregationError(f"site {site}'s deal does not carry its signature over this session and "
+                                         "round: its shares are refused")
+        self.roots[site] = root
+        return message
 
     def _check_masked(self, site: str, payload: bytes) -> np.ndarray:
         size = self.words * self.quantizer.bits // 8
@@ -335,32 +455,27 @@ class SecAggRelay:
             raise SecureAggregationError(f"site {site}'s consistency signature is malformed ({exc})") from None
         return message["signature"]
 
-    def _holder_index(self, target: str) -> dict[str, int]:
-        """The x-coordinate of each share of ``target``'s secrets: its holder's place among those of U1
-        that hold them (its neighbourhood; every site of U1 in the full graph), from 1."""
-        if target not in self._holders:
-            if self._u1 is None:
-                self._u1 = set(self.members[1])
-            u1 = self._u1
-            mine = sorted((s for s in self.graph.closed(target) if s in u1), key=self.place.__getitem__)
-            self._holders[target] = {s: i + 1 for i, s in enumerate(mine)}
-        return self._holders[target]
-
-    def _check_reveal(self, site: str, payload: bytes) -> dict[str, tuple[str, int, bytes]]:
+    def _check_reveal(self, site: str, payload: bytes) -> dict[str, tuple[Any, ...]]:
         reveal = _json(payload, f"site {site}", "reveal")
         mine = self.graph.closed(site)  # SecAgg+: it holds shares of its neighbourhood only
         survivors = set(self.members[3]) & mine
         dropped = set(self.members[2]) & mine - set(self.members[3])
         if not isinstance(reveal, dict) or set(reveal) != survivors | dropped:
             raise SecureAggregationError(f"site {site} revealed shares for other sites than the round's")
-        out = {}
+        out: dict[str, tuple[Any, ...]] = {}
         for target, entry in reveal.items():
-            index = self._holder_index(target)[site]
             kind = "b" if target in survivors else "s"
-            if not (isinstance(entry, list) and len(entry) == 3 and entry[0] == kind and entry[1] == index):
-                raise SecureAggregationError(f"site {site}'s share for {target} is malformed (a {kind} share at index "
-                                             f"{index} was expected)")
-            out[target] = (kind, index, _unb64(entry[2], share_bytes(self.graph), f"site {site}'s share for {target}"))
+            if isinstance(entry, list) and len(entry) == 2 and entry[0] == "withheld" and isinstance(entry[1], str):
+                out[target] = ("withheld", entry[1][:MAX_REASON])
+                continue
+            if not (isinstance(entry, list) and len(entry) == 5 and entry[0] == kind and isinstance(entry[1], int)
+                    and not isinstance(entry[1], bool) and 1 <= entry[1] <= 1 << MAX_DEPTH):
+                raise SecureAggregationError(f"site {site}'s share for {target} is malformed (a {kind} share, its "
+                                             "index, the other share's hash and its path were expected)")
+            where = f"site {site}'s share for {target}"
+            path = _unb64(entry[4], None, where + "'s path")
+            if len(path) % 32 or len(path) > 32 * MAX_DEPTH:
+                raise SecureAggregationError(f"{where} has a malformed path")
+            out[target] = (kind, entry[1], _unb64(entry[2], share_bytes(self.graph), where),
+                           _unb64(entry[3], KEY_BYTES, where + "'s other hash"), path)
         return out
-
-

@@ -88,3 +88,126 @@ def lagrange_at_zero(indices: tuple[int, ...]) -> tuple[int, ...]:
                 denominator = denominator * (x_m - x_j) % FIELD
         out.append(numerator * pow(denominator, -1, FIELD) % FIELD)
     return tuple(out)
+
+
+@lru_cache(maxsize=1024)
+def lagrange_at(indices: tuple[int, ...], x: int) -> tuple[int, ...]:
+    """``λ_j(x) = Π_{m≠j} (x − x_m) / (x_j − x_m)`` mod FIELD: the weights of the shares at
+    ``indices`` in the interpolating polynomial's value at ``x``."""
+    if len(set(indices)) != len(indices) or any(not 0 < i < FIELD for i in indices):
+        raise ValueError("Duplicate or zero share index")
+    out = []
+    for j, x_j in enumerate(indices):
+        numerator, denominator = 1, 1
+        for m, x_m in enumerate(indices):
+            if m != j:
+                numerator = numerator * (x - x_m) % FIELD
+                denominator = denominator * (x_j - x_m) % FIELD
+        out.append(numerator * pow(denominator, -1, FIELD) % FIELD)
+    return tuple(out)
+
+
+def _pieces(share: bytes) -> list[int]:
+    values = [int.from_bytes(share[h:h + SHARE_PIECE], "big") for h in range(0, len(share), SHARE_PIECE)]
+    if any(v >= FIELD for v in values):
+        raise ValueError("a share outside the field")
+    return values
+
+
+def on_polynomial(basis: list[tuple[int, bytes]], shares: list[tuple[int, bytes]]) -> list[bool]:
+    """Whether each of ``shares`` (index, bytes) lies, piece by piece, on the polynomial of degree
+    below ``len(basis)`` that the ``basis`` shares interpolate (its Lagrange weights at each index)."""
+    indices = tuple(i for i, _ in basis)
+    pieces = [_pieces(s) for _, s in basis]
+    out = []
+    for x, value in shares:
+        try:
+            wanted = _pieces(value)
+        except ValueError:
+            out.append(False)
+            continue
+        if len(value) != len(basis[0][1]) or x in indices:
+            out.append(False)
+            continue
+        weights = lagrange_at(indices, x)
+        out.append(all(sum(w * p[h] for w, p in zip(weights, pieces)) % FIELD == wanted[h]
+                       for h in range(len(wanted))))
+    return out
+
+
+def _solve(rows: list[list[int]]) -> list[int] | None:
+    """One solution of the linear system ``rows`` (each the coefficients, then the right-hand side)
+    mod FIELD, free unknowns set to 0; None when it has none (Gauss–Jordan)."""
+    rows = [list(r) for r in rows]
+    unknowns = len(rows[0]) - 1
+    pivots: list[int] = []
+    r = 0
+    for c in range(unknowns):
+        p = next((i for i in range(r, len(rows)) if rows[i][c] % FIELD), None)
+        if p is None:
+            continue
+        rows[r], rows[p] = rows[p], rows[r]
+        inverse = pow(rows[r][c], -1, FIELD)
+        rows[r] = [v * inverse % FIELD for v in rows[r]]
+        for i in range(len(rows)):
+            if i != r and rows[i][c]:
+                factor = rows[i][c]
+                rows[i] = [(a - factor * b) % FIELD for a, b in zip(rows[i], rows[r])]
+        pivots.append(c)
+        r += 1
+        if r == len(rows):
+            break
+    if any(all(v == 0 for v in row[:-1]) and row[-1] for row in rows[r:]):
+        return None  # inconsistent
+    solution = [0] * unknowns
+    for i, c in enumerate(pivots):
+        solution[c] = rows[i][-1]
+    return solution
+
+
+def _divide(numerator: list[int], denominator: list[int]) -> list[int] | None:
+    """``numerator / denominator`` (coefficients from degree 0 up, the denominator monic) mod FIELD;
+    None when the division leaves a remainder."""
+    num = list(numerator)
+    d = len(denominator) - 1
+    quotient = [0] * max(1, len(num) - d)
+    for i in range(len(num) - 1, d - 1, -1):
+        coefficient = num[i]  # the denominator is monic
+        quotient[i - d] = coefficient
+        if coefficient:
+            for j in range(d + 1):
+                num[i - d + j] = (num[i - d + j] - coefficient * denominator[j]) % FIELD
+    return quotient if not any(num[:d]) else None
+
+
+def decode(points: list[tuple[int, int]], t: int) -> tuple[list[int], set[int]] | None:
+    """Reed–Solomon decoding (Berlekamp–Welch) of one piece: the polynomial of degree below ``t``
+    (coefficients from degree 0) through all but at most ``⌊(m − t)/2⌋`` of the ``m`` ``points``
+    (x, y), and the x of the points on it; None when no such polynomial exists."""
+    m = len(points)
+    for errors in range((m - t) // 2, 0, -1):
+        # Q(x_i) = y_i·E(x_i), E monic of degree `errors`, Q of degree below t + errors
+        rows = []
+        for x, y in points:
+            powers = [pow(x, j, FIELD) for j in range(t + errors)]
+            rows.append(powers + [(-y * powers[j]) % FIELD for j in range(errors)]
+                        + [y * pow(x, errors, FIELD) % FIELD])
+        solution = _solve(rows)
+        if solution is None:
+            continue
+        q, e = solution[:t + errors], solution[t + errors:] + [1]
+        p = _divide(q, e)
+        if p is None or len(p) > t and any(p[t:]):
+            continue
+        p = (p + [0] * t)[:t]
+        on = {x for x, y in points if _horner(p, x) == y % FIELD}
+        if len(on) >= m - errors:
+            return p, on
+    return None
+
+
+def _horner(coefficients: list[int], x: int) -> int:
+    y = 0
+    for a in reversed(coefficients):
+        y = (y * x + a) % FIELD
+    return y
