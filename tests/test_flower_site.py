@@ -278,6 +278,8 @@ def secure_exchange(text, sts, config, relay, answers=None):
         reply, _ = site_app.handle("train", 5, text, sts[site], content, None)
         relay.receive(site, 1, "advert", bytes(reply["secagg"]["payload"]))
     for phase, answer in PHASES:
+        if phase == "graph" and relay.full:
+            continue
         for site in relay.members[relay.phase]:
             if site in errors:
                 continue
@@ -328,14 +330,14 @@ def test_a_flower_site_refuses_a_peer_key_the_operator_substituted(folders, tmp_
 
     def lying(site, kind, honest):
         if site == "hosp1" and kind == "adverts":
-            adverts = json.loads(honest)
-            adverts["hosp2"] = fake
-            return json.dumps(adverts).encode()
+            answer = json.loads(honest)
+            answer["adverts"]["hosp2"] = fake
+            return json.dumps(answer).encode()
         return honest
 
     errors = secure_exchange(text, sts, config, relay, lying)
     assert "site hosp2's key SHA256:" in errors["hosp1"] and "is not the key pinned for it" in errors["hosp1"]
-    assert "hosp1" not in relay.received[1]  # hosp1 sent no share
+    assert "hosp1" not in relay.received[2]  # hosp1 sent no share
 
 
 def test_a_flower_site_that_requires_secure_aggregation_refuses_an_unpinned_plan(folders, tmp_path):

@@ -253,3 +253,33 @@ def test_raw_fx_aggregator_start_with_a_broken_plan_is_one_sentence(tmp_path):
     err = proc.stderr.strip()
     assert err.startswith(f"fedcontrast aggregator: error: plan {plan}") and "network" in err, err
     assert len(err.splitlines()) == 1
+
+
+def test_fx_collaborator_start_refuses_a_plan_other_than_the_roster_the_sites_pinned(tmp_path, monkeypatch):
+    """The sites pinned site_0, site_1 and site_2 with threshold 2 for federation hospitals-2026; the
+    operator's plan leaves site_2 out, or names another federation: fx's start-up guard refuses it
+    from the site's policy before any data is read, naming what differs. The plan as pinned passes."""
+    from fedcontrast.openfl.guard import guard_collaborator_start
+
+    monkeypatch.delenv(POLICY_ENV, raising=False)
+    pins = {f"site_{i}": "SHA256:" + f"{i}" * 64 for i in range(3)}
+    roster = ("federation: hospitals-2026\nsecure_threshold: 2\npeers:\n"
+              + "".join(f"  {s}: {f}\n" for s, f in pins.items()))
+
+    def start(config, name):
+        ws = create_workspace(tmp_path / name, config)
+        (ws / POLICY_FILE).write_text("require_secure_aggregation: true\n" + roster)
+        guard_collaborator_start(["fx", "collaborator", "start", "-n", "site_0"], ws)
+
+    two = small_config(secure_aggregation={"threshold": 2, "federation": "hospitals-2026"})
+    with pytest.raises(PackageRefused, match=r"refuses the plan before any data is read: .*the plan's secure sum is "
+                                             r"not the federation the sites pinned under peers: \(site_0, site_1, "
+                                             r"site_2\): it leaves out site_2"):
+        start(two, "two")
+    other = small_config(clients=3, secure_aggregation={"threshold": 2, "federation": "hospitals-2025"})
+    with pytest.raises(PackageRefused, match="the plan is for federation hospitals-2025 .* but this site's policy pins "
+                                             "federation hospitals-2026"):
+        start(other, "other")
+    agreed = small_config(clients=3, secure_aggregation={"threshold": 2, "federation": "hospitals-2026"})
+    with pytest.raises(PackageRefused, match=r"col_site_0.key, .* missing, and the plan uses TLS"):  # the policy
+        start(agreed, "agreed")  # passed: what stops this bare workspace is the next check, its certificate

@@ -114,3 +114,44 @@ def _signs(key_path, ca_cert) -> bool:
     except (ValueError, TypeError):
         return False
     return key.public_key().public_numbers() == ca_cert.public_key().public_numbers()
+
+
+def test_an_openfl_site_gives_the_protocol_the_roster_its_policy_pins(tmp_path):
+    """Defence in depth on OpenFL: the collaborator's secure-aggregation channel hands the roster its
+    policy pins (members, threshold) to the protocol, which refuses a plan that differs (here one that
+    got past the policy check) before the site sends anything."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from fedcontrast.openfl.secure import OpenFLChannel
+    from fedcontrast.privacy.policy import SitePolicy
+    from fedcontrast.privacy.secagg import SecureAggregationError
+
+    key = ec.generate_private_key(ec.SECP384R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "site_0")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now)
+            .not_valid_after(now + dt.timedelta(days=1)).sign(key, hashes.SHA384()))
+    (tmp_path / "col.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    (tmp_path / "col.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    sent = []
+    client = SimpleNamespace(use_tls=True, require_client_auth=True, private_key=str(tmp_path / "col.key"),
+                             certificate=str(tmp_path / "col.crt"), root_certificate=str(tmp_path / "col.crt"),
+                             send_local_task_results=lambda *args: sent.append(args))
+    policy = SitePolicy(require_secure_aggregation=True, secure_threshold=2,
+                        peers={f"site_{i}": "SHA256:" + f"{i}" * 64 for i in range(3)})
+    col = SimpleNamespace(client=client, federation_uuid="f",
+                          task_runner=SimpleNamespace(data_loader=SimpleNamespace(site_policy=policy)))
+    config = small_config(secure_aggregation={"threshold": 2})  # site_0 and site_1: site_2 left out
+    with pytest.raises(SecureAggregationError, match=r"^the plan's secure sum \(site_0, site_1; threshold 2\) is not "
+                                                     r"the roster this site's policy pins \(site_0, site_1, site_2; "
+                                                     r"threshold 2\)"):
+        OpenFLChannel(col).run("site_0", 1, np.zeros(4, dtype=np.float32), config)
+    assert not sent

@@ -326,7 +326,7 @@ def test_the_consistency_bytes_a_site_signs_are_bound_over_the_sorted_survivor_s
         site = SecAggSite(names[0], names, 3, 7, ed25519.Ed25519PrivateKey.generate(), session=b"plan")
         site.sign_survivors(survivors)
         for signer in names:
-            assert site._consistency_bytes(signer) == bound("consistency", b"plan", 7, 3, signer, sorted(survivors))
+            assert site._consistency_bytes(signer) == bound("consistency", b"plan", 7, 3, signer, site.graph_seed, sorted(survivors))
 
 
 @pytest.mark.parametrize("dtype", [np.uint32, np.uint64])

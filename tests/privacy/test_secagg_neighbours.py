@@ -7,6 +7,7 @@ sum (the masks cancel only with the right neighbours)."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections import Counter
 
@@ -17,7 +18,7 @@ from fedcontrast.config.sections import SecureAggregationConfig, default_thresho
 from fedcontrast.errors import FedContrastError
 from fedcontrast.privacy.secagg import Quantizer, SecureAggregationError
 from fedcontrast.privacy.secagg_graph import graph_for, neighbourhood_size, neighbourhood_threshold, ring
-from fedcontrast.privacy.secagg_protocol import PHASES, STEPS, PinnedKeys, SecAggSteps, session_digest
+from fedcontrast.privacy.secagg_protocol import PHASES, PinnedKeys, SecAggSteps, session_digest, steps_for
 from fedcontrast.privacy.secagg_relay import SecAggRelay
 from fedcontrast.privacy.secagg_sim import secure_sum
 
@@ -56,7 +57,7 @@ class Round:
 
     def run(self):
         payloads = {s: self.steps[s].advert() for s in self.names}
-        for kind, answer, step in (*STEPS, ("reveal", None, None)):
+        for kind, answer, step in (*steps_for(self.relay.full), ("reveal", None, None)):
             for s, payload in payloads.items():
                 if self.die.get(s) != kind:
                     self.relay.receive(s, self.round, kind, payload)
@@ -105,11 +106,11 @@ def test_the_setting_is_checked(value):
 
 
 def test_the_graph_is_k_regular_symmetric_and_the_same_at_every_party():
-    lab = Round()
+    lab = Round().run()
     graph = lab.relay.graph
     assert not graph.full and graph.k == K
     for s in lab.names:
-        assert lab.steps[s].graph == graph  # each site derived it itself
+        assert lab.steps[s].drawn == graph  # each site derived it itself
         assert len(graph.closed(s)) == K + 1 and s in graph.closed(s)
         assert all(s in graph.closed(v) for v in graph.closed(s))
 
@@ -135,7 +136,7 @@ def test_every_site_answers_the_sum_is_the_plain_sum_of_the_clipped_vectors():
     lab = Round().run()
     assert not lab.errors and lab.relay.survivors == lab.names
     assert np.abs(lab.relay.total(0) - reference(lab.vectors, lab.names)).max() <= lab.quantizer.error_bound(N)
-    for site, reveal in lab.relay.received[4].items():  # each site revealed shares of its neighbourhood only
+    for site, reveal in lab.relay.received[5].items():  # each site revealed shares of its neighbourhood only
         assert set(reveal) <= lab.relay.graph.closed(site)
         # 16-byte secrets (17-byte shares): half the Shamir work
         assert all(len(share) == 17 for _, _, share, *_ in reveal.values())
@@ -168,9 +169,14 @@ def test_a_pairwise_mask_left_out_breaks_the_sum():
     pairwise masks leaves that neighbour's mask in the sum, which then decodes to noise."""
     lab = Round()
     site = lab.names[0]
-    steps, left_out = lab.steps[site], sorted(lab.relay.graph.closed(site) - {site})[0]
+    steps = lab.steps[site]
     mask = steps.site.mask
-    steps.site.mask = lambda vector, quantizer, peers=None: mask(vector, quantizer, [p for p in peers if p != left_out])
+
+    def without_one(vector, quantizer, peers=None):
+        left_out = sorted(lab.relay.graph.closed(site) - {site})[0]  # drawn by the time a site masks
+        return mask(vector, quantizer, [p for p in peers if p != left_out])
+
+    steps.site.mask = without_one
     lab.run()
     assert not lab.errors
     assert np.abs(lab.relay.total(0) - reference(lab.vectors, lab.names)).max() > 1e3
@@ -180,46 +186,126 @@ def test_a_pairwise_mask_left_out_breaks_the_sum():
 def test_a_share_request_naming_a_non_neighbour_is_refused_and_nothing_sent():
     lab = Round()
     target = lab.names[0]
-    stranger = next(s for s in lab.names if s not in lab.relay.graph.closed(target))
     # every site's advert, not its neighbourhood's
-    lab.lie_to(target, "adverts", lambda honest: json.dumps(dict(lab.relay.received[0])).encode())
+    lab.lie_to(target, "adverts", lambda honest: json.dumps({**json.loads(honest),
+                                                             "adverts": dict(lab.relay.received[0])}).encode())
     lab.run()
+    stranger = next(s for s in lab.names if s not in lab.relay.graph.closed(target))
     assert stranger in lab.errors[target] and "outside this site's neighbourhood" in lab.errors[target]
-    assert target not in lab.relay.received[1]  # it sent no shares at all
+    assert target not in lab.relay.received[2]  # it sent no shares at all
 
 
 def test_a_shared_set_naming_a_non_neighbour_is_refused():
     lab = Round()
     target = lab.names[1]
-    stranger = next(s for s in lab.names if s not in lab.relay.graph.closed(target))
 
     def with_stranger(honest):
+        stranger = next(s for s in lab.names if s not in lab.relay.graph.closed(target))
         mine = json.loads(honest)
         return json.dumps({**mine, "peers": mine["peers"] + [stranger]}).encode()
 
     lab.lie_to(target, "boxes", with_stranger)
     lab.run()
     assert "outside this site's neighbourhood" in lab.errors[target]
-    assert target not in lab.relay.received[2]  # it never masked: nothing of its vector left the site
+    assert target not in lab.relay.received[3]  # it never masked: nothing of its vector left the site
 
 
-def test_the_deployments_relay_draws_the_graph_its_sites_draw():
-    """OpenFL's aggregator builds its relay from the plan and the run label (relay_for), each site
-    its steps from session_digest of the same: one graph. Without them the relay keeps the full
-    graph, as the sites do by default."""
+def test_no_party_can_compute_the_graph_before_every_site_revealed_its_randomness():
+    """Before, the graph came from the plan and the run label alone, so the operator could try run
+    labels offline until one drew a graph that suited its colluders. Now the relay built from the plan
+    and run (relay_for) has no graph until the sites' randomness is in; the graph drawn then is the
+    one seeded by every committed site's revealed randomness, differs between two rounds with the same
+    plan, run and round number, and is not the one the plan and run alone would give."""
+    from fedcontrast.privacy.secagg_graph import graph_seed
     from fedcontrast.privacy.secagg_relay import relay_for
     from fedcontrast.privacy.secagg_terms import SumLayout
 
     names = [f"site_{i:03d}" for i in range(100)]
     plan, settings = {"algorithm": "fedavg", "clients": 100}, SecureAggregationConfig()
-    layout = SumLayout({"w": (4,)}, {}, 1.0)
-    relay = relay_for(names, settings, layout, plan, "fed_1234")
+    relay = relay_for(names, settings, SumLayout({"w": (4,)}, {}, 1.0), plan, "fed_1234")
     relay.begin(3)
-    assert relay.graph.k == 40
-    site = graph_for(names, settings.sites_needed(100), settings.neighbours, session_digest(plan, names, "fed_1234"), 3)
-    assert site == relay.graph
-    plain = relay_for(names, settings, layout)
+    assert not relay.full and relay.graph is None
+    with pytest.raises(SecureAggregationError, match="not drawn yet"):
+        relay.drawn  # noqa: B018
+    plain = relay_for(names, settings, SumLayout({"w": (4,)}, {}, 1.0))
     assert plain.graph.full and plain.graph.threshold == settings.sites_needed(100)
+
+    first, second = Round().run(), Round().run()
+    for lab in (first, second):
+        assert not lab.errors
+        assert lab.relay.seed == graph_seed(SESSION, 0, lab.relay.randomness)
+        assert set(lab.relay.randomness) == set(lab.names)
+        assert lab.relay.graph == graph_for(lab.names, lab.threshold, K, lab.relay.seed, 0)
+    assert first.relay.graph != second.relay.graph  # same plan, run and round: another draw
+    assert first.relay.graph != graph_for(first.names, first.threshold, K, SESSION, 0)  # not the offline one
+
+
+def test_randomness_the_relay_substitutes_is_refused_by_every_site_naming_the_site():
+    lab = Round()
+    victim = lab.names[4]
+
+    def substituted(honest):
+        answer = json.loads(honest)
+        answer["reveals"][victim] = base64.b64encode(bytes(32)).decode()
+        return json.dumps(answer).encode()
+
+    for site in lab.names:
+        lab.lie_to(site, "adverts", substituted)
+    with pytest.raises(SecureAggregationError, match="only 0 of 16 sites sent their boxes message"):
+        lab.run()
+    assert set(lab.errors) == set(lab.names)
+    assert all(f"site {victim}'s graph randomness of round 0 does not match its commitment" in e
+               for e in lab.errors.values())
+    assert lab.relay.received[2] == {}  # no share left any site
+
+
+def test_a_site_told_other_commitments_than_its_neighbours_cannot_go_on_with_them():
+    """The relay gives one site a list with a commitment of its own in a peer's place (and that
+    randomness): the site draws another graph, its seed differs from its neighbours', and since the
+    seed is bound into the shares' cipher, the deal and the consistency signature, nothing of it is
+    unmasked: the round refuses it or ends without it."""
+    from fedcontrast.privacy.secagg import graph_commitment
+
+    lab = Round()
+    target, victim = lab.names[0], lab.names[9]
+    fake = bytes(range(32))
+
+    def commitments(honest):
+        answer = json.loads(honest)
+        answer["commitments"][victim] = base64.b64encode(graph_commitment(SESSION, 0, victim, fake)).decode()
+        return json.dumps(answer).encode()
+
+    def reveals(honest):
+        answer = json.loads(honest)
+        answer["reveals"][victim] = base64.b64encode(fake).decode()
+        return json.dumps(answer).encode()
+
+    lab.lie_to(target, "commitments", commitments)
+    lab.lie_to(target, "adverts", reveals)
+    try:
+        lab.run()
+    except SecureAggregationError as exc:
+        lab.errors["relay"] = str(exc)
+    assert lab.steps[target].site.graph_seed not in (b"", lab.relay.seed)
+    assert lab.errors  # someone refused: the target, a neighbour, or the relay
+    assert target not in lab.relay.received[3]  # the target's masked vector never left it
+
+
+def test_a_site_that_keeps_its_randomness_ends_the_round_with_a_true_sentence():
+    lab = Round(die={"site_06": "graph"})
+    with pytest.raises(SecureAggregationError, match="site_06 sent its advert but not the randomness it committed "
+                                                     "to.*the round ends without a sum"):
+        lab.run()
+    assert lab.relay.graph is None and lab.relay.sum is None
+
+
+def test_randomness_that_does_not_match_its_commitment_is_refused_at_the_relay_naming_the_site():
+    lab = Round()
+    honest_graph = lab.steps["site_03"].graph
+    lab.steps["site_03"].graph = lambda answer: (honest_graph(answer), json.dumps(
+        {"randomness": base64.b64encode(bytes(32)).decode()}).encode())[1]
+    with pytest.raises(SecureAggregationError, match="site site_03's graph randomness does not match the commitment"):
+        lab.run()
 
 
 def test_the_audit_states_the_neighbourhood_guarantee_and_the_full_graph_is_unchanged():
@@ -240,21 +326,22 @@ def test_different_survivor_sets_within_a_neighbourhood_never_reveal_both_secret
     their set and reveal nothing, so the relay gets no share of the target's key."""
     lab = Round(words=256)
     target = lab.names[0]
-    group_b = sorted(lab.relay.graph.closed(target) - {target})[-2:]
+    group_b: list[str] = []
     honest = lab.answer
 
     def lying(site, kind):
         if kind == "survivors":
+            group_b[:] = sorted(lab.relay.graph.closed(target) - {target})[-2:]
             told = [s for s in lab.names if s != target] if site in group_b else lab.names
             return json.dumps({"survivors": told}).encode()
         if kind == "signatures":  # every signature it got, whatever set each covers
-            return json.dumps({"signatures": lab.relay.received[3]}).encode()
+            return json.dumps({"signatures": lab.relay.received[4]}).encode()
         return honest(site, kind)
 
     lab.answer = lying
     lab.run()
     assert all("signed that same set, fewer than the threshold 5" in lab.errors[s] for s in group_b)
-    kinds = [r[target][0] for r in lab.relay.received[4].values() if target in r]
+    kinds = [r[target][0] for r in lab.relay.received[5].values() if target in r]
     assert "s" not in kinds and len(kinds) <= K + 1 - len(group_b)
 
 

@@ -22,8 +22,15 @@ from scipy import stats
 
 from fedcontrast.privacy.secagg import Quantizer, SecureAggregationError, fingerprint
 from fedcontrast.privacy.secagg_relay import SecAggRelay
-from fedcontrast.privacy.secagg_protocol import (PHASES, STEPS, PinnedKeys, SecAggClient, SecAggSteps,
-                                                 session_digest, withdrawal)
+from fedcontrast.privacy.secagg_protocol import (
+    PHASES,
+    PinnedKeys,
+    SecAggClient,
+    SecAggSteps,
+    session_digest,
+    steps_for,
+    withdrawal,
+)
 
 PEM = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
 SESSION = session_digest({"algorithm": "fedavg", "rounds": 3}, ["x"], "run-1")
@@ -168,8 +175,8 @@ def test_malformed_messages_are_refused_naming_the_sender(kind, payload, match):
 
 def test_a_masked_vector_of_the_wrong_length_is_refused():
     relay = SecAggRelay(["a", "b"], 2, 4, Quantizer.for_sites(10.0, 2, 32))
-    relay.phase = 2
-    relay.members = [["a", "b"]] * 3
+    relay.phase = PHASES.index("masked")
+    relay.members = [["a", "b"]] * (relay.phase + 1)
     with pytest.raises(SecureAggregationError, match="masked vector has 12 bytes where round 0 declares 16"):
         relay.receive("a", 0, "masked", b"\0" * 12)
 
@@ -178,7 +185,7 @@ def test_a_site_that_withdraws_is_dropped_at_once_and_its_reason_named():
     lab = Lab(4, threshold=3)
     lab.relay.receive("site_3", 0, "advert", withdrawal("its upload has non-finite values (fc.weight)"))
     lab.send_adverts(skip=("site_3",))
-    assert lab.relay.phase == 1  # no deadline waited for
+    assert lab.relay.phase == PHASES.index("boxes")  # no deadline waited for (the full graph: no graph phase)
     assert lab.relay.dropped["site_3"] == "it withdrew: its upload has non-finite values (fc.weight)"
     lab.finish()
     assert lab.relay.survivors == ["site_0", "site_1", "site_2"]
@@ -233,7 +240,7 @@ class Lab:
                 self.relay.receive(s, self.round, step, payload)
 
     def finish(self, until="reveal"):
-        for kind, answer, step in STEPS:
+        for kind, answer, step in steps_for(self.relay.full):
             if self.relay.phase != PHASES.index(step):
                 self.close()
             self.step(kind, answer, step)
@@ -252,7 +259,7 @@ class Lab:
 def held_shares(lab, target):
     """The shares of ``target``'s self-mask seed and of its key the relay got from the honest sites."""
     b = s = 0
-    for reveal in lab.relay.received[4].values():
+    for reveal in lab.relay.received[5].values():
         kind = reveal.get(target, (None,))[0]
         b, s = b + (kind == "b"), s + (kind == "s")
     return b, s
@@ -289,7 +296,7 @@ def test_a_peer_set_below_the_threshold_is_refused_by_the_target(n, t):
     lab.step("advert", "adverts", "boxes")
     lab.step("boxes", "boxes", "masked")
     assert "has 1 sites, fewer than the threshold" in lab.errors[target]
-    assert target not in lab.relay.received[2]  # the target never masked: nothing of its vector left the site
+    assert target not in lab.relay.received[3]  # the target never masked: nothing of its vector left the site
 
 
 @pytest.mark.parametrize("n,t", [(5, 3), (7, 4)])
@@ -310,7 +317,7 @@ def test_different_survivor_sets_for_different_sites_never_reveal_both_masks_of_
         if kind == "survivors":
             return json.dumps({"survivors": others if site in group_b else names}).encode()
         if kind == "signatures":  # every signature it got, whatever set each covers
-            return json.dumps({"signatures": lab.relay.received[3]}).encode()
+            return json.dumps({"signatures": lab.relay.received[4]}).encode()
         return honest(site, kind)
 
     lab.answer = lying
@@ -320,9 +327,9 @@ def test_different_survivor_sets_for_different_sites_never_reveal_both_masks_of_
     assert all("signed that same set, fewer than the threshold" in lab.errors[s] for s in group_b)
     b_shares, s_shares = held_shares(lab, target)
     assert s_shares == 0 and b_shares == t  # its key stays secret: the pairwise masks stay on
-    shares = [(i, share) for r in lab.relay.received[4].values() for tgt, (k, i, share, *_) in r.items()
+    shares = [(i, share) for r in lab.relay.received[5].values() for tgt, (k, i, share, *_) in r.items()
               if tgt == target and k == "b"]
-    words = lab.relay.received[2][target] - prg(_combine(shares), 4096, np.uint64)  # the best the relay can do
+    words = lab.relay.received[3][target] - prg(_combine(shares), 4096, np.uint64)  # the best the relay can do
     assert_uniform(words)
 
 
@@ -344,13 +351,13 @@ def test_a_key_swapped_by_the_relay_is_refused_by_a_site_that_pinned_its_peers()
     impostor = ed25519.Ed25519PrivateKey.generate()
     fake = SecAggSteps("site_1", lab.names, 3, 0, impostor, impostor.public_key().public_bytes(*PEM).decode(),
                        pem_key, np.zeros(64), lab.quantizer, SESSION)
-    adverts = json.loads(lab.relay.answer("site_0", 0, "adverts"))
-    adverts["site_1"] = json.loads(fake.advert())
-    lab.answer = lambda site, kind: json.dumps(adverts).encode() if kind == "adverts" else None
+    answer = json.loads(lab.relay.answer("site_0", 0, "adverts"))
+    answer["adverts"]["site_1"] = json.loads(fake.advert())
+    lab.answer = lambda site, kind: json.dumps(answer).encode() if kind == "adverts" else None
     lab.step("advert", "adverts", "boxes", sites=["site_0", "site_2", "site_3"])
     for site in ("site_0", "site_2", "site_3"):
         assert "site site_1's key SHA256:" in lab.errors[site] and "is not the key pinned for it" in lab.errors[site]
-        assert site not in lab.relay.received[1]  # no share left the site
+        assert site not in lab.relay.received[2]  # no share left the site
 
 
 def test_an_unpinned_peer_is_refused_when_the_policy_requires_secure_aggregation():
@@ -372,12 +379,12 @@ def test_an_advert_replayed_from_another_round_or_run_is_refused(replayed_from):
     old = Lab(3, threshold=2, keys=keys, round_num=0 if replayed_from == "another round" else 4,
               session=SESSION if replayed_from == "another round" else session_digest({"algorithm": "fedavg"}, [], "run-0"))
     old.send_adverts()
-    stale = json.loads(old.relay.answer("site_0", old.round, "adverts"))["site_1"]  # site_1's genuine, signed advert
+    stale = json.loads(old.relay.answer("site_0", old.round, "adverts"))["adverts"]["site_1"]  # genuine, signed
     lab = Lab(3, threshold=2, keys=keys, round_num=4)
     lab.send_adverts()
-    adverts = json.loads(lab.relay.answer("site_0", 4, "adverts"))
-    adverts["site_1"] = stale
-    lab.answer = lambda site, kind: json.dumps(adverts).encode()
+    answer = json.loads(lab.relay.answer("site_0", 4, "adverts"))
+    answer["adverts"]["site_1"] = stale
+    lab.answer = lambda site, kind: json.dumps(answer).encode()
     lab.step("advert", "adverts", "boxes", sites=["site_0"])
     assert "site site_1's key-agreement keys for round 4 do not carry its signature over this session" in lab.errors["site_0"]
 
@@ -387,7 +394,7 @@ def test_consistency_signatures_replayed_from_another_round_are_not_counted():
     old = Lab(4, threshold=3, keys=keys, round_num=2)
     old.send_adverts()
     old.finish(until="consistency")
-    replay = dict(old.relay.received[3])  # round 3's genuine signatures over the same four sites
+    replay = dict(old.relay.received[4])  # round 3's genuine signatures over the same four sites
     lab = Lab(4, threshold=3, keys=keys, round_num=3)
     honest = lab.answer
     lab.answer = lambda site, kind: (json.dumps({"signatures": replay}).encode() if kind == "signatures"
@@ -396,7 +403,7 @@ def test_consistency_signatures_replayed_from_another_round_are_not_counted():
     lab.finish()
     assert all("signed that same set" in lab.errors[s] and "no valid signature from" in lab.errors[s]
                for s in lab.names)
-    assert lab.relay.received[4] == {}  # nothing revealed
+    assert lab.relay.received[5] == {}  # nothing revealed
 
 
 def test_a_garbage_share_is_found_its_sender_named_and_the_sum_still_exact():
@@ -441,9 +448,9 @@ def test_a_garbage_share_among_exactly_threshold_shares_ends_the_round_without_a
 def test_a_malformed_answer_of_the_relay_is_one_sentence_at_the_site_not_a_key_error():
     lab = Lab(3, threshold=2)
     lab.send_adverts()
-    adverts = json.loads(lab.relay.answer("site_0", 0, "adverts"))
-    del adverts["site_1"]["c_pk"]
-    lab.answer = lambda site, kind: json.dumps(adverts).encode()
+    answer = json.loads(lab.relay.answer("site_0", 0, "adverts"))
+    del answer["adverts"]["site_1"]["c_pk"]
+    lab.answer = lambda site, kind: json.dumps(answer).encode()
     lab.step("advert", "adverts", "boxes", sites=["site_0"])
     assert "site site_1's advert does not carry exactly its keys" in lab.errors["site_0"]
     for bad in (b"[]", b"null", b"\xff"):
@@ -455,9 +462,9 @@ def test_a_malformed_answer_of_the_relay_is_one_sentence_at_the_site_not_a_key_e
 def test_the_relay_cannot_alter_the_sites_own_advert():
     lab = Lab(3, threshold=2)
     lab.send_adverts()
-    adverts = json.loads(lab.relay.answer("site_0", 0, "adverts"))
-    adverts["site_0"]["certificate"] = "another"
-    lab.answer = lambda site, kind: json.dumps(adverts).encode()
+    answer = json.loads(lab.relay.answer("site_0", 0, "adverts"))
+    answer["adverts"]["site_0"]["certificate"] = "another"
+    lab.answer = lambda site, kind: json.dumps(answer).encode()
     lab.step("advert", "adverts", "boxes", sites=["site_0"])
     assert "carry keys for this site (site_0) other than the ones it sent" in lab.errors["site_0"]
 
@@ -476,7 +483,7 @@ def test_what_the_relay_holds_of_one_site_is_uniform_noise():
     seen = []
     for seed in (0, 1):
         relay, _, _ = federation(3, threshold=2, words=4000, bits=32, seed=seed)
-        seen.append(relay.received[2]["site_0"].astype(np.float64) / 2.0**32)
+        seen.append(relay.received[3]["site_0"].astype(np.float64) / 2.0**32)
     for words in seen:
         assert stats.kstest(words, "uniform").pvalue > 1e-3
     assert stats.ks_2samp(seen[0], seen[1]).pvalue > 1e-3

@@ -66,6 +66,21 @@ class SecureSum(Algorithm):
         each upload's dtype). Default: the weighted mean as one upload of weight 1 to :meth:`aggregate`."""
         return self.aggregate({"secure sum": self.secure_mean(sums, dtypes)}, {"secure sum": 1.0}, server)
 
+    def secure_counts(self, max_samples: float) -> dict[str, tuple[float, float]]:
+        """The count terms of :meth:`secure_terms` that the aggregate divides by, each with the least
+        and the most one honest site adds (after :func:`~fedcontrast.privacy.secagg_terms.site_terms`
+        clipped its count to ``max_samples``): the aggregator refuses a sum the survivors could not have
+        sent (:func:`~fedcontrast.privacy.secagg_reach.bounded_sums`). Default: the sample count, from 1
+        (a weight is at least 1, noised or not) to ``max_samples``."""
+        return {"count": (1.0, float(max_samples))}
+
+    def secure_averages(self, clip: float) -> dict[str, tuple[str, float]]:
+        """Each average the aggregate makes from the sum: a numerator term (a name, or a prefix ending
+        in ``.`` for every term it starts) → the count term it is divided by and the bound ``B`` its
+        honest value lies within, ``[−B, B]``; the aggregator clips each average to it. Default: every
+        ``sum.NAME`` over ``count``, a count-weighted mean of values clipped to ``[−clip, clip]``."""
+        return {"sum.": ("count", float(clip))}
+
     @staticmethod
     def secure_mean(sums: Mapping[str, torch.Tensor], dtypes: Mapping[str, torch.dtype]) -> dict[str, torch.Tensor]:
         """The sample-weighted mean of the uploads ``dtypes`` names, from the default terms' sums

@@ -298,6 +298,15 @@ class FedPCL(SecureSum, UploadChecks, SharedFiles, PersonalEvaluation):
         g, present = pooled_class_means(sums, weighting=self.hp.prototype_weighting, dtype=dtypes[LOCAL_PROTOTYPES])
         return self._downlink(g, present, len(server.sites) or max(self.facts.num_sites, 1))
 
+    def secure_counts(self, max_samples: float) -> dict[str, tuple[float, float]]:
+        return {CLASS_COUNT: (0.0, float(max_samples)), CLASS_HOLDERS: (0.0, 1.0)}
+
+    def secure_averages(self, clip: float) -> dict[str, tuple[str, float]]:
+        # G^c: a count-weighted mean of prototypes, each a mean of unit vectors (norm ≤ 1, the allowance
+        # check_mean_norms grants); under representation DP the noise lets an honest one reach the clip
+        unit = float(self.mean_norm_allowance(torch.ones(1), 1, unit=True)[0])
+        return {CLASS_SUM: (CLASS_COUNT, float(clip) if self.facts.private_representations else min(float(clip), unit))}
+
     def initial_downlink(self, server: ServerContext) -> Downlink:
         c, d, k = server.num_classes, server.model.projection_dim, max(self.facts.num_sites, len(server.sites), 1)
         zeros = functools.partial(torch.zeros, device=server.device)

@@ -234,6 +234,14 @@ class FedSSC(UploadChecks, Moon):
         weights = self.secure_mean(sums, {k: v for k, v in dtypes.items() if k.startswith(WEIGHT_PREFIX)})
         return self._downlink(weights, *pooled_class_means(sums, dtype=dtypes[CLASS_MEANS]))
 
+    def secure_counts(self, max_samples: float) -> dict[str, tuple[float, float]]:
+        # a class a site does not share adds a count of 0; a count is clipped to the site's own, ≤ max_samples
+        return {**super().secure_counts(max_samples), CLASS_COUNT: (0.0, float(max_samples))}
+
+    def secure_averages(self, clip: float) -> dict[str, tuple[str, float]]:
+        # s^c: a count-weighted mean of class means clipped to [-clip, clip] (no tighter bound without DP)
+        return {**super().secure_averages(clip), CLASS_SUM: (CLASS_COUNT, float(clip))}
+
     def initial_downlink(self, server: ServerContext) -> Downlink:
         dim = server.model.projection_dim
         return Downlink({**weight_tensors(server.model),

@@ -68,6 +68,8 @@ SIMILARITY = "flesd.similarity"  # upload (N, N): Z_k Z_kᵀ
 SIMILARITY_SUM, SITES = "similarity.sum", "similarity.sites"  # secure-sum terms: M_k (N, N) and 1 (1,)
 LOCAL_MODEL = "flesd.local_model"  # site state: the encoder after this round's local training
 INT8_SCALE = 127.0  # int8 quantisation of values in [-1, 1]: round(127 x)
+# How far a site's similarities may stray outside [-1, 1] (and from symmetry), per upload quantisation
+SIMILARITY_TOLERANCE = {"none": 1e-4, "fp16": 2e-3, "int8": 1.0 / INT8_SCALE}
 QUANTISED_DTYPES = {"none": "float32", "fp16": "float16", "int8": "int8"}
 
 
@@ -248,7 +250,7 @@ class Flesd(SecureSum, UploadChecks):
 
     # --- aggregator -------------------------------------------------------------------------------
     def check_upload(self, site: str, uploads: Mapping[str, torch.Tensor], weight: float) -> None:
-        tol = {"none": 1e-4, "fp16": 2e-3, "int8": 1.0 / INT8_SCALE}[self.hp.quantize]
+        tol = SIMILARITY_TOLERANCE[self.hp.quantize]
         if SIMILARITY in uploads:
             m = dequantise(uploads[SIMILARITY])
             if m.ndim != 2 or m.shape[0] != m.shape[1]:
@@ -310,6 +312,13 @@ class Flesd(SecureSum, UploadChecks):
             raise InvalidUploadError("the secure sum counts no site's similarities; nothing to distil")
         target = sums[SIMILARITY_SUM].to(torch.float64) / (answered * self.hp.target_temperature)
         return self.distilled(target.to(torch.float32), server, answered)
+
+    def secure_counts(self, max_samples: float) -> dict[str, tuple[float, float]]:
+        return {SITES: (1.0, 1.0)}  # each site that answered adds a 1: the sum is the survivors' number
+
+    def secure_averages(self, clip: float) -> dict[str, tuple[str, float]]:
+        # M: a plain mean of cosines, within [-1, 1] up to the tolerance check_upload grants each site
+        return {SIMILARITY_SUM: (SITES, min(float(clip), 1.0 + SIMILARITY_TOLERANCE[self.hp.quantize]))}
 
     def secure_specs(self, model: ContrastiveNet, num_classes: int) -> list[TensorSpec]:
         n = self._public_size()

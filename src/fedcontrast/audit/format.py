@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 from .report import AuditReport
+
+if TYPE_CHECKING:
+    from ..privacy.policy import SitePolicy
 
 
 def _eps(x: float) -> str:
@@ -73,6 +77,8 @@ def format_report(report: AuditReport) -> str:
                    f"{report.secure_sum_sites} sites (pairwise and self masks; Shamir t = {report.secure_sum_sites})"
                    if report.secure_sum_sites is not None else
                    "aggregation: plain — the aggregator sees each site's uploads above one by one")]
+    if report.federation is not None:
+        lines.append(f"  federation: {report.federation} (secure_aggregation.federation)")
     if report.secure_terms:
         lines.append("  what each site masks into the sum, computed from its uploads (the aggregator unmasks only "
                      "the sum over the round's sites):")
@@ -90,3 +96,30 @@ def format_report(report: AuditReport) -> str:
             state = "EXPIRED" if c.days_left < 0 else f"{c.days_left} days left"
             lines.append(f"  {c.path:40s} {c.subject:40s} expires {c.not_after} ({state})")
     return "\n".join(lines) + "\n"
+
+
+def roster_facts(policy: SitePolicy) -> dict[str, Any] | None:
+    """The roster a site's policy pins: federation, threshold, members and their digest (None: no peers)."""
+    from ..privacy.policy import roster_digest
+
+    if not policy.peers or policy.agreed_threshold is None:
+        return None
+    return {"federation": policy.federation, "threshold": policy.agreed_threshold, "members": sorted(policy.peers),
+            "digest": roster_digest(policy.federation, policy.agreed_threshold, policy.peers)}
+
+
+def format_roster(policy: SitePolicy) -> list[str]:
+    """The roster a site's policy pins and what a plan may change; empty when it pins no peers."""
+    roster = roster_facts(policy)
+    if roster is None:
+        return []
+    default = "" if policy.secure_threshold is not None else " (the default ⌊2n/3⌋ + 1)"
+    enforced = ("the policy requires secure aggregation, so" if policy.require_secure_aggregation else
+                "with require_secure_aggregation: true (not set),")
+    return [f"roster the sites agreed: federation {roster['federation'] or '(none pinned)'}; threshold "
+            f"{roster['threshold']} of {len(roster['members'])}{default}; members {', '.join(roster['members'])}",
+            f"  roster digest: {roster['digest']} (as `fedcontrast site roster` prints it for the hospitals to read "
+            "to each other)",
+            f"  {enforced} a plan may change the training settings, rounds, DP, the clip, bits, max_samples and "
+            "neighbours, but not the members, the threshold or the federation: only the sites change those, with a "
+            "new roster"]

@@ -80,6 +80,14 @@ class AuditReport:
     secure_terms: list[TensorLine] = field(default_factory=list)  # what each site masks into the sum (ring words)
     plan_sites: list[str] = field(default_factory=list)  # every site the plan names
     secure_ring: list[str] = field(default_factory=list)  # the ring's precision and what a lying party can do
+    # How far one hostile site can move each value of the averaged model under secure aggregation (the
+    # largest over the plugin's averages, privacy/secagg_reach.py), and the plan setting that lowers it
+    secure_reach: float | None = None
+    secure_reach_setting: str | None = None
+    # The plan's threshold over all its sites (as the deployment engines run it) and its federation's name
+    # (secure_aggregation.federation): what a site's pinned roster is checked against
+    secure_threshold: int | None = None
+    federation: str | None = None
 
     @property
     def weights_leave(self) -> list[str]:
@@ -359,6 +367,7 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
     code = code_lines(config.algorithm, read_requirements(workspace / "requirements.txt") if workspace else None)
     from ..deploy.templates import template_problems
 
+    hostile = _hostile_reach(config, algorithm)
     return AuditReport(code=code, foreign_code=template_problems(plan, "the plan"), source=source,
                        algorithm=config.algorithm, tasks=tuple(algorithm.tasks), rounds=rounds,
                        delta=config.privacy.delta if config.privacy else None,
@@ -369,7 +378,10 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
                        certificates=certs, class_minimum=minimum, guarantee_kind=kind,
                        releases=releases, secure_noise=_secure_noise(config), here=here,
                        secure_sum_sites=secure_sites, secure_terms=terms, plan_sites=site_names(config),
-                       secure_ring=_secure_ring(config, algorithm))
+                       secure_ring=_secure_ring(config, algorithm),
+                       secure_reach=hostile[0], secure_reach_setting=hostile[1],
+                       secure_threshold=secure.sites_needed(len(site_names(config))) if secure is not None else None,
+                       federation=secure.federation if secure is not None else None)
 
 
 def _neighbourhoods(n: int, setting: str | int) -> list[str]:
@@ -390,10 +402,27 @@ def _neighbourhoods(n: int, setting: str | int) -> list[str]:
             "neighbours: full for the full graph's guarantee"]
 
 
+def _hostile_reach(config: RunConfig, algorithm: Any) -> tuple[float | None, str | None]:
+    """One hostile site's reach on the averaged model and the setting that lowers it (None, None: no
+    secure aggregation, or a ring the plan cannot have)."""
+    from ..privacy.secagg import SecureAggregationError
+    from ..privacy.secagg_reach import model_reaches
+
+    if config.secure_aggregation is None:
+        return None, None
+    try:
+        reaches = model_reaches(algorithm, config.secure_aggregation, config.clients)
+    except SecureAggregationError:
+        return None, None
+    worst = max(reaches, key=lambda r: r.reach)
+    return worst.reach, worst.setting
+
+
 def _secure_ring(config: RunConfig, algorithm: Any) -> list[str]:
     """What secure aggregation's ring does to the terms, and whom the protocol withstands, for the privacy officer."""
     from ..config.sections import colluders_tolerated
     from ..privacy.secagg import MAX_MEAN_ERROR, SecureAggregationError
+    from ..privacy.secagg_reach import model_reaches
     from ..privacy.secagg_terms import precision
 
     secure = config.secure_aggregation
@@ -412,6 +441,11 @@ def _secure_ring(config: RunConfig, algorithm: Any) -> list[str]:
              f"{t - colluders_tolerated(n, t)} honest sites while at most {colluders_tolerated(n, t)} site(s) collude "
              f"with it (Bonawitz et al.'s protocol against an active adversary; 2t > n + colluders)",
              *_neighbourhoods(n, secure.neighbours),
+             *[f"averaged model: one hostile site can move each value of {r.what} by up to {r.reach:g} (the honest "
+               f"values lie in [−{r.bound:g}, {r.bound:g}]); each summed term by up to ±{r.term_reach:g} — the "
+               "aggregator refuses a count sum the survivors could not have sent and clips each average to that range"
+               + (f", so lower {r.setting} to lower it" if r.setting else ", whatever the settings")
+               for r in model_reaches(algorithm, secure, n)],
              f"a hostile site can move each summed term by up to ±{quantizer.reach:g} (any word of the ring, "
              f"{quantizer.reach / secure.clip:.1f} × the clip {secure.clip:g}), not only within the clip: masked "
              "uploads cannot be checked; robust rules cannot run, so clip and add DP at the site"]

@@ -17,7 +17,7 @@ def cmd_public_fingerprint(args: argparse.Namespace) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     import json
 
-    from ..audit.format import format_report
+    from ..audit.format import format_report, format_roster, roster_facts
     from ..audit.report import audit_plan, load_plan
     from ..privacy.policy import SitePolicy, check_policy, compared_guarantee
 
@@ -28,8 +28,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     violations = check_policy(report, policy, sites=report.here or None) if policy else []
     compared = compared_guarantee(report, policy) if policy else None
     if args.json:
-        print(json.dumps({**report.to_dict(), "policy": args.policy, "compared": compared, "violations": violations},
-                         indent=2))
+        print(json.dumps({**report.to_dict(), "policy": args.policy, "compared": compared, "violations": violations,
+                          "roster": roster_facts(policy) if policy else None}, indent=2))
     else:
         print(format_report(report), end="")
         if args.policy:
@@ -37,6 +37,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
                   + f" ({compared})")
             for v in violations:
                 print(f"  VIOLATION: {v}")
+            for line in format_roster(policy) if policy else []:
+                print(line)
     if violations:
         print(f"fedcontrast: policy violated: {violations[0]}" + (f" (and {len(violations) - 1} more)"
                                                                   if len(violations) > 1 else ""), file=sys.stderr)

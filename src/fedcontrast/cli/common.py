@@ -55,7 +55,7 @@ def _add_run_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) ->
                         "with class_reps: pooled, fedpcl with local_sets: global; docs/privacy.md)")
     p.add_argument("--secagg", dest="secagg_settings", action="append", default=[], metavar="KEY=VALUE",
                    help="a secure-aggregation setting (implies --secure-aggregation): threshold=T, clip=C, "
-                        "max_samples=S, bits=32|64")
+                        "max_samples=S, bits=32|64, federation=ID (the name the sites pinned with their roster)")
     p.add_argument("--dp-sgd", dest="dp_sgd", metavar="NOISE[,CLIP]", default=None,
                    help="DP-SGD of local training (Opacus): noise multiplier σ and per-sample gradient clip (default "
                         "1), e.g. --dp-sgd 1.1 or --dp-sgd 1.1,0.5 (privacy.dp_sgd; docs/privacy.md)")
@@ -163,7 +163,8 @@ def config_from_args(args: argparse.Namespace, *, default_algorithm_for_set: boo
         if value is None or not key:
             raise ConfigError(f"--secagg expects KEY=VALUE, got {text!r}")
         assert secagg is not None  # settings given: a mapping above
-        secagg[key.strip()] = loads_yaml(value, f"--secagg {text!r}")
+        key = key.strip()  # a federation's name is text as given (YAML would read 2026 or yes otherwise)
+        secagg[key] = value.strip() if key == "federation" else loads_yaml(value, f"--secagg {text!r}")
     if secagg is not None:
         data["secure_aggregation"] = secagg
     privacy = privacy_section(data.get("privacy"), args)

@@ -234,7 +234,7 @@ def site_start_command(workspace: str | Path, name: str, *, plan: str | None = N
 def cmd_site_roster(args: argparse.Namespace) -> int:
     from ..site.roster import format_roster, read_roster
 
-    print(format_roster(read_roster(args.paths, args.name)))
+    print(format_roster(read_roster(args.paths, args.name), args.federation, args.threshold))
     return 0
 
 
@@ -316,11 +316,17 @@ def _add_site(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--threads", type=int, help="torch threads this site trains with (default: the cores this "
                                                "process may use)")
     c.set_defaults(func=cmd_site_start, fx_args=[])  # and any further fx arguments after --
-    c = ssub.add_parser("roster", help="the key fingerprint of each member of the federation, to confirm with the "
-                                       "other hospitals and pin in this site's policy (peers:) for secure aggregation")
+    c = ssub.add_parser("roster", help="the key fingerprint of each member of the federation, the federation's name "
+                                       "and threshold, and one digest of them, to confirm with the other hospitals "
+                                       "and pin in this site's policy (peers:) for secure aggregation")
     c.add_argument("paths", nargs="+", metavar="PATH",
                    help="an OpenFL workspace, a Flower operator folder or key folder, a certificate or key file")
     c.add_argument("--name", help="the site a lone key file belongs to (default: its file name)")
+    c.add_argument("--federation", metavar="ID", help="the federation's name, as the hospitals agree it (default: "
+                                                      "one derived from the members' keys, printed)")
+    c.add_argument("--threshold", metavar="T", type=int, help="the secure-aggregation threshold the hospitals agree "
+                                                              "(at least a majority of the members; default "
+                                                              "⌊2n/3⌋ + 1)")
     c.set_defaults(func=cmd_site_roster)
 
 

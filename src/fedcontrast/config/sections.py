@@ -26,6 +26,7 @@ AUGMENTATIONS = ("none", "crop", "crop_flip")
 LR_SCHEDULES = ("constant", "cosine")
 ACCOUNTANTS = ("rdp", "prv")
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+FEDERATION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # a federation's name, as its sites pin it
 
 
 @dataclass(frozen=True)
@@ -367,13 +368,15 @@ class SecureAggregationConfig:
     (bytes as float32 uploads) or 64. ``neighbours``: whom a site masks with and shares its secrets
     among (:mod:`fedcontrast.privacy.secagg_graph`): ``auto`` (SecAgg+'s random graph of degree
     ``2·⌈3·log2 n⌉`` once that is under half the sites, else every site), ``full`` (every site,
-    Bonawitz et al.'s protocol) or an even degree."""
+    Bonawitz et al.'s protocol) or an even degree. ``federation``: the federation's name, as the sites
+    pinned it with their roster (a site policy's ``federation:``, :mod:`fedcontrast.site.roster`)."""
 
     threshold: int | None = None
     clip: float = 10.0
     max_samples: float = 100000.0
     bits: int = 32
     neighbours: str | int = "auto"
+    federation: str | None = None
 
     def __post_init__(self) -> None:
         _check_types(self, "secure_aggregation.")
@@ -387,6 +390,9 @@ class SecureAggregationConfig:
         _check(self.neighbours in ("auto", "full") or (isinstance(self.neighbours, int) and not isinstance(
             self.neighbours, bool) and self.neighbours >= 4 and self.neighbours % 2 == 0),
                f"secure_aggregation.neighbours must be auto, full or an even number >= 4, got {self.neighbours!r}")
+        _check(self.federation is None or bool(FEDERATION_ID.fullmatch(self.federation)),
+               f"secure_aggregation.federation must be a name of letters, digits, '.', '_' and '-' (at most 100), "
+               f"got {self.federation!r}")
 
     def sites_needed(self, sites: int) -> int:
         """The threshold for a round of ``sites`` sites."""

@@ -1,8 +1,9 @@
 """Secure aggregation on a Flower deployment: the protocol of :mod:`fedcontrast.privacy.secagg_protocol`
 carried by the ServerApp's messages. After a round's ``train`` message each site answers with its
 signed keys instead of its uploads (or a withdrawal, when its own input fails its checks); four
-``query.secagg`` messages follow (``boxes``, ``masked``, ``consistency``, ``reveal``), each carrying
-the relay's answer to that site; the ServerApp unmasks only the sum.
+``query.secagg`` messages follow (``boxes``, ``masked``, ``consistency``, ``reveal``; SecAgg+ adds
+``graph`` first, each site's randomness for the round's graph), each carrying the relay's answer to
+that site; the ServerApp unmasks only the sum.
 
 A site signs its keys with its SuperNode's private key (``fedcontrast flower site-key``). A peer's key
 travels inside its advert, put there by the operator's ServerApp, so a site checks it against its own
@@ -25,6 +26,7 @@ from typing import Any
 
 from ..config import site_names
 from ..errors import FedContrastError
+from ..privacy.policy import agreed_roster
 from ..privacy.secagg import Quantizer, SecureAggregationError
 from ..privacy.secagg_protocol import PinnedKeys, SecAggSteps, session_digest, withdrawal
 from ..privacy.secagg_terms import checked_vector
@@ -34,8 +36,8 @@ from .console import say
 logger = logging.getLogger("fedcontrast.flower")
 
 SECAGG_MESSAGE = "query.secagg"
-PHASES = (("boxes", "adverts"), ("masked", "boxes"), ("consistency", "survivors"),
-          ("reveal", "signatures"))  # what a site sends, given what
+PHASES = (("graph", "commitments"), ("boxes", "adverts"), ("masked", "boxes"), ("consistency", "survivors"),
+          ("reveal", "signatures"))  # what a site sends, given what (no graph phase in the full graph)
 _SESSIONS: dict[tuple[int, str, int], SecAggSteps] = {}  # (run, site, round) → its round, in the worker's memory
 
 
@@ -80,8 +82,9 @@ def begin_site_round(site: Any, round_num: int, uploads: dict[str, Any], weight:
         logger.error("%s, round %d: %s; this site withdraws from the round's secure sum", site.name, round_num, exc)
         return withdrawal(str(exc))
     policy = site.data.site_policy
+    members, agreed = agreed_roster(policy)  # the roster the sites pinned: the protocol checks the plan against it
     peers = PinnedKeys(registered_key, getattr(policy, "peers", None),
-                       bool(getattr(policy, "require_secure_aggregation", False)))
+                       bool(getattr(policy, "require_secure_aggregation", False)), members, agreed)
     steps = SecAggSteps(site.name, sites, secure.sites_needed(len(sites)), round_num, signing,
                         _openssh(signing.public_key()), peers, vector,
                         Quantizer.for_sites(secure.clip, len(sites), secure.bits),
@@ -141,6 +144,8 @@ def secure_round(server: Any, round_num: int, adverts: dict[str, bytes], site_ke
         relay.receive(site, round_num, "advert", payload)
     _close_without_the_silent(server, relay, 0)  # sites that did not answer the training message (min_sites)
     for phase, answer in PHASES:
+        if phase == "graph" and relay.full:
+            continue  # the full graph: nothing to draw
         members = relay.members[relay.phase]
         messages = {s: server.message(s, SECAGG_MESSAGE, {
             "task": ConfigRecord({"round": round_num, "phase": phase}),

@@ -295,7 +295,8 @@ class FlowerServer:
         assert relay is not None  # a secure round: the run has a relay
         gone = {s: f"round {round_num}: {why}" for s, why in self.absent.items()}
         result = self.core.aggregate_secure(round_num, total, previous,
-                                            rejected={**gone, **relay.withdrawn, **relay.blamed})
+                                            rejected={**gone, **relay.withdrawn, **relay.blamed},
+                                            survivors=len(relay.survivors))
         self.downlink = result.downlink
         append_jsonl(self.out / ROUNDS_FILE, {
             "round": round_num, "time": time.time(), "secure_sum_of": relay.survivors,

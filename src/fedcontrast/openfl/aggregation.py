@@ -172,7 +172,8 @@ class PluginAggregation(AggregationFunction):
             raise AggregationFailure("secure aggregation is on but the aggregator has no relay")
         round_num = fl_round + 1  # fedcontrast's count (OpenFL's database counts from 0)
         outcome = self.core.aggregate_secure(round_num, relay.total(round_num), self.received_downlink(db, fl_round),
-                                             rejected={**relay.withdrawn, **relay.blamed})
+                                             rejected={**relay.withdrawn, **relay.blamed},
+                                             survivors=len(relay.survivors))
         LINK.excluded.update(outcome.excluded)
         logger.info("round %d: aggregated the secure sum of %s (unmasking: %.3f s of CPU)", round_num,
                     ", ".join(relay.survivors), relay.unmask_cpu_s)

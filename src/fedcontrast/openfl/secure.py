@@ -26,6 +26,7 @@ from openfl.utilities import TensorKey
 
 from ..config import RunConfig, site_names
 from ..errors import ConfigError
+from ..privacy.policy import agreed_roster
 from ..privacy.secagg import Quantizer, SecureAggregationError
 from ..privacy.secagg_protocol import PHASES, PinnedKeys, SecAggClient, session_digest
 from ..privacy.secagg_relay import SecAggRelay
@@ -163,8 +164,9 @@ class OpenFLChannel:
             return from_words(col.named_tensor_to_nparray(named), "the aggregator")
 
         policy = getattr(getattr(getattr(col, "task_runner", None), "data_loader", None), "site_policy", None)
+        members, agreed = agreed_roster(policy)  # the roster the sites pinned: the protocol checks the plan against it
         peer_keys = PinnedKeys(self.peer_keys, getattr(policy, "peers", None),
-                               bool(getattr(policy, "require_secure_aggregation", False)))
+                               bool(getattr(policy, "require_secure_aggregation", False)), members, agreed)
         session = session_digest(config.to_dict(), sites, str(getattr(col, "federation_uuid", "")))
         client = SecAggClient(site, sites, settings.sites_needed(len(sites)), round_num, self.signing_key,
                               self.certificate, peer_keys, send, fetch, poll=0.05, session=session,

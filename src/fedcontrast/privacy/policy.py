@@ -15,8 +15,14 @@ A policy is a small YAML file (see ``policies/example-site.yaml``)::
     share_evaluation_metrics: false       # the held-out accuracy of what the site received, likewise
     require_secure_aggregation: true      # the aggregator may see this site's uploads only inside sums …
     min_secure_sites: 3                   # … of at least this many sites
-    peers:                                # the other sites' keys, confirmed among the hospitals
+    max_hostile_reach: 20.0               # under secure aggregation: how far one hostile site may move each
+                                          # value of the averaged model (the audit's figure, 2 × the clip)
+    federation: hospitals-2026            # the roster the sites confirmed among themselves (`fedcontrast
+    secure_threshold: 3                   # site roster`): a plan must name exactly these members, this
+    peers:                                # threshold and this federation; the operator chooses none of them
+      hosp1: SHA256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae
       hosp2: SHA256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+      hosp3: SHA256:fcde2b2edba56bf408601fb721fe9b5c338d10ee429ea04fae5511b68fbf8fb9
 
 Every key is optional; an absent key checks nothing, except TLS and client authentication, which a
 site requires unless its policy says ``false`` (and the sharing keys take their defaults). Anything at
@@ -26,6 +32,8 @@ the policy's path that is not a readable policy file is an error, never "no poli
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import os
 import re
@@ -34,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import MAX_DELTA, _finite, load_yaml
+from ..config.sections import FEDERATION_ID, default_threshold, minimum_threshold
 from ..errors import ConfigError
 
 if TYPE_CHECKING:  # for annotations only: the audit imports the OpenFL site checks, which import this
@@ -63,9 +72,16 @@ class SitePolicy:
     # fingerprint, `fedcontrast site roster`): secure aggregation shares nothing with a peer whose key
     # differs, and under require_secure_aggregation nothing with one left out.
     peers: dict[str, str] | None = None
+    # … and, with them, the federation's name and its secure-aggregation threshold (default ⌊2n/3⌋ + 1 of
+    # the n pinned members): a plan of other members, another threshold or another federation is refused.
+    federation: str | None = None
+    secure_threshold: int | None = None
     # The most a package this site joins may unpack (fedcontrast.archives.ArchiveLimits: max_total_bytes,
     # max_entries, max_entry_bytes, max_ratio); unset limits keep their defaults.
     package_limits: dict[str, int] | None = None
+    # Under secure aggregation, how far one hostile site may move each value of the averaged model
+    # (masked uploads cannot be checked; privacy/secagg_reach.py): a plan whose reach exceeds it is refused.
+    max_hostile_reach: float | None = None
 
     def __post_init__(self) -> None:
         if self.package_limits is not None:  # checked now: a policy with a wrong limit is refused when read
@@ -77,6 +93,8 @@ class SitePolicy:
         if self.max_delta is not None and not (_finite(self.max_delta) and 0 < self.max_delta < 1):
             raise ConfigError(f"policy max_delta must be in (0, 1) (a plan's δ is at most {MAX_DELTA:g}), "
                               f"got {self.max_delta!r}")
+        if self.max_hostile_reach is not None and not (_finite(self.max_hostile_reach) and self.max_hostile_reach > 0):
+            raise ConfigError(f"policy max_hostile_reach must be a number > 0, got {self.max_hostile_reach!r}")
         for name in ("require_tls", "require_client_auth", "allow_weights", "accept_conditional_guarantees",
                      "public_sample_count", "require_secure_aggregation"):
             if not isinstance(getattr(self, name), bool):
@@ -98,6 +116,24 @@ class SitePolicy:
                                       f"`fedcontrast site roster` prints it), got {value!r}")
             object.__setattr__(self, "peers", {k: v.strip().lower().replace("sha256:", "SHA256:")
                                                for k, v in self.peers.items()})
+        if self.federation is not None and not (isinstance(self.federation, str)
+                                                and FEDERATION_ID.fullmatch(self.federation)):
+            raise ConfigError("policy federation must be the federation's name as the sites agreed it (letters, "
+                              f"digits, '.', '_' and '-', at most 100), got {self.federation!r}")
+        if self.secure_threshold is not None:
+            n, t = len(self.peers or {}), self.secure_threshold
+            low = max(2, minimum_threshold(n))
+            if not (isinstance(t, int) and not isinstance(t, bool) and low <= t <= (n or t)):
+                where = f"from {low} (a majority) to {n}, for the {n} members under peers:" if n else ">= 2"
+                raise ConfigError(f"policy secure_threshold must be an integer {where}, got {t!r}")
+
+    @property
+    def agreed_threshold(self) -> int | None:
+        """The secure-aggregation threshold the sites agreed: ``secure_threshold``, else the default
+        for the pinned members; None without pins."""
+        if self.secure_threshold is not None:
+            return self.secure_threshold
+        return default_threshold(len(self.peers)) if self.peers else None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> SitePolicy:
@@ -108,6 +144,25 @@ class SitePolicy:
             raise ConfigError(f"policy {path} has unknown setting(s) {', '.join(unknown)}; known: "
                               f"{', '.join(sorted(known))}")
         return cls(**data)
+
+
+def roster_digest(federation: str | None, threshold: int, peers: dict[str, str]) -> str:
+    """One fingerprint of a roster (the federation's name, its threshold, each member and its key's
+    fingerprint), which the hospitals read to each other instead of every member's: SHA-256 of their
+    canonical JSON."""
+    text = json.dumps({"federation": federation, "threshold": threshold,
+                       "members": [[site, peers[site].lower().replace("sha256:", "SHA256:")]
+                                   for site in sorted(peers)]},
+                      sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "SHA256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def agreed_roster(policy: SitePolicy | None) -> tuple[list[str] | None, int | None]:
+    """The members and threshold a site's policy pins for secure aggregation (None, None: it pins
+    none, or does not require secure aggregation), for the protocol's own check (PinnedKeys)."""
+    if policy is None or not policy.require_secure_aggregation or not policy.peers:
+        return None, None
+    return sorted(policy.peers), policy.agreed_threshold
 
 
 def check_policy(report: AuditReport, policy: SitePolicy, *, sites: list[str] | None = None) -> list[str]:
@@ -158,6 +213,30 @@ def check_policy(report: AuditReport, policy: SitePolicy, *, sites: list[str] | 
                               "(peers:, every member of the federation): without keys confirmed among the hospitals, "
                               "an operator that lies could put its own keys in their place; confirm each fingerprint "
                               "(`fedcontrast site roster`) and list it under peers:")
+        pinned = set(policy.peers or {})
+        missing, extra = sorted(pinned - set(report.plan_sites)), sorted(set(report.plan_sites) - pinned)
+        if pinned and (missing or extra):
+            named = "; ".join(([f"it leaves out {', '.join(missing)}"] if missing else [])
+                              + ([f"it names {', '.join(extra)}, not pinned"] if extra else []))
+            violations.append(f"the plan's secure sum is not the federation the sites pinned under peers: "
+                              f"({', '.join(sorted(pinned))}): {named}; the operator does not choose who is in a sum "
+                              "(a member absent from a round is handled by the protocol's dropout path, never by "
+                              "leaving it out of the plan)")
+        agreed = policy.agreed_threshold
+        if agreed is not None and report.secure_threshold is not None and report.secure_threshold != agreed:
+            how = "the policy's secure_threshold" if policy.secure_threshold is not None else \
+                f"the default ⌊2n/3⌋ + 1 for the {len(pinned)} members the policy pins"
+            violations.append(f"the plan's secure-aggregation threshold is {report.secure_threshold} but the sites "
+                              f"agreed on {agreed} ({how}): the operator does not choose the threshold")
+        if policy.federation is not None and report.federation != policy.federation:
+            named = f"is for federation {report.federation}" if report.federation else "names no federation"
+            violations.append(f"the plan {named} (secure_aggregation.federation) but this site's policy pins "
+                              f"federation {policy.federation}: a plan made for another federation is refused (the "
+                              f"operator's plan of this one carries --secagg federation={policy.federation})")
+    if policy.max_hostile_reach is not None and report.secure_reach is not None \
+            and report.secure_reach > policy.max_hostile_reach:
+        violations.append(hostile_reach_violation(report.secure_reach, report.secure_reach_setting,
+                                                  policy.max_hostile_reach))
     violations += list(report.foreign_code)  # whatever else it says, a plan that runs code no one installed
     for line in report.code:
         if line.mismatch:
@@ -172,6 +251,22 @@ def check_policy(report: AuditReport, policy: SitePolicy, *, sites: list[str] | 
                           f"{report.class_minimum} samples but the policy requires at least {policy.min_class_count} "
                           f"(set {report.algorithm}.min_class_samples)")
     return violations
+
+
+def hostile_reach_violation(reach: float, setting: str | None, bound: float) -> str:
+    """The sentence refusing a plan whose hostile reach on the averaged model (``setting``: the plan
+    setting that lowers it, twice its value; None: none does) is over the policy's ``bound``."""
+    if setting is None:
+        fix = ("the plugin's averages lie within that range whatever the settings, so no setting lowers it: raise "
+               "max_hostile_reach or turn secure aggregation off (the aggregator then screens each upload)")
+    elif bound / 2 >= 1:
+        fix = f"lower {setting} to at most {bound / 2:g} (the reach is twice it)"
+    else:
+        fix = (f"the reach is twice {setting}, which a plan cannot set below 1, so no plan meets it: raise "
+               "max_hostile_reach or turn secure aggregation off (the aggregator then screens each upload)")
+    return (f"one hostile site could move each value of the averaged model by up to {reach:g} under this plan's "
+            f"secure aggregation (its masked uploads cannot be checked), more than the policy's max_hostile_reach "
+            f"{bound:g}: {fix}")
 
 
 def compared_guarantee(report: AuditReport, policy: SitePolicy) -> str:

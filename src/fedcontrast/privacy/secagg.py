@@ -163,6 +163,13 @@ def commitment(seed: bytes) -> bytes:
     return hashlib.sha256(PROTOCOL.encode() + b"|self-mask seed|" + seed).digest()
 
 
+def graph_commitment(session: bytes, round_num: int, site: str, randomness: bytes) -> bytes:
+    """A site's commitment to its share of the round's graph randomness (SecAgg+): SHA-256 over the
+    session, the round, its name and 32 random bytes, so it binds and hides them."""
+    return hashlib.sha256(json.dumps([PROTOCOL, "graph randomness", session.hex(), int(round_num), site,
+                                      randomness.hex()]).encode()).digest()
+
+
 def s_public(secret: bytes) -> bytes:
     """The X25519 public key of a rebuilt ``s`` private key (to check it against the site's advert)."""
     return x25519.X25519PrivateKey.from_private_bytes(secret).public_key().public_bytes(*RAW)
@@ -322,6 +329,11 @@ class SecAggSite:
     graph_terms: tuple[Any, ...] = ()
     _secrets: tuple[bytes, bytes] | None = field(default=None, repr=False)  # SecAgg+: the 16-byte b and s it shares
     _signed_json: bytes = field(default=b"", repr=False)  # ``signed``, JSON-encoded (:meth:`_consistency_bytes`)
+    # SecAgg+: this site's share of the round's graph randomness (committed in its advert, revealed once
+    # every advert is in) and the graph's seed drawn from every site's, bound into its deal, its shares'
+    # cipher and its consistency signature, so that sites told different graphs cannot go on together
+    graph_randomness: bytes = field(default_factory=lambda: os.urandom(32), repr=False)
+    graph_seed: bytes = b""
     _ciphers: dict[str, tuple[bytes, ChaCha20Poly1305]] = field(default_factory=dict, repr=False)  # peer → c_pk, cipher
 
     def short_secrets(self) -> None:
@@ -344,11 +356,12 @@ class SecAggSite:
 
     def _advert_bytes(self, site: str, advert: dict[str, bytes]) -> bytes:
         return bound("advert", self.session, self.round_num, self.threshold, site,
-                     advert["c_pk"], advert["s_pk"], advert["commit"], *self.graph_terms)
+                     advert["c_pk"], advert["s_pk"], advert["commit"], advert["graph"], *self.graph_terms)
 
     def advertise(self) -> dict[str, bytes]:
         advert = {"c_pk": self._c.public_key().public_bytes(*RAW), "s_pk": self._s.public_key().public_bytes(*RAW),
-                  "commit": commitment(self.secrets[0])}
+                  "commit": commitment(self.secrets[0]),
+                  "graph": graph_commitment(self.session, self.round_num, self.name, self.graph_randomness)}
         return {**advert, "signature": sign(self.signing_key, self._advert_bytes(self.name, advert))}
 
     def share(self, adverts: dict[str, dict[str, bytes]], signing_keys: dict[str, Any]) -> dict[str, bytes]:
@@ -382,7 +395,8 @@ class SecAggSite:
 
     def deal_bytes(self, dealer: str, root: bytes) -> bytes:
         """What a dealer signs over the root of its shares' tree (:func:`bound`, kind ``deal``)."""
-        return bound("deal", self.session, self.round_num, self.threshold, dealer, root, *self.graph_terms)
+        return bound("deal", self.session, self.round_num, self.threshold, dealer, root, *self.graph_terms,
+                     self.graph_seed)
 
     def receive(self, ciphertexts: dict[str, bytes], deals: dict[str, tuple[bytes, bytes]],
                 signing_keys: dict[str, Any]) -> None:
@@ -442,7 +456,7 @@ class SecAggSite:
         """``bound("consistency", …, signer, self.signed)``, with the survivor set this site signed
         encoded once (:meth:`sign_survivors`) for the up to k + 1 signatures checked over it (equal to
         :func:`bound`, tested)."""
-        head = bound("consistency", self.session, self.round_num, self.threshold, signer)
+        head = bound("consistency", self.session, self.round_num, self.threshold, signer, self.graph_seed)
         return head[:-1] + b"," + self._signed_json + b"]"
 
     def sign_survivors(self, survivors: list[str]) -> bytes:
@@ -509,7 +523,7 @@ class SecAggSite:
         return _kdf((sender + "\0" + receiver + "\0" + str(self.round_num)).encode(), b"nonce")[:12]
 
     def _aad(self, sender: str, receiver: str) -> bytes:
-        return f"{sender}->{receiver}@{self.round_num}|".encode() + self.session
+        return f"{sender}->{receiver}@{self.round_num}|".encode() + self.session + self.graph_seed
 
     @staticmethod
     def _pair_seed(private: x25519.X25519PrivateKey, peer_public: bytes) -> bytes:

@@ -64,6 +64,14 @@ def _words(key: bytes) -> Iterator[int]:
             yield int.from_bytes(block[i:i + 4], "little")
 
 
+def graph_seed(session: bytes, round_num: int, randomness: dict[str, bytes]) -> bytes:
+    """The seed a round's graph is drawn from: SHA-256 over the session, the round and every site's
+    revealed randomness (site → 32 bytes, each committed to in its advert before any was revealed)."""
+    return hashlib.sha256(json.dumps(["fedcontrast secagg+ graph seed", session.hex(), int(round_num),
+                                      sorted([site, value.hex()] for site, value in randomness.items())],
+                                     separators=(",", ":")).encode()).digest()
+
+
 def ring(sites: list[str], session: bytes, round_num: int, k: int) -> list[str]:
     """The sites in the ring's order of ``round_num``: a permutation drawn by Fisher–Yates from the
     keystream keyed by SHA-256(protocol, session, round, sites, k), each draw by rejection sampling."""

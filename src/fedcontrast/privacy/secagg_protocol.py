@@ -50,27 +50,36 @@ from typing import Any
 import numpy as np
 
 from ..config.sections import minimum_threshold
-from .secagg import MAX_DEPTH, Quantizer, SecAggSite, SecureAggregationError, fingerprint, tree_depth
-from .secagg_graph import graph_for
+from .secagg import (
+    MAX_DEPTH,
+    Quantizer,
+    SecAggSite,
+    SecureAggregationError,
+    fingerprint,
+    graph_commitment,
+    tree_depth,
+)
+from .secagg_graph import Graph, graph_for, graph_seed, neighbourhood_size, neighbourhood_threshold
 from .shamir import share_size
 
-PHASES = ("advert", "boxes", "masked", "consistency", "reveal")
-ANSWERS = {"adverts": 1, "boxes": 2, "survivors": 3, "signatures": 4}  # what a site fetches → the phase that closed
+PHASES = ("advert", "graph", "boxes", "masked", "consistency", "reveal")
+# what a site fetches → the phase that closed before it
+ANSWERS = {"commitments": 1, "adverts": 2, "boxes": 3, "survivors": 4, "signatures": 5}
 KEY_BYTES = 32
-ADVERT_FIELDS = ("c_pk", "s_pk", "commit", "signature", "certificate")
+ADVERT_FIELDS = ("c_pk", "s_pk", "commit", "graph", "signature", "certificate")
 MAX_SIGNATURE, MAX_CERTIFICATE, MAX_REASON = 1024, 16384, 500
 
 
-def share_bytes(graph: Any) -> int:
+def share_bytes(full: bool) -> int:
     """A share's bytes: of a 32-byte secret in the full graph, of a 16-byte one in SecAgg+'s
     (:meth:`~.secagg.SecAggSite.short_secrets`); 17 bytes per 16 (:func:`~.shamir.share_size`)."""
-    return share_size(32 if graph.full else 16)
+    return share_size(32 if full else 16)
 
 
-def box_bytes(graph: Any, holders: int) -> int:
+def box_bytes(full: bool, holders: int) -> int:
     """A box's bytes for a dealer with ``holders`` holders (itself included): the index (2 bytes),
     the ``b`` share, the ``s`` share, the Merkle path to the dealer's signed root and the Poly1305 tag."""
-    return 2 + 2 * share_bytes(graph) + 32 * tree_depth(holders) + 16
+    return 2 + 2 * share_bytes(full) + 32 * tree_depth(holders) + 16
 
 
 def public_key_of(site: str, text: str) -> Any:
@@ -136,7 +145,7 @@ def check_advert(site: str, advert: Any, what: str) -> dict[str, str]:
         raise SecureAggregationError(f"{what}: site {site}'s advert does not carry exactly its keys, commitment, "
                                      f"signature and certificate ({', '.join(ADVERT_FIELDS)})")
     try:
-        for name in ("c_pk", "s_pk", "commit"):
+        for name in ("c_pk", "s_pk", "commit", "graph"):
             _unb64(advert[name], KEY_BYTES, name)
         if len(_unb64(advert["signature"], None, "its signature")) > MAX_SIGNATURE:
             raise SecureAggregationError("its signature is too long")
@@ -223,13 +232,20 @@ class SecAggSteps:
                                          f"the roster this site's policy pins ({', '.join(members or sites)}; "
                                          f"threshold {agreed if agreed is not None else threshold}): this site takes "
                                          "no part")
-        self.plan_sites, self.threshold = list(sites), threshold
+        self.plan_sites, self.threshold, self.neighbours = list(sites), threshold, neighbours
+        self.session, self.round_num = session, round_num
         self.site = SecAggSite(name, list(sites), threshold, round_num, signing_key, session)
-        self.graph = graph_for(list(sites), threshold, neighbours, session, round_num)
-        self.around = self.graph.closed(name)  # this site and its neighbours (everyone in the full graph)
-        if not self.graph.full:
-            self.site.share_threshold = self.graph.threshold
-            self.site.graph_terms = ("neighbours", self.graph.k, self.graph.threshold)
+        k = neighbourhood_size(len(sites), neighbours)
+        self.full = k >= len(sites) - 1
+        self.drawn: Graph | None = None  # SecAgg+: drawn once every site's randomness is revealed (:meth:`boxes`)
+        self.around: frozenset[str] = frozenset(sites)  # this site and its neighbours (everyone in the full graph)
+        self.t_k = threshold if self.full else neighbourhood_threshold(k)
+        self.commitments: dict[str, bytes] = {}  # SecAgg+: every advert's commitment to its graph randomness
+        if self.full:
+            self.drawn = graph_for(list(sites), threshold, neighbours, session, round_num)
+        else:
+            self.site.share_threshold = self.t_k
+            self.site.graph_terms = ("neighbours", k, self.t_k)
             self.site.short_secrets()
         self.certificate, self.peer_key, self.vector, self.quantizer = certificate, peer_key, vector, quantizer
         self.keys: dict[str, Any] = {name: signing_key.public_key()}
@@ -248,17 +264,17 @@ class SecAggSteps:
     def _members(self, names: list[str], within: list[str], what: str, threshold: int | None = None) -> list[str]:
         """``names`` (the relay's set) checked: within the previous set, holding this site, at least the
         threshold (in SecAgg+, ``t_k`` of this site's neighbourhood)."""
-        threshold = self.graph.threshold if threshold is None else threshold
+        threshold = self.t_k if threshold is None else threshold
         strangers = sorted(set(names) - set(within))
         if strangers:
-            where = ("the sites of the phase before" if self.graph.full or set(strangers) <= self.around
+            where = ("the sites of the phase before" if self.full or set(strangers) <= self.around
                      else f"this site's neighbourhood in {self._round()}'s graph")
             raise SecureAggregationError(f"the aggregator's {what} of {self._round()} names {', '.join(strangers)}, "
                                          f"outside {where}: refused, nothing more is sent")
         if self.name not in names:
             raise SecureAggregationError(f"the aggregator left this site ({self.name}) out of {self._round()}'s {what}")
         if len(names) < threshold:
-            mine = "" if self.graph.full else " of this site's neighbourhood"
+            mine = "" if self.full else " of this site's neighbourhood"
             raise SecureAggregationError(f"the aggregator's {what} of {self._round()} has {len(names)} sites{mine}, "
                                          "fewer than "
                                          f"the threshold {threshold}: refused, nothing more is sent (fewer would "
@@ -271,8 +287,48 @@ class SecAggSteps:
         self.sent_advert = {**{k: _b64(v) for k, v in advert.items()}, "certificate": self.certificate}
         return json.dumps(self.sent_advert).encode()
 
+    def graph(self, answer: bytes | None) -> bytes:
+        """SecAgg+: given every advert's commitment to its graph randomness (the relay's set U1, fixed
+        before any site reveals), this site's own randomness; the round's graph is drawn from all of
+        them (:meth:`boxes`), so no party, the operator included, can choose or search it."""
+        told = _answer(answer)
+        if set(told) != {"commitments"} or not isinstance(told["commitments"], dict):
+            raise SecureAggregationError("the aggregator's graph commitments are malformed; refused")
+        names = self._members(list(told["commitments"]), self.plan_sites, "key adverts", self.threshold)
+        self.commitments = {s: _unb64(told["commitments"][s], KEY_BYTES, f"site {s}'s graph commitment")
+                            for s in names}
+        if _b64(self.commitments[self.name]) != self.sent_advert["graph"]:
+            raise SecureAggregationError(f"the aggregator's graph commitments of {self._round()} carry one for this "
+                                         f"site ({self.name}) other than the one it sent: refused")
+        return json.dumps({"randomness": _b64(self.site.graph_randomness)}).encode()
+
+    def _draw_graph(self, reveals: Any) -> None:
+        """The round's graph from every committed site's revealed randomness, each checked against its
+        commitment (one missing or wrong: refused, nothing more is sent)."""
+        if not isinstance(reveals, dict) or set(reveals) != set(self.commitments):
+            raise SecureAggregationError(f"the aggregator's graph randomness of {self._round()} is not that of "
+                                         "exactly the sites whose commitments it sent: refused, nothing more is sent")
+        randomness = {}
+        for site, text in reveals.items():
+            value = _unb64(text, KEY_BYTES, f"site {site}'s graph randomness")
+            if graph_commitment(self.session, self.round_num, site, value) != self.commitments[site]:
+                raise SecureAggregationError(f"site {site}'s graph randomness of {self._round()} does not match its "
+                                             "commitment: refused, nothing more is sent")
+            randomness[site] = value
+        seed = graph_seed(self.session, self.round_num, randomness)
+        self.drawn = graph_for(self.plan_sites, self.threshold, self.neighbours, seed, self.round_num)
+        self.around = self.drawn.closed(self.name)
+        self.site.graph_seed = seed
+
     def boxes(self, answer: bytes | None) -> bytes:
-        adverts = _answer(answer)
+        told = _answer(answer)
+        if set(told) != {"reveals", "adverts"} or not isinstance(told["adverts"], dict):
+            raise SecureAggregationError("the aggregator's adverts are malformed; refused")
+        adverts = told["adverts"]
+        if not self.full:
+            self._draw_graph(told["reveals"])
+        elif told["reveals"] != {}:
+            raise SecureAggregationError("the aggregator sent graph randomness for a round on the full graph; refused")
         self.u1 = self._members(list(adverts), [s for s in self.plan_sites if s in self.around], "key adverts")
         for peer in self.u1:
             check_advert(peer, adverts[peer], "the aggregator's adverts")
@@ -280,10 +336,14 @@ class SecAggSteps:
             raise SecureAggregationError(f"the aggregator's adverts of {self._round()} carry keys for this site "
                                          f"({self.name}) other than the ones it sent: refused")
         for peer in self.u1:
+            if not self.full and adverts[peer]["graph"] != _b64(self.commitments.get(peer, b"")):
+                raise SecureAggregationError(f"site {peer}'s advert commits to other graph randomness than the "
+                                             f"aggregator's list of {self._round()}: refused")
             if peer != self.name:
                 self.keys[peer] = self.peer_key(peer, adverts[peer]["certificate"])
         self.site.sites = list(self.u1)
-        boxes = self.site.share({p: {k: _unb64(adverts[p][k], None, k) for k in ("c_pk", "s_pk", "commit", "signature")}
+        boxes = self.site.share({p: {k: _unb64(adverts[p][k], None, k) for k in ("c_pk", "s_pk", "commit", "graph",
+                                                                                  "signature")}
                                  for p in self.u1}, self.keys)
         assert self.site.deal is not None  # signed by share()
         return json.dumps({"boxes": {p: _b64(b) for p, b in boxes.items()},
@@ -300,7 +360,7 @@ class SecAggSteps:
             raise SecureAggregationError(f"the aggregator's shares for {self.name} do not match {self._round()}'s "
                                          "sites")
         boxes, deals = {}, {}
-        smallest = box_bytes(self.graph, 1)
+        smallest = box_bytes(self.full, 1)
         for p, b in mine["boxes"].items():
             box = _unb64(b, None, f"the shares from {p}")
             if len(box) < smallest or (len(box) - smallest) % 32 or len(box) > smallest + 32 * MAX_DEPTH:
@@ -318,7 +378,7 @@ class SecAggSteps:
         if set(told) != {"survivors"}:
             raise SecureAggregationError("the aggregator's survivor set is malformed; refused")
         survivors = _names(told["survivors"], "the aggregator's survivor set")
-        if self.graph.full:
+        if self.full:
             self.u3 = self._members(survivors, self.u2, "survivor set")
         else:  # SecAgg+: U3 is global (≥ the plan's threshold); its part in this neighbourhood within U2 (≥ t_k)
             self._members([s for s in survivors if s in self.around], self.u2, "survivor set")
@@ -345,8 +405,15 @@ class SecAggSteps:
                            for t, entry in reveal.items()}).encode()
 
 
-STEPS = (("advert", "adverts", "boxes"), ("boxes", "boxes", "masked"), ("masked", "survivors", "consistency"),
+STEPS = (("advert", "commitments", "graph"), ("graph", "adverts", "boxes"), ("boxes", "boxes", "masked"),
+         ("masked", "survivors", "consistency"),
          ("consistency", "signatures", "reveal"))  # what a site sends, what it fetches next, its next step
+FULL_STEPS = (("advert", "adverts", "boxes"), *STEPS[2:])  # the full graph: no graph to draw
+
+
+def steps_for(full: bool) -> tuple[tuple[str, str, str], ...]:
+    """A site's steps: with the graph phase in SecAgg+, without it in the full graph."""
+    return FULL_STEPS if full else STEPS
 
 
 def withdrawal(reason: str) -> bytes:
@@ -378,7 +445,7 @@ class SecAggClient:
         began, cpu, self.waited_cpu, sent = time.perf_counter(), time.process_time(), 0.0, 0
         steps = SecAggSteps(*self.args, vector, quantizer, self.session, self.neighbours)
         payload = steps.advert()
-        for kind, answer, step in STEPS:
+        for kind, answer, step in steps_for(steps.full):
             self.send(kind, payload)
             sent += len(payload)
             payload = getattr(steps, step)(self._wait(answer))

@@ -24,6 +24,7 @@ from .secagg import (
     _combine,
     commitment,
     expand,
+    graph_commitment,
     leaf,
     merkle_root_of,
     prg,
@@ -31,7 +32,7 @@ from .secagg import (
     share_hash,
     verify,
 )
-from .secagg_graph import Graph, graph_for
+from .secagg_graph import Graph, graph_for, graph_seed, neighbourhood_size
 from .secagg_protocol import (
     ANSWERS,
     KEY_BYTES,
@@ -263,7 +264,14 @@ class SecAggRelay:
     def begin(self, round_num: int) -> None:
         with self.lock:
             self.round, self.phase = round_num, 0
-            self.graph = graph_for(self.all_sites, self.threshold, self.neighbours, self.session, round_num)
+            n = len(self.all_sites)
+            self.full = neighbourhood_size(n, self.neighbours) >= n - 1
+            # the full graph is fixed; SecAgg+'s is drawn from every site's revealed randomness (:meth:`_advance`)
+            self.graph: Graph | None = (graph_for(self.all_sites, self.threshold, self.neighbours, self.session,
+                                                  round_num) if self.full else None)
+            self.seed = b""  # SecAgg+: the round's graph seed, once drawn
+            self.randomness: dict[str, bytes] = {}  # SecAgg+: each site's revealed graph randomness
+            self._commitments_answer: tuple[int, bytes] = (-1, b"")
             self.members: list[list[str]] = [list(self.all_sites)]  # U0 (all), U1 … U5
             self.received: list[dict[str, Any]] = [{} for _ in PHASES]
             self.dropped: dict[str, str] = {}  # site → why it is out (the phase it missed, or its withdrawal)
@@ -328,10 +336,18 @@ class SecAggRelay:
                     f"round {self.round}'s secure aggregation: only {len(present)} of {len(expected)} sites sent "
                     f"their {PHASES[self.phase]} message in time{silent}{self._withdrawals()}, fewer than the "
                     f"{needed} needed; the round ends without a sum")
+            if PHASES[self.phase] == "graph" and missing:
+                raise SecureAggregationError(self._no_graph(missing))
             for site in missing:
                 self.dropped[site] = f"it missed the {PHASES[self.phase]} phase's deadline"
             self._advance()
             return missing
+
+    def _no_graph(self, silent: list[str]) -> str:
+        whose = "its" if len(silent) == 1 else "their"
+        return (f"round {self.round}'s secure aggregation: {', '.join(silent)} sent {whose} advert but not the "
+                "randomness it committed to, and the round's graph is drawn from every committed "
+                "site's (dropping one would let the aggregator pick among graphs); the round ends without a sum")
 
     def _withdrawals(self) -> str:
         return "".join(f"; {s} withdrew: {r}" for s, r in self.withdrawn.items())
@@ -346,19 +362,26 @@ class SecAggRelay:
                                               f"({self.dropped[site]})"}).encode()
             if self.phase < ANSWERS[kind]:
                 return None
-            mine = self.graph.closed(site)  # every site in the full graph
+            if kind == "commitments":  # the same for every site: encoded once per round
+                if self._commitments_answer[0] != round_num:
+                    commitments = {s: self.received[0][s]["graph"] for s in self.members[1]}
+                    self._commitments_answer = (round_num, json.dumps({"commitments": commitments}).encode())
+                return self._commitments_answer[1]
+            mine = self.drawn.closed(site)  # every site in the full graph
             if kind == "adverts":
-                return json.dumps({s: a for s, a in self.received[0].items() if s in mine}).encode()
+                reveals = {} if self.full else self.received[1]
+                return json.dumps({"reveals": reveals,
+                                   "adverts": {s: a for s, a in self.received[0].items() if s in mine}}).encode()
             if kind == "boxes":
-                boxes = {sender: m["boxes"][site] for sender, m in self.received[1].items() if site in m["boxes"]}
-                deals = {sender: self.received[1][sender]["deal"] for sender in boxes}
-                return json.dumps({"peers": [s for s in self.members[2] if s in mine], "boxes": boxes,
+                boxes = {sender: m["boxes"][site] for sender, m in self.received[2].items() if site in m["boxes"]}
+                deals = {sender: self.received[2][sender]["deal"] for sender in boxes}
+                return json.dumps({"peers": [s for s in self.members[3] if s in mine], "boxes": boxes,
                                    "deals": deals}).encode()
             if kind == "survivors":  # the same for every site: encoded once per round
                 if self._survivors_answer[0] != round_num:
-                    self._survivors_answer = (round_num, json.dumps({"survivors": self.members[3]}).encode())
+                    self._survivors_answer = (round_num, json.dumps({"survivors": self.members[4]}).encode())
                 return self._survivors_answer[1]
-            return json.dumps({"signatures": {s: v for s, v in self.received[3].items() if s in mine}}).encode()
+            return json.dumps({"signatures": {s: v for s, v in self.received[4].items() if s in mine}}).encode()
 
     def total(self, round_num: int) -> np.ndarray:
         """The sum of the survivors' vectors of ``round_num`` (float64), once unmasked."""
@@ -371,7 +394,14 @@ class SecAggRelay:
     @property
     def survivors(self) -> list[str]:
         """U3: the sites whose vectors are in the round's sum."""
-        return list(self.members[3]) if len(self.members) > 3 else []
+        return list(self.members[4]) if len(self.members) > 4 else []
+
+    @property
+    def drawn(self) -> Graph:
+        """The round's graph, once drawn (the full graph at once; SecAgg+'s after the graph phase)."""
+        if self.graph is None:
+            raise SecureAggregationError(f"round {self.round}'s graph is not drawn yet")
+        return self.graph
 
     # --- phases -------------------------------------------------------------------------------
     def _advance(self) -> None:
@@ -381,16 +411,25 @@ class SecAggRelay:
             raise SecureAggregationError(f"round {self.round}'s secure aggregation: {len(present)} sites left"
                                          f"{self._withdrawals()}, fewer than the {needed} needed; the round ends "
                                          "without a sum")
+        if PHASES[self.phase] == "graph" and len(present) < len(self.members[self.phase]):
+            silent = [s for s in self.members[self.phase] if s not in present]
+            raise SecureAggregationError(self._no_graph(silent))
         self.members.append(present)
         self.phase += 1
+        if PHASES[self.phase - 1] == "advert" and self.full:  # the full graph: nothing to draw
+            self.members.append(present)
+            self.phase += 1
+        elif PHASES[self.phase - 1] == "graph":
+            self.seed = graph_seed(self.session, self.round, self.randomness)
+            self.graph = graph_for(self.all_sites, self.threshold, self.neighbours, self.seed, self.round)
         if self.phase == len(PHASES):
             adverts = {s: {"s_pk": _unb64(a["s_pk"], KEY_BYTES, "a key"), "commit": _unb64(a["commit"], KEY_BYTES, "a "
                                                                                                                    "key")}
                        for s, a in self.received[0].items()}
-            masked = {s: self.received[2][s] for s in self.members[3]}
+            masked = {s: self.received[3][s] for s in self.members[4]}
             cpu = time.process_time()
-            self.sum = unmask(masked, self.received[4], adverts, self.members[2], self.threshold, self.quantizer,
-                              self.blamed, None if self.graph.full else self.graph, roots=self.roots,
+            self.sum = unmask(masked, self.received[5], adverts, self.members[3], self.threshold, self.quantizer,
+                              self.blamed, None if self.full else self.drawn, roots=self.roots,
                               withheld=self.withheld)
             self.unmask_cpu_s = time.process_time() - cpu
 
@@ -404,16 +443,28 @@ class SecAggRelay:
             return {"withdraw": reason}
         return check_advert(site, advert, "the advert it sent")
 
+    def _check_graph(self, site: str, payload: bytes) -> bytes:
+        message = _json(payload, f"site {site}", "graph")
+        if not isinstance(message, dict) or set(message) != {"randomness"}:
+            raise SecureAggregationError(f"site {site}'s graph message does not carry exactly its randomness")
+        value = _unb64(message["randomness"], KEY_BYTES, f"site {site}'s graph randomness")
+        committed = _unb64(self.received[0][site]["graph"], KEY_BYTES, "a commitment")
+        if graph_commitment(self.session, self.round, site, value) != committed:
+            raise SecureAggregationError(f"site {site}'s graph randomness does not match the commitment in its advert; "
+                                         "refused")
+        self.randomness[site] = value
+        return message["randomness"]
+
     def _check_boxes(self, site: str, payload: bytes) -> dict[str, Any]:
         message = _json(payload, f"site {site}", "boxes")
-        peers = {s for s in self.members[1] if s != site and s in self.graph.closed(site)}
+        peers = {s for s in self.members[1] if s != site and s in self.drawn.closed(site)}
         boxes = message.get("boxes") if isinstance(message, dict) else None
         if not isinstance(message, dict) or set(message) != {"boxes", "deal"} or not isinstance(boxes, dict) \
                 or set(boxes) != peers:
             raise SecureAggregationError(f"site {site} sent shares for "
                                          f"{sorted(boxes) if isinstance(boxes, dict) else '?'}"
                                          f", not for exactly its peers {sorted(peers)} with its signed deal")
-        size = box_bytes(self.graph, len(peers) + 1)
+        size = box_bytes(self.full, len(peers) + 1)
         for peer, box in boxes.items():
             try:
                 _unb64(box, size, "a box")
@@ -429,7 +480,8 @@ class SecAggRelay:
         except SecureAggregationError as exc:
             raise SecureAggregationError(f"site {site}'s signed deal is malformed ({exc})") from None
         dealer = SecAggSite(site, [site], self.threshold, self.round, None, self.session)
-        dealer.graph_terms = () if self.graph.full else ("neighbours", self.graph.k, self.graph.threshold)
+        dealer.graph_terms = () if self.full else ("neighbours", self.drawn.k, self.drawn.threshold)
+        dealer.graph_seed = self.seed
         if not verify(public_key_of(site, self.received[0][site]["certificate"]), signature,
                       dealer.deal_bytes(site, root)):
             raise SecureAggregationError(f"site {site}'s deal does not carry its signature over this session and "
@@ -457,9 +509,9 @@ class SecAggRelay:
 
     def _check_reveal(self, site: str, payload: bytes) -> dict[str, tuple[Any, ...]]:
         reveal = _json(payload, f"site {site}", "reveal")
-        mine = self.graph.closed(site)  # SecAgg+: it holds shares of its neighbourhood only
-        survivors = set(self.members[3]) & mine
-        dropped = set(self.members[2]) & mine - set(self.members[3])
+        mine = self.drawn.closed(site)  # SecAgg+: it holds shares of its neighbourhood only
+        survivors = set(self.members[4]) & mine
+        dropped = set(self.members[3]) & mine - set(self.members[4])
         if not isinstance(reveal, dict) or set(reveal) != survivors | dropped:
             raise SecureAggregationError(f"site {site} revealed shares for other sites than the round's")
         out: dict[str, tuple[Any, ...]] = {}
@@ -476,6 +528,6 @@ class SecAggRelay:
             path = _unb64(entry[4], None, where + "'s path")
             if len(path) % 32 or len(path) > 32 * MAX_DEPTH:
                 raise SecureAggregationError(f"{where} has a malformed path")
-            out[target] = (kind, entry[1], _unb64(entry[2], share_bytes(self.graph), where),
+            out[target] = (kind, entry[1], _unb64(entry[2], share_bytes(self.full), where),
                            _unb64(entry[3], KEY_BYTES, where + "'s other hash"), path)
         return out

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .secagg import Quantizer, SecureAggregationError
-from .secagg_protocol import PHASES, STEPS, SecAggSteps
+from .secagg_protocol import PHASES, SecAggSteps, steps_for
 from .secagg_relay import SecAggRelay
 from .secagg_terms import SumLayout, flatten_terms, site_terms, term_scale
 
@@ -71,7 +71,7 @@ def secure_sum(vectors: dict[str, np.ndarray], settings: Any, round_num: int, *,
             cpu[site] += time.process_time() - began
 
     payloads = {n: at(n, steps[n].advert) for n in names}
-    for kind, answer, step in (*STEPS, ("reveal", None, None)):
+    for kind, answer, step in (*steps_for(relay.full), ("reveal", None, None)):
         for n, payload in payloads.items():
             if kind == "masked" and n in dropped:
                 continue
@@ -87,7 +87,7 @@ def secure_sum(vectors: dict[str, np.ndarray], settings: Any, round_num: int, *,
     total = relay.total(round_num)
     plain = next(iter(vectors.values())).size * 4
     return total, SecureRound(len(names), t, float(sent[names[0]]), float(plain), sum(cpu.values()) / len(names),
-                              relay.unmask_cpu_s, relay.graph.k)
+                              relay.unmask_cpu_s, relay.drawn.k)
 
 
 def secure_terms_sum(algorithm: Any, uploads: dict[str, dict[str, Any]], weights: dict[str, float], settings: Any,
@@ -110,7 +110,8 @@ def secure_aggregate(algorithm: Any, uploads: dict[str, dict[str, Any]], weights
     names = sorted(uploads)
     terms = site_terms(algorithm, uploads[names[0]], weights[names[0]], settings)
     layout = SumLayout({k: tuple(v.shape) for k, v in terms.items()},
-                       {k: v.dtype for k, v in uploads[names[0]].items()}, term_scale(algorithm, settings))
+                       {k: v.dtype for k, v in uploads[names[0]].items()}, term_scale(algorithm, settings), settings)
     total, cost = secure_terms_sum(algorithm, uploads, weights, settings, round_num, layout, dropped=dropped,
                                    session=session)
-    return layout.downlink(algorithm, total, server), cost
+    return layout.downlink(algorithm, total, server, survivors=len(names) - len(set(dropped) & set(names)),
+                           round_num=round_num), cost

@@ -6,12 +6,13 @@ precision for those terms, refused at plan time when too coarse (:func:`check_pr
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .secagg import MAX_MEAN_ERROR, Quantizer, SecureAggregationError
+from .secagg_reach import bounded_sums
 
 
 def precision(algorithm: Any, settings: Any, sites: int, min_samples: int) -> tuple[Quantizer, float, float]:
@@ -66,11 +67,14 @@ def unflatten_terms(total: np.ndarray, layout: dict[str, tuple[int, ...]], scale
 class SumLayout:
     """What every party of a deployment agrees on before a round: the plugin's secure-sum terms
     (name → shape, in the order :func:`flatten_terms` lays them out), the uploads' dtypes and the
-    scale of the terms in the ring (:func:`term_scale`)."""
+    scale of the terms in the ring (:func:`term_scale`); ``settings``, the plan's secure_aggregation:
+    what the unmasked sum is checked against (:func:`~.secagg_reach.bounded_sums`; None: a layout
+    made for its size alone, whose sums are not checked)."""
 
     terms: dict[str, tuple[int, ...]]
     dtypes: dict[str, Any]  # upload name → torch dtype
     scale: float
+    settings: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, algorithm: Any, specs: list[Any], settings: Any) -> SumLayout:
@@ -80,17 +84,25 @@ class SumLayout:
         zeros = {s.name: torch.zeros(tuple(s.shape), dtype=getattr(torch, s.dtype)) for s in specs}
         terms = algorithm.secure_terms(zeros, 1.0, float(settings.clip))
         return cls({k: tuple(v.shape) for k, v in terms.items()}, {k: v.dtype for k, v in zeros.items()},
-                   term_scale(algorithm, settings))
+                   term_scale(algorithm, settings), settings)
 
     @property
     def words(self) -> int:
         """The length of the vector each site masks."""
         return sum(math.prod(shape) for shape in self.terms.values())
 
-    def downlink(self, algorithm: Any, total: np.ndarray, server: Any) -> Any:
+    def downlink(self, algorithm: Any, total: np.ndarray, server: Any, *, survivors: int | None = None,
+                 round_num: int | None = None) -> Any:
         """The plugin's next downlink (:meth:`~fedcontrast.algorithms.Algorithm.aggregate_secure`)
-        from the unmasked sum ``total``."""
+        from the unmasked sum ``total`` of ``survivors`` sites (None: not known, from 2 to every site),
+        once a hostile site's reach on it is bounded (:func:`~.secagg_reach.bounded_sums`: a count sum
+        the survivors could not have sent is refused, naming ``round_num``, default the server's
+        round; every average is clipped to its honest range)."""
         sums = {k: v.to(server.device) for k, v in unflatten_terms(np.asarray(total), self.terms, self.scale).items()}
+        if self.settings is not None:
+            sites = max(len(server.sites or ()), int(algorithm.facts.num_sites), survivors or 0)
+            sums = bounded_sums(algorithm, sums, self.settings, survivors=survivors, sites=sites,
+                                round_num=server.round_num if round_num is None else round_num)
         return algorithm.aggregate_secure(sums, server, self.dtypes)
 
 

@@ -133,15 +133,17 @@ class AggregatorRound:
         return self._settle(round_num, rejected, accepted)
 
     def aggregate_secure(self, round_num: int, total: np.ndarray, previous: dict[str, torch.Tensor] | None, *,
-                         rejected: dict[str, str] | None = None, note: str | None = None) -> RoundOutcome:
+                         rejected: dict[str, str] | None = None, note: str | None = None,
+                         survivors: int | None = None) -> RoundOutcome:
         """Round ``round_num`` from the unmasked secure sum of the survivors' terms (``total``, float64);
         ``rejected``: sites left out (refused before the protocol, withdrawn, a bad share), with the
         reason; ``note``: the refusals' reasons in one line (:meth:`settle`), which stop the federation
-        under ``on_rejected: stop`` as in :meth:`aggregate`."""
+        under ``on_rejected: stop`` as in :meth:`aggregate`; ``survivors``: how many sites' terms are in
+        the sum (a count sum they could not have sent is refused, :meth:`SumLayout.downlink`)."""
         if self.sum_layout is None:
             raise RejectedUpload("secure aggregation is off in this plan; there is no secure sum to aggregate")
         self.begin(round_num, previous)
-        downlink = self.sum_layout.downlink(self.algorithm, total, self.server)
+        downlink = self.sum_layout.downlink(self.algorithm, total, self.server, survivors=survivors)
         stop = note if note and self.config.robustness.on_rejected == "stop" else None
         return RoundOutcome(downlink, {}, dict(sorted((rejected or {}).items())), None if stop else note, stop)
 

@@ -308,7 +308,7 @@ class Federation:
             uploads, rejected = self.core.validate(round_num, uploads, weights)
             excluded, note = self.core.settle(round_num, rejected, uploads)
             outcome = self.core.aggregate_secure(round_num, *self._secure_sum(round_num, uploads, weights, rows),
-                                                 rejected=excluded, note=note)
+                                                 rejected=excluded, note=note, survivors=len(uploads))
         else:  # validation, the screen (bounds, the plugin's checks, replays, clipping), blame: the core's
             outcome = self.core.aggregate(round_num, uploads, weights, received, facts=facts)
         self.downlink = outcome.downlink

@@ -2,6 +2,9 @@
 fingerprint (``SHA256:`` and the hex SHA-256 of its public key), read from certificates, SuperNode
 keys or the operator's folders, so that each site can pin its peers' keys in its own policy
 (``peers:``) and no operator can put a key of its own in a peer's place under secure aggregation.
+The roster also pins the federation's name and its secure-aggregation threshold, and one digest over
+all of it is what the hospitals read to each other: the sites, not the operator, fix who is in a
+secure sum and how many of them it takes.
 
 Sources (any mix, engine-free; nothing is trusted because of where it came from — that is what the
 out-of-band comparison is for):
@@ -13,12 +16,15 @@ out-of-band comparison is for):
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config.sections import FEDERATION_ID, default_threshold, minimum_threshold
 from ..errors import ConfigError
+from ..privacy.policy import roster_digest
 from ..privacy.secagg import fingerprint
 
 
@@ -105,12 +111,57 @@ def read_roster(paths: list[str | Path], name: str | None = None) -> list[Member
     return [found[k] for k in sorted(found)]
 
 
-def format_roster(members: list[Member]) -> str:
+def roster_terms(members: list[Member], federation: str | None = None,
+                 threshold: int | None = None) -> tuple[str, int, list[str]]:
+    """The federation's name, its threshold and a line on each: ``federation`` checked, else one derived
+    from the members' keys; ``threshold`` checked against the members' majority, else
+    :func:`~fedcontrast.config.sections.default_threshold`."""
+    n = len(members)
+    if federation is None:
+        keys = json.dumps([[m.name, m.fingerprint.lower()] for m in sorted(members, key=lambda m: m.name)])
+        federation = "fed-" + hashlib.sha256(keys.encode()).hexdigest()[:12]
+        named = (f"federation {federation} (derived from the members' keys, as no --federation was given: name it "
+                 "with --federation ID instead when these hospitals run more than one federation)")
+    elif not FEDERATION_ID.fullmatch(federation):
+        raise ConfigError(f"--federation must be a name of letters, digits, '.', '_' and '-' (at most 100), got "
+                          f"{federation!r}")
+    else:
+        named = f"federation {federation}"
+    low = max(2, minimum_threshold(n))
+    if threshold is None:
+        threshold = default_threshold(n)
+        needed = (f"threshold {threshold} of {n} (the default ⌊2n/3⌋ + 1; --threshold T sets another, from {low} to "
+                  f"{n})")
+    elif not low <= threshold <= n:
+        raise ConfigError(f"--threshold {threshold} is outside {low}..{n} for a roster of {n} members: below a "
+                          "majority an operator that lies could unmask one site, and above n no round could end")
+    else:
+        needed = f"threshold {threshold} of {n}"
+    return federation, threshold, [named, needed]
+
+
+def _yaml_text(text: str) -> str:
+    """``text`` as YAML reads it back as that text (quoted where YAML would read a number, true, null …)."""
+    import yaml
+
+    return text if yaml.safe_load(text) == text else json.dumps(text)
+
+
+def format_roster(members: list[Member], federation: str | None = None, threshold: int | None = None) -> str:
     width = max(len(m.name) for m in members)
     lines = [f"{m.name:<{width}}  {m.fingerprint}  ({m.source})" for m in members]
-    lines += ["", "Compare every fingerprint with its hospital by another channel (phone, signed e-mail): each reads "
-                  "its own, you read what you hold. Only then put this in your site_policy.yaml (secure aggregation "
-                  "then shares nothing with a peer whose key differs; with require_secure_aggregation: true, nothing "
-                  "with one left out):", "", "peers:"]
+    if len(members) < 2:  # one key: to compare with what the others hold, not a roster to pin
+        return "\n".join(lines + ["", "One member: compare its fingerprint with what the other hospitals hold; the "
+                                       "roster each site pins lists every member of the federation."])
+    federation, threshold, notes = roster_terms(members, federation, threshold)
+    digest = roster_digest(federation, threshold, {m.name: m.fingerprint for m in members})
+    lines += ["", *notes, f"roster digest: {digest}", "",
+              "Each hospital checks its own line above, and all read the roster digest to each other by another "
+              "channel (phone, signed e-mail): it covers the federation, the threshold and every member's "
+              "fingerprint, so equal digests mean equal rosters. Only then put this in your site_policy.yaml "
+              "(secure aggregation then shares nothing with a peer whose key differs; with "
+              "require_secure_aggregation: true, a plan of other members, another threshold or another federation "
+              "is refused):", "", f"federation: {_yaml_text(federation)}", f"secure_threshold: {threshold}",
+              "peers:"]
     lines += [f"  {m.name}: {m.fingerprint}" for m in members]
     return "\n".join(lines)
