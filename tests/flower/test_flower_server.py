@@ -47,14 +47,15 @@ class Grid:
         self.sent = []  # (site, message type) of every message pushed
 
     def get_node_ids(self):
-        return [n for s, n in NODES.items() if s not in self.offline]
+        return [n for s, n in getattr(self, "nodes", NODES).items() if s not in self.offline]
 
     def push_messages(self, messages):
         out = []
         for msg in messages:
             mid = str(next(self.ids))
             self.pending[mid] = msg
-            self.sent.append((next(s for s, n in NODES.items() if n == msg.metadata.dst_node_id),
+            self.sent.append((next(s for s, n in getattr(self, "nodes", NODES).items()
+                                   if n == msg.metadata.dst_node_id),
                               msg.metadata.message_type))
             out.append(mid)
         return out
@@ -86,9 +87,10 @@ class Grid:
         return replies
 
 
-def config(**robustness):
+def config(sites=SITES, **robustness):
     schema = DataSchema((1, 32, 32), tuple(str(i) for i in range(10)))
-    return RunConfig(algorithm="fedavg", dataset="imagefolder", data_schema=schema, sites=SITES, clients=3, rounds=2,
+    return RunConfig(algorithm="fedavg", dataset="imagefolder", data_schema=schema, sites=sites, clients=len(sites),
+                     rounds=2,
                      training=TrainingConfig(local_epochs=1), robustness=RobustnessConfig(**{"reject_replays": False, **robustness}))
 
 
@@ -130,15 +132,21 @@ class SecureGrid(Grid):
     message with its signed keys (its upload: what it received × ``scale``, weight ``weights``), then
     the ``query.secagg`` steps; ``impostor`` signs with a key other than its registered one."""
 
-    def __init__(self, settings, scale, weights, impostor=None, withdraws=None):
+    def __init__(self, settings, scale, weights, impostor=None, withdraws=None, nodes=None, silent_in=None):
         super().__init__(scale)
         self.withdraws = withdraws
         from cryptography.hazmat.primitives.asymmetric import ec
 
         from fedcontrast.flower.secure import _openssh
+        from fedcontrast.privacy.secagg_protocol import session_digest
 
+        self.nodes = dict(nodes or NODES)
+        self.sites = list(self.nodes)
+        self.silent_in = dict(silent_in or {})  # site → the secure-aggregation phase it never answers
+        self.plan = config(sites=tuple(self.sites)).replace(secure_aggregation=settings)
+        self.session = session_digest(self.plan.to_dict(), self.sites, "")  # what the ServerApp binds (run "")
         self.settings, self.weights, self.steps = settings, weights, {}
-        self.keys = {s: ec.generate_private_key(ec.SECP384R1()) for s in SITES}
+        self.keys = {s: ec.generate_private_key(ec.SECP384R1()) for s in self.sites}
         self.registered = {s: _openssh(k.public_key()) for s, k in self.keys.items()}
         if impostor is not None:
             self.keys[impostor] = ec.generate_private_key(ec.SECP384R1())
@@ -155,9 +163,12 @@ class SecureGrid(Grid):
 
         replies = []
         for mid in list(ids):
-            msg = self.pending.pop(mid)
-            site = next(s for s, n in NODES.items() if n == msg.metadata.dst_node_id)
+            msg = self.pending[mid]
+            site = next(s for s, n in self.nodes.items() if n == msg.metadata.dst_node_id)
             kind = msg.metadata.message_type
+            if kind == "query.secagg" and self.silent_in.get(site) == str(msg.content["task"]["phase"]):
+                continue  # it never answers
+            del self.pending[mid]
             if kind == "query":
                 content = {"site": ConfigRecord({"site": site})}
             elif kind == "train":
@@ -165,11 +176,12 @@ class SecureGrid(Grid):
                 upload = {k: torch.from_numpy(v * self.scale.get(site, 1.0))
                           for k, v in unpack_arrays(msg.content["received"]).items()}
                 self.seen_uploads.append(upload)
-                t = self.settings.sites_needed(3)
-                steps = SecAggSteps(site, list(SITES), t, round_num, self.keys[site], _openssh(self.keys[site].public_key()),
-                                    registered_key, secure_vector(FedAvg(), upload, self.weights[site],
-                                                                  self.settings),
-                                    Quantizer.for_sites(self.settings.clip, 3, self.settings.bits))
+                n = len(self.sites)
+                steps = SecAggSteps(site, self.sites, self.settings.sites_needed(n), round_num, self.keys[site],
+                                    _openssh(self.keys[site].public_key()), registered_key,
+                                    secure_vector(FedAvg(), upload, self.weights[site], self.settings),
+                                    Quantizer.for_sites(self.settings.clip, n, self.settings.bits), self.session,
+                                    self.settings.neighbours)
                 self.steps[site] = steps
                 from fedcontrast.privacy.secagg_protocol import withdrawal
 
@@ -196,7 +208,7 @@ def test_under_secure_aggregation_the_server_gets_only_the_weighted_mean(tmp_pat
     settings = SecureAggregationConfig(bits=64)
     scale, weights = {"hosp1": 0.5, "hosp2": 1.0, "hosp3": 2.0}, {"hosp1": 100.0, "hosp2": 300.0, "hosp3": 600.0}
     grid = SecureGrid(settings, scale, weights)
-    server = FlowerServer(grid, config().replace(secure_aggregation=settings), tmp_path, NODES, round_timeout=5,
+    server = FlowerServer(grid, grid.plan, tmp_path, NODES, round_timeout=5,
                           start_timeout=5, site_keys=grid.registered)
     server.connect()
     before = {k: v.clone() for k, v in server.downlink.global_tensors.items()}
@@ -216,7 +228,7 @@ def test_under_secure_aggregation_a_key_other_than_the_registered_one_stops_the_
 
     settings = SecureAggregationConfig()
     grid = SecureGrid(settings, {}, {s: 100.0 for s in SITES}, impostor="hosp2")
-    server = FlowerServer(grid, config().replace(secure_aggregation=settings), tmp_path, NODES, round_timeout=5,
+    server = FlowerServer(grid, grid.plan, tmp_path, NODES, round_timeout=5,
                           start_timeout=5, site_keys=grid.registered)
     server.connect()
     with pytest.raises(SecureAggregationError, match="site hosp2 advertised a signing key other than the one registered"):
@@ -229,7 +241,7 @@ def test_under_secure_aggregation_a_site_that_withdraws_is_named_and_the_others_
     settings = SecureAggregationConfig(bits=64, threshold=2)
     weights = {"hosp1": 100.0, "hosp2": 300.0, "hosp3": 600.0}
     grid = SecureGrid(settings, {}, weights, withdraws="hosp3")
-    server = FlowerServer(grid, config().replace(secure_aggregation=settings), tmp_path, NODES, round_timeout=5,
+    server = FlowerServer(grid, grid.plan, tmp_path, NODES, round_timeout=5,
                           start_timeout=5, site_keys=grid.registered)
     server.connect()
     server.run_round(1)
@@ -401,3 +413,46 @@ def test_the_run_says_where_every_partys_outputs_are(tmp_path, capsys):
     assert "each site's in its own folder, site_report/<site>/" in out
     assert "accuracy of the final model 0.5000;" in out  # rounded
     assert json.loads((tmp_path / "outcome.json").read_text())["status"] == "finished"
+
+
+TEN = {f"hosp{i:02d}": 100 + i for i in range(10)}
+
+
+@pytest.mark.parametrize("silent", [None, ("hosp03", "masked"), ("hosp05", "consistency")])
+def test_secagg_plus_on_the_serverapp_draws_its_graph_from_the_sites_randomness_and_sums_exactly(tmp_path, silent):
+    """Ten sites with four neighbours each (SecAgg+): the ServerApp carries the graph phase (each
+    site's committed randomness) before the shares, and the model is the weighted mean of the sites
+    in the sum, within the ring's rounding, with a site silent after the graph is drawn or not."""
+    from fedcontrast.algorithms.base import WEIGHT_PREFIX
+    from fedcontrast.config import SecureAggregationConfig
+
+    settings = SecureAggregationConfig(bits=64, neighbours=4)
+    scale = {s: 0.5 + i / 4 for i, s in enumerate(TEN)}
+    weights = {s: 100.0 * (i + 1) for i, s in enumerate(TEN)}
+    grid = SecureGrid(settings, scale, weights, nodes=TEN, silent_in=dict([silent]) if silent else None)
+    server = FlowerServer(grid, grid.plan, tmp_path, TEN, round_timeout=2, start_timeout=5,
+                          site_keys=grid.registered, min_sites=8)
+    server.connect()
+    before = {k: v.clone() for k, v in server.downlink.global_tensors.items()}
+    server.run_round(1)
+    assert not server.relay.full and server.relay.graph.k == 4 and set(server.relay.randomness) == set(TEN)
+    in_sum = [s for s in TEN if not silent or s != silent[0] or silent[1] == "consistency"]
+    assert server.relay.survivors == in_sum
+    factor = sum(scale[s] * weights[s] for s in in_sum) / sum(weights[s] for s in in_sum)
+    for key, value in server.downlink.global_tensors.items():
+        if key.startswith(WEIGHT_PREFIX) and value.is_floating_point():
+            expected = (before[key].double().clamp(-settings.clip, settings.clip) * factor).to(value.dtype)
+            assert (value - expected).abs().max() <= 1e-5, key
+
+
+def test_secagg_plus_on_the_serverapp_ends_the_round_naming_a_site_that_keeps_its_graph_randomness(tmp_path):
+    from fedcontrast.config import SecureAggregationConfig
+    from fedcontrast.privacy.secagg import SecureAggregationError
+
+    settings = SecureAggregationConfig(bits=64, neighbours=4)
+    grid = SecureGrid(settings, {}, {s: 100.0 for s in TEN}, nodes=TEN, silent_in={"hosp04": "graph"})
+    server = FlowerServer(grid, grid.plan, tmp_path, TEN, round_timeout=1, start_timeout=5,
+                          site_keys=grid.registered, min_sites=8)
+    server.connect()
+    with pytest.raises(SecureAggregationError, match="hosp04 sent its advert but not the randomness it committed to"):
+        server.run_round(1)

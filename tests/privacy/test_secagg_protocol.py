@@ -51,7 +51,7 @@ def pem_key(site, pem):
 
 
 # --- every site in a thread ----------------------------------------------------------------------
-def federation(n, *, threshold, words=50, die=None, forge=None, bits=64, seed=0):
+def federation(n, *, threshold, words=50, die=None, forge=None, bits=64, seed=0, neighbours="full"):
     """One round with ``n`` sites in threads. ``die``: site → the message kind it never sends (it
     stops there); ``forge``: a site whose advert is signed by another key. Returns (relay, vectors,
     errors by site)."""
@@ -60,7 +60,7 @@ def federation(n, *, threshold, words=50, die=None, forge=None, bits=64, seed=0)
     keys, pems = make_keys(names)
     pins = {s: fingerprint(keys[s].public_key()) for s in names}
     quantizer = Quantizer.for_sites(10.0, n, bits)
-    relay = SecAggRelay(names, threshold, words, quantizer, session=SESSION)
+    relay = SecAggRelay(names, threshold, words, quantizer, session=SESSION, neighbours=neighbours)
     vectors = {s: rng.uniform(-10, 10, words) for s in names}
     die = die or {}
     errors: dict[str, str] = {}
@@ -73,7 +73,8 @@ def federation(n, *, threshold, words=50, die=None, forge=None, bits=64, seed=0)
 
         signing = ed25519.Ed25519PrivateKey.generate() if site == forge else keys[site]
         client = SecAggClient(site, names, threshold, 0, signing, pems[site], PinnedKeys(pem_key, pins, True), send,
-                              lambda kind: relay.answer(site, 0, kind), poll=0.01, session=SESSION)
+                              lambda kind: relay.answer(site, 0, kind), poll=0.01, session=SESSION,
+                              neighbours=neighbours)
         try:
             client.run(vectors[site], quantizer)
         except Stop:
@@ -126,6 +127,24 @@ def test_dropouts_at_each_phase_still_give_the_survivors_sum(n, dying, threshold
     assert relay.survivors == in_sum
     assert np.abs(relay.total(0) - sum(vectors[s] for s in in_sum)).max() <= relay.quantizer.error_bound(n)
     assert set(relay.dropped) == set(dying)
+
+
+@pytest.mark.parametrize("dying", [{"site_3": "advert"}, {"site_5": "boxes"}, {"site_7": "masked", "site_11": "masked"},
+                                   {"site_2": "consistency"}, {"site_9": "reveal"}])
+def test_secagg_plus_over_a_polling_transport_sums_exactly_with_a_dropout_at_each_phase(dying):
+    """OpenFL's site transport (SecAggClient, each site polling in its own thread) with SecAgg+'s graph
+    phase: 16 sites, 6 neighbours each; a site silent at any phase after the graph is drawn is left
+    out (or kept, once masked) and the sum is exact."""
+    relay, vectors, errors = federation(16, threshold=11, die=dying, neighbours=6)
+    assert not errors and not relay.full and set(relay.randomness) >= set(relay.members[3])
+    in_sum = [s for s in vectors if dying.get(s) in (None, "consistency", "reveal")]
+    assert relay.survivors == in_sum
+    assert np.abs(relay.total(0) - sum(vectors[s] for s in in_sum)).max() <= relay.quantizer.error_bound(16)
+
+
+def test_secagg_plus_over_a_polling_transport_ends_the_round_when_a_site_keeps_its_graph_randomness():
+    with pytest.raises(SecureAggregationError, match="site_4 sent its advert but not the randomness"):
+        federation(16, threshold=11, die={"site_4": "graph"}, neighbours=6)
 
 
 def test_fewer_survivors_than_the_threshold_end_the_round_without_a_sum():

@@ -166,8 +166,9 @@ def commitment(seed: bytes) -> bytes:
 def graph_commitment(session: bytes, round_num: int, site: str, randomness: bytes) -> bytes:
     """A site's commitment to its share of the round's graph randomness (SecAgg+): SHA-256 over the
     session, the round, its name and 32 random bytes, so it binds and hides them."""
-    return hashlib.sha256(json.dumps([PROTOCOL, "graph randomness", session.hex(), int(round_num), site,
-                                      randomness.hex()]).encode()).digest()
+    name = site.encode()
+    return hashlib.sha256(b"".join((PROTOCOL.encode(), b"|graph randomness|", session, int(round_num).to_bytes(8, "big"),
+                                    len(name).to_bytes(4, "big"), name, randomness))).digest()
 
 
 def s_public(secret: bytes) -> bytes:

@@ -157,6 +157,12 @@ def check_advert(site: str, advert: Any, what: str) -> dict[str, str]:
     return advert
 
 
+# The graph seeds drawn from commitments and revealed randomness that checked out, by the SHA-256 of
+# both (the session and round included): in the simulator every site draws the same graph in one
+# process, and the n checks of every reveal against its commitment are made once, not n times.
+_DRAWN: dict[bytes, bytes] = {}
+
+
 # --- a site's trust in its peers' keys ------------------------------------------------------------
 class PinnedKeys:
     """A site's check of a peer's long-term key: the engine's own check (``verify(site, text)``: a
@@ -308,14 +314,24 @@ class SecAggSteps:
         if not isinstance(reveals, dict) or set(reveals) != set(self.commitments):
             raise SecureAggregationError(f"the aggregator's graph randomness of {self._round()} is not that of "
                                          "exactly the sites whose commitments it sent: refused, nothing more is sent")
-        randomness = {}
-        for site, text in reveals.items():
-            value = _unb64(text, KEY_BYTES, f"site {site}'s graph randomness")
-            if graph_commitment(self.session, self.round_num, site, value) != self.commitments[site]:
-                raise SecureAggregationError(f"site {site}'s graph randomness of {self._round()} does not match its "
-                                             "commitment: refused, nothing more is sent")
-            randomness[site] = value
-        seed = graph_seed(self.session, self.round_num, randomness)
+        if not all(isinstance(v, str) for v in reveals.values()):
+            raise SecureAggregationError("the aggregator's graph randomness is malformed; refused")
+        key = hashlib.sha256(b"|".join([self.session, str(self.round_num).encode()]
+                                       + [f"{s}:{self.commitments[s].hex()}:{reveals[s]}".encode()
+                                          for s in sorted(reveals)])).digest()
+        seed = _DRAWN.get(key)
+        if seed is None:
+            randomness = {}
+            for site, text in reveals.items():
+                value = _unb64(text, KEY_BYTES, f"site {site}'s graph randomness")
+                if graph_commitment(self.session, self.round_num, site, value) != self.commitments[site]:
+                    raise SecureAggregationError(f"site {site}'s graph randomness of {self._round()} does not match "
+                                                 "its commitment: refused, nothing more is sent")
+                randomness[site] = value
+            seed = graph_seed(self.session, self.round_num, randomness)
+            _DRAWN[key] = seed
+            while len(_DRAWN) > 64:
+                del _DRAWN[next(iter(_DRAWN))]
         self.drawn = graph_for(self.plan_sites, self.threshold, self.neighbours, seed, self.round_num)
         self.around = self.drawn.closed(self.name)
         self.site.graph_seed = seed

@@ -272,6 +272,7 @@ class SecAggRelay:
             self.seed = b""  # SecAgg+: the round's graph seed, once drawn
             self.randomness: dict[str, bytes] = {}  # SecAgg+: each site's revealed graph randomness
             self._commitments_answer: tuple[int, bytes] = (-1, b"")
+            self._reveals_answer: tuple[int, bytes] = (-1, b"")
             self.members: list[list[str]] = [list(self.all_sites)]  # U0 (all), U1 … U5
             self.received: list[dict[str, Any]] = [{} for _ in PHASES]
             self.dropped: dict[str, str] = {}  # site → why it is out (the phase it missed, or its withdrawal)
@@ -368,10 +369,11 @@ class SecAggRelay:
                     self._commitments_answer = (round_num, json.dumps({"commitments": commitments}).encode())
                 return self._commitments_answer[1]
             mine = self.drawn.closed(site)  # every site in the full graph
-            if kind == "adverts":
-                reveals = {} if self.full else self.received[1]
-                return json.dumps({"reveals": reveals,
-                                   "adverts": {s: a for s, a in self.received[0].items() if s in mine}}).encode()
+            if kind == "adverts":  # every site's randomness (encoded once per round), its neighbourhood's adverts
+                if self._reveals_answer[0] != round_num:
+                    self._reveals_answer = (round_num, b"{}" if self.full else json.dumps(self.received[1]).encode())
+                return (b'{"reveals": ' + self._reveals_answer[1] + b', "adverts": '
+                        + json.dumps({s: a for s, a in self.received[0].items() if s in mine}).encode() + b"}")
             if kind == "boxes":
                 boxes = {sender: m["boxes"][site] for sender, m in self.received[2].items() if site in m["boxes"]}
                 deals = {sender: self.received[2][sender]["deal"] for sender in boxes}
