@@ -315,7 +315,7 @@ def test_the_audit_states_the_neighbourhood_guarantee_and_the_full_graph_is_unch
     assert _neighbourhoods(50, "auto") == [] and _neighbourhoods(200, "full") == []
     line = _neighbourhoods(100, "auto")[0]
     assert "40 of the 100 sites" in line and "28 of its 41 holders" in line and "2^-83" in line and "2^-25" in line
-    assert "tries runs until one suits its colluders" in line  # the odds are per graph, not against a search
+    assert "no party can choose or search it" in line  # the graph's randomness is every site's (graph phase)
     bounds = failure_bounds(1000, 60)
     assert bounds["follows"] < 2.0**-100 and bounds["lies"] < 2.0**-30 and bounds["fails"] < 2.0**-30
 

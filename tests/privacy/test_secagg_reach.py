@@ -225,7 +225,8 @@ def test_model_reach_equals_a_brute_force_search_over_hostile_words_on_a_tiny_ex
 
 def test_the_closed_form_is_twice_the_honest_range_whatever_max_samples_bits_sites_and_threshold():
     for name, hp, facts, bound in [("fedavg", {}, RunFacts(), 10.0), ("fedprox", {}, RunFacts(), 10.0),
-                                   ("moon", {}, RunFacts(), 10.0), ("fedssc", {"class_reps": "pooled"}, RunFacts(), 10.0),
+                                   ("moon", {}, RunFacts(), 10.0),
+                                   ("fedssc", {"class_reps": "pooled"}, RunFacts(), 10.0),
                                    ("fedpcl", {"local_sets": "global"}, RunFacts(), 1.0 + 1e-4),
                                    ("flesd", {}, RunFacts(public_size=8), 1.0 + 1e-4)]:
         algorithm = get_algorithm(name).from_settings(hp, facts)
@@ -332,7 +333,7 @@ def test_fedpcl_global_prototypes_stay_within_the_unit_range(weighting):
     honest = algorithm.aggregate({s: uploads[s] for s in SITES[:2]}, WEIGHTS, server())
     for largest in (True, False):
         layout, total = hostile_sum(algorithm, uploads, settings,
-                                    lambda name, size, q: extreme(q, size, largest=largest)
+                                    lambda name, size, q, largest=largest: extreme(q, size, largest=largest)
                                     if name == "classes.sum" else None)
         g = layout.downlink(algorithm, total, server(), survivors=3).global_tensors[GLOBAL_PROTOTYPES].double()
         bound = 1.0 + 1e-4
@@ -367,7 +368,7 @@ def test_flesd_ensemble_similarities_stay_within_the_cosine_range_and_a_wrong_si
     honest = sum(uploads[s][REPRESENTATIONS].double() @ uploads[s][REPRESENTATIONS].double().T for s in SITES[:2]) / 2
     for largest in (True, False):
         layout, total = hostile_sum(algorithm, uploads, settings,
-                                    lambda name, size, q: extreme(q, size, largest=largest)
+                                    lambda name, size, q, largest=largest: extreme(q, size, largest=largest)
                                     if name == "similarity.sum" else None)
         layout.downlink(algorithm, total, server(), survivors=3)
         target, answered = targets[-1]

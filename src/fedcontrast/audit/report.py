@@ -397,9 +397,10 @@ def _neighbourhoods(n: int, setting: str | int) -> list[str]:
             f"holds for the full graph only: with 5 % of the sites colluding, an operator that follows the protocol "
             f"unmasks an honest site with probability ≤ {bound['follows']} per round, one that lies about dropouts "
             f"≤ {bound['lies']}, and a round fails with 5 % dropouts ≤ {bound['fails']} (docs/privacy.md); these are "
-            "the odds of one graph: the graph comes from the operator's plan and run, so an operator that tries "
-            "runs until one suits its colluders multiplies them by its tries; "
-            "neighbours: full for the full graph's guarantee"]
+            "the odds of one round's graph, which every site draws from randomness all of them committed to "
+            "before any revealed its own (no party can choose or search it; each round a site or the operator "
+            "makes fail in view of every site adds one more draw); neighbours: full for the full graph's "
+            "guarantee"]
 
 
 def _hostile_reach(config: RunConfig, algorithm: Any) -> tuple[float | None, str | None]:

@@ -167,8 +167,9 @@ def graph_commitment(session: bytes, round_num: int, site: str, randomness: byte
     """A site's commitment to its share of the round's graph randomness (SecAgg+): SHA-256 over the
     session, the round, its name and 32 random bytes, so it binds and hides them."""
     name = site.encode()
-    return hashlib.sha256(b"".join((PROTOCOL.encode(), b"|graph randomness|", session, int(round_num).to_bytes(8, "big"),
-                                    len(name).to_bytes(4, "big"), name, randomness))).digest()
+    return hashlib.sha256(b"".join((PROTOCOL.encode(), b"|graph randomness|", session,
+                                    int(round_num).to_bytes(8, "big"), len(name).to_bytes(4, "big"), name,
+                                    randomness))).digest()
 
 
 def s_public(secret: bytes) -> bytes:

@@ -7,13 +7,14 @@ itself), threshold ``t_k``: the sharing, masking and unmasking grow with ``k``, 
 sites. The graph is Bell et al.'s random Harary graph: the sites on a ring in a random order, each
 joined to the ``k/2`` nearest on either side.
 
-**The operator does not draw the graph.** Every party derives it from values fixed before the
-round: SHA-256 over the session digest (the plan, its sites and the engine's run,
-:func:`~.secagg_protocol.session_digest`), the round, the sites and ``k``, as the key of a ChaCha20
-keystream, turned into the ring's order by Fisher–Yates with rejection sampling (uniform, no modulo
-bias). Each site checks every set the relay sends against its own neighbourhood. The plan and the
-run are the operator's, though: it can try runs offline until one draws a graph that suits its
-colluders (docs/privacy.md, "known limit"); ``neighbours: full`` does not depend on the graph.
+**No party draws the graph.** Every site commits, in its signed advert, to 32 random bytes; once
+the relay has fixed which adverts are in the round and sent every site their commitments, each site
+reveals its bytes, and the round's seed is :func:`graph_seed` of all of them (a site that keeps its
+bytes ends the round). SHA-256 over the seed, the round, the sites and ``k`` keys a ChaCha20 keystream,
+turned into the ring's order by Fisher–Yates with rejection sampling (uniform, no modulo bias).
+Until the last honest site reveals nobody knows the graph, and then nobody can change it: no one,
+the operator included, can choose a graph or search for one offline (:mod:`.secagg_protocol`). Each
+site checks every set the relay sends against its own neighbourhood.
 
 **The rule** (:func:`neighbourhood_size`): ``k = 2·⌈3·log2 n⌉`` (``NEIGHBOUR_FACTOR`` = 3: n = 100:
 40; n = 1000: 60); the full graph — Bonawitz et al.'s protocol, unchanged — whenever that leaves a
