@@ -14,19 +14,31 @@ wherever OpenFL starts a collaborator or aggregator, whatever the launcher is ca
   started it, is checked before the plan's first component is imported; and the plan dump its
   ``Plan.parse`` logs goes to a file, one line with its path and hash to the log
   (:mod:`fedcontrast.openfl.plan_log`).
+* Every plan component, however it is reached: ``Plan.build`` and ``Plan.import_`` — what every
+  ``get_*`` (data loader, task runner, assigner, pipeline, aggregation functions, straggler policy…)
+  and any program calling them directly goes through — build only accepted components
+  (:func:`fedcontrast.openfl.guard.component_refusal`: fedcontrast's own, an installed plugin's,
+  OpenFL's defaults for sections a fedcontrast plan leaves out), and a component of a parsed plan
+  only when the whole plan passes; and once ``Plan.parse`` has read a plan, the modules of its
+  other components are never imported by any route (``fx plan initialize`` imports the data loader
+  with importlib itself): the watcher below refuses them
+  (:func:`fedcontrast.openfl.guard.foreign_modules`).
 
-A refusal is one sentence on standard error and exit code 1 (a program that builds a collaborator
-itself gets :class:`fedcontrast.deploy.trust.PackageRefused` instead). Outside what a site can be
+A refusal is one sentence on standard error and exit code 1 under OpenFL's command line (any ``fx``
+command: ``collaborator start``, ``plan initialize``…); a program that builds a component itself gets
+:class:`fedcontrast.deploy.trust.PackageRefused` instead. Outside what a site can be
 protected from: an interpreter that loads neither site-packages' ``.pth`` files nor torch's entry
 points (``python -S`` without fedcontrast's environment, or with ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``).
 """
 
 import os
 import sys
+import weakref
 
 PLAN_MODULE = "openfl.federated.plan.plan"
 _state = {"argv_checked": False}
 _checked: set[tuple] = set()  # (party, cwd, plan, data config, name) already checked in this process
+_parsed: list = []  # weak references to the plans Plan.parse read that the guard refuses
 
 
 def _starting(argv):
@@ -103,6 +115,35 @@ def _check(party, argv, plan):
         _refuse(party, f"the workspace could not be checked ({type(exc).__name__}: {exc}); nothing was run")
 
 
+def _fx_command(argv):
+    """The command OpenFL's command line runs in this process (``plan initialize``), or None when this
+    process is not OpenFL's command line (``fx``, a link to it, ``python -m openfl.interface.cli``)."""
+    main = sys.modules.get("__main__")
+    entry = getattr(main, "entry", None)
+    cli = (getattr(getattr(main, "__spec__", None), "name", None) == "openfl.interface.cli"
+           or getattr(entry, "__module__", None) == "openfl.interface.cli"
+           or (bool(argv) and os.path.basename(str(argv[0])) == "fx"))
+    if not cli:
+        return None
+    words = [a for a in argv[1:] if not a.startswith("-")][:2]
+    return " ".join(words) or "command"
+
+
+def _refuse_component(message):
+    """A plan component refused: one sentence and exit 1 under OpenFL's command line, else raised as
+    :class:`~fedcontrast.deploy.trust.PackageRefused` to the program that builds it."""
+    argv = list(getattr(sys, "argv", None) or [])
+    party, command = _starting(argv), _fx_command(argv)
+    if party is not None or command is not None:
+        _refuse(party or f"fx {command}", message)
+    try:
+        with _WithoutWorkingDirectory():
+            from fedcontrast.deploy.trust import PackageRefused
+    except Exception:  # fedcontrast half-installed: still refused
+        raise ImportError(message) from None
+    raise PackageRefused(message)
+
+
 def _refuse_or_raise(party, exc, plan):
     """Under a start command: one sentence and exit 1; in a program that builds the party itself: raise."""
     if plan is None or _starting(list(getattr(sys, "argv", None) or [])) is not None:
@@ -128,7 +169,18 @@ def _patch_plan(plan_class):
             plan._fedcontrast_files = (given.get("plan_config_path"), given.get("data_config_path"))
         except (TypeError, AttributeError):
             pass
+        _remember_foreign(plan)
         return plan
+
+    build, import_ = plan_class.build, plan_class.import_
+
+    def guarded_build(template, settings, **override):
+        _check_component(template, settings)
+        return build(template, settings, **override)
+
+    def guarded_import(template):
+        _check_component(template, None)
+        return import_(template)
 
     get_collaborator, get_aggregator = plan_class.get_collaborator, plan_class.get_aggregator
 
@@ -142,6 +194,8 @@ def _patch_plan(plan_class):
 
     _plan_dump_to_file()
     plan_class.parse = staticmethod(guarded_parse)
+    plan_class.build = staticmethod(guarded_build)
+    plan_class.import_ = staticmethod(guarded_import)
     plan_class.get_collaborator = guarded_get_collaborator
     plan_class.get_aggregator = guarded_get_aggregator
     plan_class._fedcontrast_guarded = True
@@ -156,6 +210,70 @@ def _plan_dump_to_file():
         PlanDumpToFile.install()
     except Exception:
         pass
+
+
+def _plan_source(plan):
+    files = getattr(plan, "_fedcontrast_files", None) or (None, None)
+    return os.path.abspath(str(files[0] or os.path.join("plan", "plan.yaml")))
+
+
+def _remember_foreign(plan):
+    """After ``Plan.parse``: the modules of the plan's components that are not accepted, which the
+    watcher then refuses to import by any route, with the sentence that names them."""
+    try:
+        with _WithoutWorkingDirectory():
+            from fedcontrast.openfl.guard import foreign_modules, plan_refusal
+        config = getattr(plan, "config", None)
+        refusal = plan_refusal(config, _plan_source(plan))
+        if refusal is None:
+            return
+        plan._fedcontrast_foreign = (frozenset(foreign_modules(config)), refusal)
+    except Exception:  # fedcontrast cannot be imported: Plan.build refuses every component then
+        return
+    _parsed[:] = [ref for ref in _parsed if ref() is not None] + [weakref.ref(plan)]
+
+
+def _foreign_import(name):
+    """The sentence refusing to import module ``name``, named by a component of a plan OpenFL parsed."""
+    for ref in list(_parsed):
+        plan = ref()
+        foreign = getattr(plan, "_fedcontrast_foreign", None)
+        if foreign is not None and name in foreign[0]:
+            return foreign[1]
+    return None
+
+
+def _owner(settings):
+    """The refused plan (one ``Plan.parse`` read, :func:`_remember_foreign`) whose configuration holds
+    ``settings`` — the very dict OpenFL's ``get_*`` passes to ``Plan.build`` —, or None."""
+    if not isinstance(settings, dict):
+        return None
+
+    def holds(node, depth):
+        if not isinstance(node, dict) or depth > 4:
+            return False
+        if node.get("settings") is settings:
+            return True
+        return any(holds(value, depth + 1) for value in node.values() if isinstance(value, dict))
+
+    for plan in [ref() for ref in _parsed]:
+        if plan is not None and holds(getattr(plan, "config", None), 0):
+            return plan
+    return None
+
+
+def _check_component(template, settings):
+    """Before ``Plan.build`` / ``Plan.import_`` imports ``template``'s module."""
+    try:
+        with _WithoutWorkingDirectory():
+            from fedcontrast.openfl.guard import component_refusal
+    except Exception as exc:  # fedcontrast half-installed: refuse rather than build unchecked
+        _refuse_component(f"the plan component {template!r} cannot be checked ({exc}); reinstall fedcontrast")
+    plan = _owner(settings)
+    refusal = (plan._fedcontrast_foreign[1] if plan is not None  # its whole plan, refused at parse
+               else component_refusal(template))
+    if refusal is not None:
+        _refuse_component(refusal)
 
 
 def _check_plan(plan, party, name):
@@ -194,6 +312,10 @@ class _OpenFLGuard:
     imported, and hands OpenFL's plan module a loader that wraps its Plan class."""
 
     def find_spec(self, name, path=None, target=None):
+        if _parsed:
+            refusal = _foreign_import(name)
+            if refusal is not None:
+                _refuse_component(refusal)
         if not name.startswith("openfl"):
             return None
         if not _state["argv_checked"]:

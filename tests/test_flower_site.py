@@ -103,8 +103,9 @@ def test_a_site_answers_each_message_and_its_state_round_trips(folders, tmp_path
     final, none = site_app.handle("evaluate", 7, text, s, {"task": {"round": 3}, "received": second["received"]},
                                   state_b)
     assert none is None and json.loads(final["outcome"]["evaluation"])["accuracy"] >= 0
-    report = tmp_path / "hosp1" / "site_report" / "hosp1"
-    assert (report / "final_model.pt").exists()
+    report = tmp_path / "hosp1" / "site_report" / "hosp1" / "7"  # this run's own folder (no label: Flower's run)
+    assert (report / "final_model.pt").exists() and (tmp_path / "hosp1" / "site_report" / "hosp1" / "latest" /
+                                                     "final_model.pt").exists()
     assert [json.loads(line)["round"] for line in (report / "rounds.jsonl").read_text().splitlines()] == [0, 1, 2]
 
 

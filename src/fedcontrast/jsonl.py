@@ -18,17 +18,25 @@ def read_jsonl(path: str | Path, what: str = "records") -> list[Any]:
     """The records of ``path`` (empty when it does not exist). A last line cut short by a crash
     (unterminated and unparsable) is left out with a warning; any other unreadable line is a
     :class:`ConfigError` naming the file and the line."""
+    return [record for _, _, record in read_jsonl_lines(path, what)]
+
+
+def read_jsonl_lines(path: str | Path, what: str = "records") -> list[tuple[int, str, Any]]:
+    """(line number, text, record) of each record of ``path``, as :func:`read_jsonl` reads them; the
+    file is read only if it is a regular file (:func:`~fedcontrast.yamlio.read_bytes`: never a FIFO)."""
+    from .yamlio import read_bytes
+
     path = Path(path)
     if not path.exists():
         return []
-    text = path.read_text(errors="replace")
+    text = read_bytes(path, what, limit=MAX_RECORDS_BYTES).decode("utf-8", errors="replace")
     lines = text.split("\n")
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            records.append((number, line, json.loads(line)))
         except json.JSONDecodeError:
             if number == len(lines):  # the unterminated last line: a write the crash cut short
                 logger.warning("%s: its last line (line %d) was cut short by a crash and is left out", path, number)
@@ -36,6 +44,48 @@ def read_jsonl(path: str | Path, what: str = "records") -> list[Any]:
             raise ConfigError(f"line {number} of {path} ({what}) is not a JSON record: the file is damaged; "
                               "restore it from a backup or remove that line") from None
     return records
+
+
+# A run's records are read whole: 4 GiB is far beyond any (1,000 sites' rows of 100 rounds take ~20 MB).
+MAX_RECORDS_BYTES = 4 << 30
+
+
+def read_run_records(path: str | Path, what: str, run: str | None) -> dict[int, tuple[int, str, dict[str, Any]]]:
+    """The records of one run in ``path``, by round: ``{round: (line number, text, record)}``. Every
+    line must be a record (a mapping) of a round (``"round"``, a positive integer) of the run ``run``
+    (``"run"``; None: a run from before records named their run, whose lines name none). A line that
+    names another run, or lacks its run where an earlier line gave one, and a second line for a round
+    that differs from the first, are refused in one :class:`ConfigError` naming the file and the line —
+    a record never silently replaces another; an identical duplicate is dropped. A line without a run
+    before any line with one (written before records were bound to their run) is read as this run's."""
+    path = Path(path)
+    rounds: dict[int, tuple[int, str, dict[str, Any]]] = {}
+    bound = False  # a line named its run: every later line must too
+    for number, text, record in read_jsonl_lines(path, what):
+        where = f"line {number} of {path} ({what})"
+        if not isinstance(record, dict) or isinstance(record.get("round"), bool) \
+                or not isinstance(record.get("round"), int) or record["round"] < 1:
+            raise ConfigError(f"{where} is not a round's record (no round number): the file is damaged; restore it "
+                              "from a backup or remove that line")
+        r, named = record["round"], record.get("run")
+        if named is None:
+            if bound:
+                raise ConfigError(f"{where}, round {r}, names no run where the lines before it name run {run}: it "
+                                  "was not written by this run; remove that line or restore the file from a backup")
+        elif named != run:
+            raise ConfigError(f"{where} is round {r} of another run ({named}; this run is {run or 'unnamed'}): "
+                              "a record of another run never replaces this run's; remove that line or restore the "
+                              "file from a backup")
+        else:
+            bound = True
+        first = rounds.get(r)
+        if first is None:
+            rounds[r] = (number, text, record)
+        elif first[1].strip() != text.strip():
+            raise ConfigError(f"{where} is a second record of round {r} that differs from the first (line {first[0]}):"
+                              " one of them was altered or copied in; remove the wrong one or restore the file from a "
+                              "backup")
+    return rounds
 
 
 def append_jsonl(path: str | Path, record: Any, *, allow_nan: bool = False, sync: bool = True) -> None:

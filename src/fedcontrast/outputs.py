@@ -17,7 +17,26 @@ METRIC_COLUMNS = ("round", "site", "task", "samples", "loss", "accuracy", "bytes
 GLOBAL_SITE = "global"  # the site name of the aggregator's test evaluation rows
 
 
-def metric_row(round_num: int, site: str, task: str, samples: int, metrics: dict[str, float],
+def one_site(count: int | None) -> str:
+    """What follows a figure over the sites when it is one site's alone, not a mean: `` (1 site)``."""
+    return " (1 site)" if count == 1 else ""
+
+
+def sites_evaluated(rows: Sequence[dict[str, Any]], round_num: int) -> int:
+    """How many sites' held-out evaluations of the model after ``round_num`` are in ``rows`` (what
+    the ``global`` row of that round is the weighted mean of)."""
+    return len({r["site"] for r in rows if r.get("task") == "evaluate" and r["site"] != GLOBAL_SITE
+                and int(r["round"]) == round_num and _finite(r.get("accuracy"))})
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def metric_row(round_num: int, site: str, task: str, samples: int | None, metrics: dict[str, float],
                bytes_uploaded: int = 0, bytes_downloaded: int = 0) -> dict[str, Any]:
     """One row of metrics.csv; metrics other than loss and accuracy go to the JSON ``extra`` column."""
     extra = {k: round(float(v), 6) for k, v in sorted(metrics.items()) if k not in ("loss", "accuracy")}
@@ -97,6 +116,7 @@ class SummaryTally:
         self.global_rows: list[dict[str, Any]] = []
         self.uploaded_total, self.uploaded_count = 0, 0  # bytes uploaded, and (round, site) pairs
         self.train_accuracy: dict[int, tuple[float, int]] = {}  # round → (Σ samples × accuracy, Σ samples)
+        self.train_sites: dict[int, set[str]] = {}  # round → the sites in that round's training accuracy
 
     def add(self, rows: Sequence[dict[str, Any]]) -> None:
         uploaded: dict[tuple[int, str], int] = {}  # (round, site) → bytes, over the site's tasks
@@ -110,6 +130,7 @@ class SummaryTally:
                 if r.get("task") == "train" and accuracy is not None and accuracy == accuracy and samples:
                     total, count = self.train_accuracy.get(r["round"], (0.0, 0))  # the sites' training accuracy
                     self.train_accuracy[r["round"]] = (total + samples * accuracy, count + samples)
+                    self.train_sites.setdefault(r["round"], set()).add(r["site"])
         self.uploaded_total += sum(uploaded.values())
         self.uploaded_count += len(uploaded)
 
@@ -133,6 +154,7 @@ class SummaryTally:
             "final_val_accuracy": validation[-1] if validation else None,
             # the sites' accuracy on their own training data in the last round (its last epoch), sample-weighted
             "final_train_accuracy": trained[0] / trained[1] if trained and trained[1] else None,
+            "final_train_sites": len(self.train_sites.get(last[0]["round"], ())) if last else 0,  # 1: no mean
             # the round the validation curve picks, and the test accuracy of that round's model
             "best_round": best + 1 if best is not None else None,
             "best_val_accuracy": validation[best] if best is not None else None,

@@ -3,17 +3,34 @@
 PyYAML keeps the last of two equal keys in a mapping, so a setting written twice (``rounds: 2`` …
 ``rounds: 50``) would silently win or lose depending on its position. Every file read here refuses a
 duplicate key with one sentence naming the key, the file and the line. Writing stays ``yaml.safe_dump``.
+
+Every YAML document is bounded: at most :data:`MAX_YAML_BYTES` of text, and at most
+:data:`MAX_YAML_NODES` nodes once every alias is expanded (the generated plans share one run
+configuration through anchors, so aliases stay allowed; an alias-expansion bomb — "billion laughs" —
+or a structure that contains itself is refused before anything walks it). Every file a party reads
+goes through :func:`read_bytes`, which refuses anything but a regular file (a FIFO, a device or a
+socket would block the reader forever) and a file larger than its limit, before reading it.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .errors import ConfigError
+
+# A plan, a run configuration, a site policy or a collaborator list is a few kB: 1 MiB of YAML is far
+# beyond any of them, and the most a party parses (PyYAML takes seconds per MiB).
+MAX_YAML_BYTES = 1 << 20
+# The most nodes (scalars, sequences, mappings) a YAML document may hold with its aliases expanded; the
+# generated plans hold about a thousand.
+MAX_YAML_NODES = 200_000
+# The most bytes :func:`read_bytes` reads of a file by default (a record, a certificate, a data file).
+MAX_FILE_BYTES = 64 << 20
 
 
 class DuplicateKeyError(yaml.constructor.ConstructorError):
@@ -41,14 +58,72 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
+    def get_single_data(self) -> Any:
+        """The document, its node graph measured (:func:`_expanded_size`) before anything is constructed."""
+        node = self.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node)
+        return self.construct_document(node)
+
+
+class TooLargeError(yaml.YAMLError):
+    """A YAML document that expands past :data:`MAX_YAML_NODES` nodes, or contains itself."""
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """The number of nodes of ``root`` with every alias expanded (an alias is the node it names, shared
+    in the graph PyYAML composes), counted once per node without expanding anything; more than
+    :data:`MAX_YAML_NODES`, or a node that contains itself, raises :class:`TooLargeError`."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            open_nodes.discard(key)
+            total = 1 + sum(sizes[id(child)] for child in _children(node))
+            if total > MAX_YAML_NODES:
+                raise TooLargeError(f"it expands to more than {MAX_YAML_NODES:,} values through its aliases (an "
+                                    "alias-expansion bomb?)")
+            sizes[key] = total
+            continue
+        if key in sizes:
+            continue
+        if key in open_nodes:
+            raise TooLargeError(f"an alias on line {node.start_mark.line + 1} refers to a value that contains it, "
+                                "which never ends when expanded")
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in sizes)
+    return sizes[id(root)]
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
 
 def loads_yaml(text: str, source: str) -> Any:
-    """Parse ``text`` (read from ``source``, named in messages); syntax errors and duplicate keys
-    become one-sentence :class:`ConfigError`."""
+    """Parse ``text`` (read from ``source``, named in messages); syntax errors, duplicate keys, and a
+    document beyond the bounds (:data:`MAX_YAML_BYTES`, :data:`MAX_YAML_NODES`) become one-sentence
+    :class:`ConfigError`."""
+    if len(text) > MAX_YAML_BYTES:
+        raise ConfigError(f"{source} is {len(text):,} characters long, more than the {MAX_YAML_BYTES:,} a YAML file "
+                          "may hold here; it is not a file fedcontrast wrote: replace it")
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 — a SafeLoader subclass
     except DuplicateKeyError as exc:
         raise ConfigError(f"{source}: {exc.problem}; a setting may appear only once, remove one of them") from None
+    except TooLargeError as exc:
+        raise ConfigError(f"{source} is refused, nothing of it was used: {exc}; replace it") from None
+    except RecursionError:
+        raise ConfigError(f"{source} is refused, nothing of it was used: it is nested too deeply to be a file "
+                          "fedcontrast wrote; replace it") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source} is not valid YAML: {str(exc).splitlines()[0]}") from None
 
@@ -57,23 +132,77 @@ def load_yaml_file(path: str | Path, what: str = "file") -> Any:
     """The YAML document in ``path`` (``what`` names the kind of file in messages: "plan", "site
     policy" …); a missing, unreadable or invalid file, or a duplicate key, is a :class:`ConfigError`."""
     p = Path(path)
-    if not p.is_file():
-        if p.is_dir():
-            raise ConfigError(f"{what} {p} is a folder, not a file")
-        if os.path.lexists(p):
-            raise ConfigError(f"{what} {p} is not a regular file" + (" (a link to nothing)" if p.is_symlink() else ""))
-        raise ConfigError(f"{what} {p} does not exist")
-    return loads_yaml(read_text(p, what), f"{what} {p}")
+    return loads_yaml(read_text(p, what, limit=MAX_YAML_BYTES), f"{what} {p}")
 
 
-def read_text(path: str | Path, what: str = "file") -> str:
-    """A text file a party reads (a plan, ``plan/data.yaml``, ``requirements.txt``, a record), decoded as
-    UTF-8; a file that cannot be read or decoded is one :class:`ConfigError` naming it, the line and what to do."""
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+def _kind_problem(p: Path, mode: int) -> str | None:
+    """Why a file of ``mode`` is not read (None: a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a file"
+    kind = next((name for test, name in _KINDS if test(mode)), "a special file")
+    return (f"is {kind}, not a regular file: nothing was read from it (reading it could block for ever); put the "
+            "file itself there")
+
+
+def check_regular_file(path: str | Path, what: str = "file", *, limit: int | None = MAX_FILE_BYTES,
+                       missing_ok: bool = False) -> os.stat_result | None:
+    """``path``'s status when it is a regular file of at most ``limit`` bytes (links followed); else one
+    :class:`ConfigError` naming it — a folder, a FIFO, a device, a socket, a link to nothing, a file too
+    large. Nothing is opened. None when it does not exist and ``missing_ok``."""
     p = Path(path)
     try:
-        data = p.read_bytes()
+        st = os.stat(p)
+    except FileNotFoundError:
+        if os.path.lexists(p):
+            raise ConfigError(f"{what} {p} is not a regular file (a link to nothing)") from None
+        if missing_ok:
+            return None
+        raise ConfigError(f"{what} {p} does not exist") from None
     except OSError as exc:
         raise ConfigError(f"{what} {p} cannot be read ({type(exc).__name__}: {exc.strerror or exc})") from None
+    problem = _kind_problem(p, st.st_mode)
+    if problem:
+        raise ConfigError(f"{what} {p} {problem}")
+    if limit is not None and st.st_size > limit:
+        raise ConfigError(f"{what} {p} is {st.st_size:,} bytes, more than the {limit:,} read here; it is not a file "
+                          "fedcontrast wrote: replace it")
+    return st
+
+
+def read_bytes(path: str | Path, what: str = "file", *, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a file a party reads (a plan, a data file, a certificate, a key, a record): refused in
+    one :class:`ConfigError` naming it, before it is opened, unless it is a regular file of at most
+    ``limit`` bytes (:func:`check_regular_file`); opened without blocking and checked again once open (a
+    file swapped for a FIFO in between is refused too)."""
+    p = Path(path)
+    check_regular_file(p, what, limit=limit)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as f:
+            problem = _kind_problem(p, os.fstat(f.fileno()).st_mode)
+            if problem:
+                raise ConfigError(f"{what} {p} {problem}")
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise ConfigError(f"{what} {p} cannot be read ({type(exc).__name__}: {exc.strerror or exc})") from None
+    if len(data) > limit:
+        raise ConfigError(f"{what} {p} is more than the {limit:,} bytes read here; it is not a file fedcontrast "
+                          "wrote: replace it")
+    return data
+
+
+def read_text(path: str | Path, what: str = "file", *, limit: int = MAX_FILE_BYTES) -> str:
+    """A text file a party reads (a plan, ``plan/data.yaml``, ``requirements.txt``, a record), decoded as
+    UTF-8; a file that cannot be read (:func:`read_bytes`: a folder, a FIFO, too large) or decoded is one
+    :class:`ConfigError` naming it, the line and what to do."""
+    p = Path(path)
+    data = read_bytes(p, what, limit=limit)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

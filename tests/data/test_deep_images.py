@@ -119,3 +119,69 @@ def test_dicom_mr_with_its_own_window_through_the_schema(tmp_path):
     (tmp_path / "b" / "mr.dcm").write_bytes(b"not dicom")
     with pytest.raises(DataError, match=r"image .*mr.dcm cannot be read as DICOM"):
         summarise_folder(tmp_path, schema)
+
+
+def tiny_dicom(path, **numbers):
+    """A tiny 8×8 greyscale DICOM written here (pydicom only), with the given decimal-string attributes
+    (RescaleSlope, WindowWidth …) set verbatim, NaN and infinities included."""
+    pydicom = pytest.importorskip("pydicom")
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.2"
+    meta.MediaStorageSOPInstanceUID = generate_uid()
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds = Dataset()
+    ds.file_meta = meta
+    ds.SOPClassUID, ds.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
+    ds.Rows = ds.Columns = 8
+    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 12, 11, 0
+    ds.PixelData = (np.arange(64, dtype=np.uint16) * 50).tobytes()
+    with __import__("warnings").catch_warnings():
+        __import__("warnings").simplefilter("ignore")  # pydicom warns about the invalid values written on purpose
+        for name, value in numbers.items():
+            ds.add_new(name, "DS", value)
+        ds.save_as(path, enforce_file_format=True)
+    return pydicom
+
+
+@pytest.mark.parametrize("name,value", [("RescaleSlope", "NaN"), ("RescaleSlope", "inf"),
+                                        ("RescaleIntercept", "-inf"), ("WindowCenter", "nan"),
+                                        ("WindowWidth", "Infinity"), ("RescaleSlope", "0")])
+def test_dicom_whose_scaling_is_not_finite_is_refused_at_join_and_at_load(tmp_path, name, value):
+    """Issue 46: a NaN or infinite RescaleSlope/RescaleIntercept/WindowCenter/WindowWidth was accepted at
+    join (the schema's summary) and loaded as an all-NaN image; now one sentence names the file and attribute."""
+    import warnings
+
+    for cls in ("a", "b"):
+        (tmp_path / cls).mkdir()
+        numbers = {"WindowCenter": "100", "WindowWidth": "400"} if name.startswith("Window") else {}
+        tiny_dicom(tmp_path / cls / "ok.dcm")
+        tiny_dicom(tmp_path / cls / "bad.dcm", **{**numbers, name: value})
+    schema = DataSchema((1, 8, 8), ("a", "b"))
+    pattern = rf"DICOM image .*bad\.dcm has {name} "
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(DataError, match=pattern):
+            summarise_folder(tmp_path, schema)  # what site join checks
+        with pytest.raises(DataError, match=pattern):
+            read_deep(tmp_path / "a" / "bad.dcm", 1, 8)
+        with pytest.raises(DataError, match=pattern):
+            load_imagefolder_raw(str(tmp_path), 8, class_names=schema.classes, channels=1)
+        (tmp_path / "a" / "bad.dcm").unlink()
+        (tmp_path / "b" / "bad.dcm").unlink()
+        raw = load_imagefolder_raw(str(tmp_path), 8, class_names=schema.classes, channels=1)
+    assert np.isfinite(raw.train_x).all() and 0 < raw.train_x.mean() < 1
+
+
+def test_every_decoded_image_is_checked_for_finiteness(tmp_path, monkeypatch):
+    """Whatever a reader decodes, a NaN never reaches training: one sentence names the file."""
+    from fedcontrast.data import deep_images
+
+    path = tmp_path / "x.png"
+    Image.fromarray(sixteen_bit(0, (8, 8))).save(path)
+    monkeypatch.setattr(deep_images, "_resize", lambda values, size: np.full((size, size), np.nan, np.float32))
+    with pytest.raises(DataError, match=r"image .*x\.png decodes to values that are not finite"):
+        read_deep(path, 1, 8)

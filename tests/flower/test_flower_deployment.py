@@ -140,7 +140,7 @@ def test_a_federation_on_flower_across_hosts(lab, deployed, algorithm):
     assert summary["rounds_completed"] == 2 and (folder / "run" / "accuracy.png").exists()
     assert not (lab.disk(OPERATOR) / "images").exists()  # the operator holds no site's data
     for site in SITES:  # each site's report and final model stay at the site
-        report = lab.disk(site) / folder.name / "site_report" / site
+        report = lab.disk(site) / folder.name / "site_report" / site / "latest"  # this run's own folder
         assert (report / "final_model.json").exists() and (report / "final_received.pt").exists()
         rounds = [json.loads(line)["round"] for line in (report / "rounds.jsonl").read_text().splitlines()]
         assert rounds == [0, 1, 2]

@@ -31,8 +31,9 @@ def test_the_child_output_passed_on(capfd):
 
 
 def test_a_supernode_says_it_connected(monkeypatch, capsys):
-    def child(command, env, *, watch=None, verbose=False, on_line=None):
+    def child(command, env, *, watch=None, verbose=False, on_line=None, signalled=None, **_):
         on_line(cli_flower.ANSI.sub("", COLOURED_INFO))
+        signalled.append(15)  # then the site stops it (one that ends by itself is started again: test_flower_link.py)
         return 0
 
     monkeypatch.setattr(cli_flower, "_run_child", child)

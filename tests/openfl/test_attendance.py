@@ -122,13 +122,14 @@ def test_a_site_never_started_costs_only_the_first_round(make_workspace):
     assert ("fedcontrast aggregator: federation finished (2 rounds); final model save/final_model.pt, round records "
             f"save/rounds.jsonl (`fedcontrast report {ws}` prints them and writes accuracy.png, rounds.csv and "
             f"summary.json), log {ws / 'logs' / 'aggregator.log'}; each site's outputs are in its own workspace, "
-            "local_state/site_report/<site>/") in said, said[-2000:]
+            "local_state/site_report/<site>/<run>/") in said, said[-2000:]
     for site in ("site_0", "site_1"):
         said = " ".join((ws / "logs" / f"{site}.log").read_text().split())
+        run = (ws / "local_state" / "site_report" / site / "latest").resolve().name  # this run's own folder
         assert (f"fedcontrast collaborator: {site} finished the federation (2 rounds); its outputs are in "
-                f"local_state/site_report/{site}/ (rounds.csv, rounds.jsonl, accuracy.png, final_model.pt; "
+                f"local_state/site_report/{site}/{run}/ (rounds.csv, rounds.jsonl, accuracy.png, final_model.pt; "
                 f"`fedcontrast report {ws}` prints its rows), log {ws / 'logs' / f'{site}.log'}") in said, said[-2000:]
-        assert (ws / "local_state" / "site_report" / site / "final_model.pt").is_file()
+        assert (ws / "local_state" / "site_report" / site / run / "final_model.pt").is_file()
     started = time.monotonic()
     proc = start(ws, ["aggregator", "start"], "restarted.log")
     try:

@@ -63,7 +63,7 @@ def check_what_the_site_takes_home(lab, exp, site, records, monkeypatch):
     """The site's own report (the figures the aggregator recorded for it, plus its bytes), its plot
     and the final model, in its own workspace; the final model scores what the report states."""
     ws = exp.workspace(lab, site)
-    folder = ws / "local_state" / "site_report" / site
+    folder = ws / "local_state" / "site_report" / site / "latest"  # this run's own folder
     rows = read_rows(folder)
     assert [r["round"] for r in rows] == [0, 1, 2]
     for record in records:

@@ -340,6 +340,44 @@ def test_a_second_certificate_for_a_site_is_signed_only_after_the_first_is_revok
     assert "holds no certificate for hosp2 to revoke" in capsys.readouterr().err
 
 
+def test_a_revoked_key_is_never_signed_again_under_any_name(tmp_path, capsys):
+    """Issue 46: after `ca revoke`, the same request (the revoked key) was signed again without a word.
+    The revocation record keeps the revoked public key; a request carrying it is refused in one
+    sentence, under the same name or another, also for revocations recorded before (from the revoked
+    certificate kept in cert/revoked/). A new key is signed."""
+    import json
+    import re
+
+    ws = operator_workspace(tmp_path)
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    first = csr_package(tmp_path / "a", "hosp1", "hosp1", key=key)
+    sign_request(ws, first, confirm=lambda s, h: True, site="hosp1", log=lambda m: None)
+    assert main(["ca", "revoke", str(ws), "hosp1", "--reason", "key lost with the laptop"]) == 0
+    [record] = [json.loads(line) for line in (ws / "cert" / "revoked.jsonl").read_text().splitlines()]
+    from fedcontrast.privacy.secagg import fingerprint
+
+    revoked = fingerprint(key.public_key())
+    assert record["public_key"] == revoked
+    said = (re.escape(f"refused to sign col_hosp1_to_agg_cert_request.zip: its public key {revoked} is the key of "
+                      "hosp1's certificate revoked on ") + r"\d{4}-\d\d-\d\d \(key lost with the laptop\), and a revoked "
+            r"key is never signed again")
+    capsys.readouterr()
+    assert main(["ca", "sign", str(ws), str(first), "--site", "hosp1", "--yes"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(said, err), err
+    assert not (ws / "cert" / "client" / "col_hosp1.crt").exists()
+    with pytest.raises(DeploymentError, match=r"its public key .* is the key of hosp1's certificate revoked"):
+        sign_request(ws, csr_package(tmp_path / "b", "hosp2", "hosp2", key=key), confirm=lambda s, h: True,
+                     site="hosp2")  # the same key for another site
+    (ws / "cert" / "revoked.jsonl").write_text(json.dumps({k: v for k, v in record.items() if k != "public_key"})
+                                               + "\n")  # recorded before the key was
+    with pytest.raises(DeploymentError, match=re.escape(f"its public key {revoked} is the key of hosp1's")):
+        sign_request(ws, first, confirm=lambda s, h: True, site="hosp1")
+    renewed = sign_request(ws, csr_package(tmp_path / "c", "hosp1", "hosp1"), confirm=lambda s, h: True,
+                           site="hosp1", log=lambda m: None)  # a new key: signed
+    assert renewed.site == "hosp1" and (ws / "cert" / "client" / "col_hosp1.crt").exists()
+
+
 def test_a_site_does_not_install_a_certificate_issued_for_another_name(tmp_path):
     from fedcontrast.openfl.institution_flows import import_certificate
     from fedcontrast.openfl.doctor import FAIL, check_certificate

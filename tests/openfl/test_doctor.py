@@ -88,3 +88,25 @@ def test_a_data_line_without_a_comma_is_a_failed_check_with_its_line(tmp_path, p
                       "OpenFL would stop on it: correct it, or write this site's line again with `fedcontrast site "
                       "join`"]
     assert err.startswith("fedcontrast doctor: 1 check failed (data)")
+
+
+def test_a_sites_report_mixing_runs_is_named_in_its_workspace(tmp_path, pki, capsys):
+    """Issue 46: a site's take-home table holding rows of two experiments (the layout from before per-run
+    folders, no run label) is a failed check naming the file; a report kept per run passes."""
+    import json
+
+    from fedcontrast.site.report import SiteReport
+
+    ws = site_workspace(tmp_path, pki)
+    old = ws / "local_state" / "site_report" / "site_0"
+    old.mkdir(parents=True)
+    (old / "rounds.jsonl").write_text("".join(json.dumps({"round": r, "rounds": n}) + "\n"
+                                              for r, n in ((1, 4), (4, 4), (5, 5))))
+    code, lines, err = doctor(ws, capsys, "--name", "site_0")
+    assert code == 1 and "(report)" in err
+    [failed] = [line for line in lines if line.startswith("FAIL")]
+    assert failed.startswith(f"FAIL  report: site_0: {old / 'rounds.jsonl'} holds rows of at least 2 runs")
+    (old / "rounds.jsonl").unlink()
+    SiteReport(old, "site_0", 2, None, run="fed_1a2b3c4d").evaluated(0, {"accuracy": 0.5}, 10, 0)
+    code, lines, _ = doctor(ws, capsys, "--name", "site_0")
+    assert code == 0 and lines[-1].startswith("OK    report: site_0: run fed_1a2b3c4d: its report reaches round 0")

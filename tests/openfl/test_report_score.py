@@ -27,7 +27,7 @@ def site_workspace(tmp_path, *, finished=True):
         packed = pack({k: v + 0.05 * torch.randn(v.shape, generator=generator) if v.is_floating_point() else v
                        for k, v in received.items()}, runner.global_specs)
         run_rounds(config, ws / "local_state" / "sites", [2], input_packed=packed)
-    return ws, ws / "local_state" / "site_report" / "site_0"
+    return ws, ws / "local_state" / "site_report" / "site_0" / "latest"  # this run's folder (site/report.py)
 
 
 def report(capsys, *args):
@@ -72,7 +72,8 @@ def test_score_without_the_sites_data_folder_is_refused(tmp_path, capsys):
 
 def test_several_sites_reports_need_a_name(tmp_path, capsys):
     ws, folder = site_workspace(tmp_path)
-    shutil.copytree(folder, folder.parent / "site_1")  # the local demo: every collaborator on one disk
+    shutil.copytree(folder.parent, folder.parent.parent / "site_1", symlinks=True)  # the local demo: every
+    # collaborator on one disk
     code, out, err = report(capsys, ws, "--score")
     assert code == 2 and out == ""
     assert err.strip().endswith("holds the reports of 2 sites (site_0, site_1); say which one with --name")

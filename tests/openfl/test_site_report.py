@@ -44,7 +44,7 @@ def test_site_report_has_a_row_per_round_with_epsilon_against_the_budget_and_sur
     policy = SitePolicy(max_epsilon=50.0)
     runner, loader = run_rounds(config, tmp_path / "sites", [0, 1], policy=policy)
     run_rounds(config, tmp_path / "sites", [1, 2], policy=policy)  # restarted: round 1 redone, then the final round
-    folder = tmp_path / "site_report" / "site_0"
+    folder = tmp_path / "site_report" / "site_0" / "latest"  # this run's own folder (site/report.py)
     rows = read_rows(folder)
     assert [r["round"] for r in rows] == [0, 1, 2]  # keyed by round: the redone round is not repeated
     planned = planned_epsilon(config.privacy, config.training, n=len(loader.train), rounds=2)
@@ -76,7 +76,7 @@ def test_final_model_at_the_site_scores_what_its_report_states(tmp_path, algorit
     packed = pack({k: v + 0.05 * torch.randn(v.shape, generator=generator) if v.is_floating_point() else v
                    for k, v in received.items()}, runner.global_specs)
     run_rounds(config, tmp_path / "sites", [2], input_packed=packed)
-    folder = tmp_path / "site_report" / "site_0"
+    folder = tmp_path / "site_report" / "site_0" / "latest"  # this run's own folder (site/report.py)
     final = read_rows(folder)[-1]
     assert final["round"] == 2 and final["accuracy"] is not None
     info = json.loads((folder / "final_model.json").read_text())

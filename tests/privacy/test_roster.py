@@ -156,7 +156,8 @@ def test_the_roster_block_is_a_policy_and_its_digest_covers_members_keys_thresho
                              (("--federation", "hospitals-2026"), {**keys, "hosp5": ec.generate_private_key(
                                  ec.SECP384R1())}),
                              (("--federation", "hospitals-2026"), {s: keys[s] for s in HOSPITALS[:4]}),
-                             (("--federation", "hospitals-2026"), {**keys, "hosp6": keys["hosp5"]})]:
+                             (("--federation", "hospitals-2026"), {**keys, "hosp6": ec.generate_private_key(
+                                 ec.SECP384R1())})]:  # a key of its own: one key under two names is refused
         for stale in tmp_path.glob("*.pub"):
             stale.unlink()
         seen.add(roster_of(tmp_path, capsys, changed, *options)[1])
@@ -263,3 +264,32 @@ def test_the_audit_shows_the_roster_a_policy_pins_and_a_plan_names_its_federatio
     captured = capsys.readouterr()
     assert "VIOLATION: the plan's secure sum is not the federation the sites pinned" in captured.out
     assert "it leaves out hosp6" in captured.out and "threshold 5 of 6 (the default ⌊2n/3⌋ + 1)" in captured.out
+
+
+def test_one_key_under_two_site_names_is_refused_naming_both(tmp_path, capsys):
+    """Issue 46: the same key registered for hosp1 and hosp2 (in a Flower operator's registry, or as two
+    key files) passed `site roster`: whoever holds it could speak for both sites. Refused in one
+    sentence naming both sites; a policy that pins one key for two sites is refused too."""
+    key = ec.generate_private_key(ec.SECP384R1())
+    other = ec.generate_private_key(ec.SECP384R1())
+    flower = tmp_path / "flower"
+    flower.mkdir()
+    (flower / "sites.json").write_text(json.dumps({s: {"node_id": i, "fingerprint": "x",
+                                                       "public_key": openssh(k).decode()}
+                                                   for i, (s, k) in enumerate((("hosp1", key), ("hosp2", key),
+                                                                               ("hosp3", other)))}))
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "hosp1.pub").write_bytes(openssh(other) + b"\n")
+    (files / "hosp4.pub").write_bytes(openssh(other) + b"\n")
+    shown = fingerprint(key.public_key())
+    for source, (a, b, fp) in ((flower, ("hosp1", "hosp2", shown)),
+                               (files, ("hosp1", "hosp4", fingerprint(other.public_key())))):
+        assert main(["site", "roster", str(source)]) != 0
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+        assert f"sites {a} and {b} have the same key {fp}" in err and "one party could speak for both sites" in err
+    from fedcontrast.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"policy peers: sites hosp1 and hosp2 are pinned to the same key {shown}"):
+        SitePolicy(require_secure_aggregation=True, peers={"hosp1": shown, "hosp2": shown})

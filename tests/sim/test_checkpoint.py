@@ -20,6 +20,15 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
+def rows_lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def without_run(path):
+    """The lines of a rows file without the run id each names (two runs' rows, compared)."""
+    return [{k: v for k, v in line.items() if k != "run"} for line in rows_lines(path)]
+
+
 @pytest.mark.parametrize("drop", ["federation", "elapsed", "federation.site_states.site_1",
                                   "federation.downlink.global"])
 def test_checkpoint_missing_keys_is_refused_naming_the_file(tmp_path, tiny_config, drop):
@@ -95,11 +104,14 @@ def test_a_round_written_beside_a_checkpoint_that_does_not_count_it_is_dropped_o
     run_simulation(config, tmp_path / "full")
     killed = tmp_path / "killed"
     run_simulation(config, killed, stop_after=1)
+    run = torch.load(killed / "checkpoint.pt", weights_only=True)["run"]  # the run's id, on each of its lines
     with open(killed / ROWS_FILE, "a") as f:  # killed after round 2's rows, before its checkpoint: and mid-line
-        f.write(json.dumps({"round": 2, "rows": [{"round": 2, "site": "site_0"}]}) + "\n" + '{"round": 3, "ro')
+        f.write(json.dumps({"round": 2, "run": run, "rows": [{"round": 2, "site": "site_0"}]}) + "\n"
+                + '{"round": 3, "ro')
     run_simulation(config, killed, resume=True)
     assert read_csv(killed / "metrics.csv") == read_csv(tmp_path / "full" / "metrics.csv")
-    assert (killed / ROWS_FILE).read_text() == (tmp_path / "full" / ROWS_FILE).read_text()
+    assert without_run(killed / ROWS_FILE) == without_run(tmp_path / "full" / ROWS_FILE)  # each run its own id
+    assert {line["run"] for line in rows_lines(killed / ROWS_FILE)} == {run}
     assert json.loads((killed / "summary.json").read_text())["accuracy_curve"] == \
         json.loads((tmp_path / "full" / "summary.json").read_text())["accuracy_curve"]
 
@@ -130,7 +142,7 @@ def test_a_format_1_checkpoint_with_its_rows_inside_still_resumes(tmp_path, tiny
     (old / ROWS_FILE).unlink()
     run_simulation(config, old, resume=True)
     assert read_csv(old / "metrics.csv") == read_csv(tmp_path / "full" / "metrics.csv")
-    assert (old / ROWS_FILE).read_text() == (tmp_path / "full" / ROWS_FILE).read_text()  # digests of round 1 too
+    assert without_run(old / ROWS_FILE) == without_run(tmp_path / "full" / ROWS_FILE)  # digests of round 1 too
 
 
 def test_summary_kept_round_by_round_equals_the_summary_counted_by_hand():
@@ -187,10 +199,54 @@ def test_a_missing_or_damaged_file_of_rows_is_refused_in_one_sentence_and_kept(t
     else:
         line = json.loads(rows.read_text())
         rows.write_text(json.dumps({**line, "digests": ["not", "a", "mapping"]}) + "\n")
-        said = (f"cannot resume from {run / 'checkpoint.pt'}: a line of {rows} is not a round's record (round, rows, "
+        said = (f"cannot resume from {run / 'checkpoint.pt'}: line 1 of {rows} is not a round's record (round, rows, "
                 "digests); the file is damaged and was left untouched")
     saved = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     with pytest.raises(CheckpointError) as info:
         run_simulation(tiny_config.replace(rounds=2), run, resume=True)
     assert str(info.value) == said
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == saved
+
+
+def test_every_line_of_the_rows_is_bound_to_its_run_and_round_on_resume(tmp_path, tiny_config):
+    """Issue 46: a line of another run, or an altered second line of a round, silently replaced that
+    round's records on resume. Each line now names its run; such a line is refused in one sentence
+    naming the file and the line, and nothing is changed; an identical duplicate is dropped."""
+    import shutil
+
+    config = tiny_config.replace(rounds=3)
+    base = tmp_path / "base"
+    run_simulation(config, base, stop_after=2)
+    run = torch.load(base / "checkpoint.pt", weights_only=True)["run"]
+    lines = (base / ROWS_FILE).read_text().splitlines()
+    assert [json.loads(line)["run"] for line in lines] == [run, run]
+    first = json.loads(lines[0])
+
+    def variant(name, text):
+        folder = tmp_path / name
+        shutil.copytree(base, folder)
+        (folder / ROWS_FILE).write_text(text)
+        return folder
+
+    foreign = json.dumps({**first, "run": "0123456789ab"})  # round 1, as another run wrote it
+    altered = json.dumps({**first, "rows": [{**row, "accuracy": 0.99} for row in first["rows"]]})
+    cases = {
+        "other_run": ("\n".join([foreign, lines[1]]) + "\n",
+                      r"line 1 of .*checkpoint.rows.jsonl \(metrics rows of the finished rounds\) is round 1 of "
+                      r"another run \(0123456789ab; this run is " + run + r"\)"),
+        "altered_copy": ("\n".join([*lines, altered]) + "\n",
+                         r"line 3 of .*checkpoint.rows.jsonl \(metrics rows of the finished rounds\) is a second "
+                         r"record of round 1 that differs from the first \(line 1\)"),
+        "no_run": ("\n".join([lines[0], json.dumps({k: v for k, v in json.loads(lines[1]).items() if k != "run"})])
+                   + "\n", r"line 2 of .*checkpoint.rows.jsonl .*round 2, names no run"),
+    }
+    for name, (text, pattern) in cases.items():
+        folder = variant(name, text)
+        saved = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+        with pytest.raises(CheckpointError, match=r"cannot resume from .*checkpoint.pt: " + pattern):
+            run_simulation(config, folder, resume=True)
+        assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == saved, name  # left untouched
+
+    same = variant("identical_copy", "\n".join([*lines, lines[0]]) + "\n")  # the same line twice: dropped
+    run_simulation(config, same, resume=True)
+    assert [(line["round"], line["run"]) for line in rows_lines(same / ROWS_FILE)] == [(1, run), (2, run), (3, run)]

@@ -28,11 +28,26 @@ SETTINGS = ["--dataset", "digits", "--clients", "8", "--rounds", "2", "--local-e
             "--site-cpus", "1", "--quiet"]
 
 
-def ray_processes() -> set[int]:
-    """Ray's daemons and workers on this machine (raylet, gcs_server, ray:: workers)."""
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    return {int(line.split()[0]) for line in out.splitlines()
-            if any(name in line for name in ("raylet", "gcs_server", "ray::", "default_worker.py"))}
+RAY_NAMES = ("raylet", "gcs_server", "ray::", "default_worker.py")
+
+
+def is_ray(pid: int) -> bool:
+    """Whether ``pid`` is alive and one of Ray's daemons or workers."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    return any(name in args for name in RAY_NAMES)
+
+
+def lab_ray_processes(lab: NetnsLab) -> set[int]:
+    """The Ray processes inside this test's own network namespaces: those it started (another user's
+    Ray run on the machine is not counted)."""
+    pids: set[int] = set()
+    for host in lab.hosts:
+        out = subprocess.run(["ip", "netns", "pids", lab.namespace(host)], capture_output=True, text=True).stdout
+        pids |= {int(p) for p in out.split() if p.isdigit() and is_ray(int(p))}
+    return pids
 
 
 def start_node(lab: NetnsLab, host: str, args: list[str], env: dict[str, str], cwd: Path) -> None:
@@ -42,7 +57,6 @@ def start_node(lab: NetnsLab, host: str, args: list[str], env: dict[str, str], c
 
 
 def test_sites_spread_over_a_ray_head_and_worker_on_two_hosts_equal_the_sequential_run(tmp_path):
-    before = ray_processes()
     short = Path(tempfile.mkdtemp(prefix="fcray"))  # Ray's sockets need a short path
     token = short / "token"
     token.write_text(secrets.token_hex(32))
@@ -74,11 +88,13 @@ def test_sites_spread_over_a_ray_head_and_worker_on_two_hosts_equal_the_sequenti
             assert f"the Ray cluster at {head} refused this machine: it asks for its token" in stranger.stderr
             assert "Traceback" not in stranger.stderr and len(stranger.stderr.strip().splitlines()) == 1
             namespaces = [lab.namespace(h) for h in lab.hosts]
+            started = lab_ray_processes(lab)
+            assert started  # the head's and the worker's daemons, seen where the test started them
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert not any(ns in listed for ns in namespaces)
         deadline = time.monotonic() + 10
-        while ray_processes() - before and time.monotonic() < deadline:
+        while any(is_ray(p) for p in started) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert ray_processes() - before == set()  # the lab killed every Ray process the test started
+        assert not [p for p in started if is_ray(p)]  # the lab killed every Ray process the test started
     finally:
         shutil.rmtree(short, ignore_errors=True)

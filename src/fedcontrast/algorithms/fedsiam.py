@@ -112,6 +112,12 @@ class FedSiamDA(Algorithm):
     Hyperparameters = FedSiamHyperparameters
     evaluates_local_models = True
 
+    @property
+    def uploads_follow_global(self) -> bool:
+        """Each upload starts from the received global model (the upload screen's stale-upload check,
+        :mod:`fedcontrast.robust.replay`); not under ``local_start: previous``."""
+        return self.hp.local_start == "global"
+
     def validate_training(self, training: TrainingConfig) -> None:
         if training.batch_size < 2:  # BatchNorm in h needs two samples per batch
             raise ConfigError("fedsiam_da needs training.batch_size >= 2 (BatchNorm in the prediction head)")

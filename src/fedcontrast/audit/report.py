@@ -285,14 +285,16 @@ def shard_sizes(config: RunConfig) -> list[int]:
 
 def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = None,
                sites: list[tuple[str, str]] | None = None, site_samples: dict[str, int] | None = None,
-               policy: Any = None, site: str | None = None) -> AuditReport:
+               policy: Any = None, site: str | None = None, cert_dir: Path | None = None) -> AuditReport:
     """The facts of ``plan``. ``sites`` (name, data) defaults to the workspace's ``plan/data.yaml``;
     ``site_samples`` gives a site's sample count (e.g. from its own policy) instead of the partition's;
     ``policy`` (a site's :class:`~.policy.SitePolicy`) decides what that site lets leave besides its
     uploads (its count public or noised, metrics shared or withheld; default: the plan's defaults).
 
     At a site (its data line's folder exists here, or ``site`` names it) that site is counted from
-    its own data, and nothing is computed for the others: their data is not on this machine."""
+    its own data, and nothing is computed for the others: their data is not on this machine (given
+    ``sites`` and a ``workspace``, ``site`` names the one of them whose folder is here). ``cert_dir``:
+    the certificates listed (default: the workspace's ``cert/``; a Flower folder's are elsewhere)."""
     from ..construction import build_algorithm, initial_model
     from ..deploy.workspace import SHARD_PREFIX
 
@@ -335,7 +337,8 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
     lines = []
     sizes: list[int] | None = None
     rows = sites if sites is not None else _site_data(workspace, config)
-    here = _sites_here(rows, workspace, config, site) if sites is None and workspace is not None else []
+    here = (_sites_here(rows, workspace, config, site)
+            if workspace is not None and (sites is None or site is not None) else [])
     minimum = algorithm.shared_class_minimum()
     for name, data in rows:
         samples, note, classes, held_out, under = (site_samples or {}).get(name), "given", None, None, None
@@ -361,7 +364,8 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
                                       count=not choices.exact_count)
             eps_round, eps_total = planned.per_round, planned.total
         lines.append(SiteLine(name, data, samples, note, eps_round, eps_total, classes, held_out, under))
-    certs = read_certificates(workspace / "cert") if workspace is not None else None
+    certs = read_certificates(cert_dir if cert_dir is not None else workspace / "cert") \
+        if workspace is not None else None
     from ..provenance import code_lines, read_requirements
 
     code = code_lines(config.algorithm, read_requirements(workspace / "requirements.txt") if workspace else None)

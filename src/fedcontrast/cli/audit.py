@@ -16,14 +16,26 @@ def cmd_public_fingerprint(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     import json
+    from pathlib import Path
 
     from ..audit.format import format_report, format_roster, roster_facts
     from ..audit.report import audit_plan, load_plan
     from ..privacy.policy import SitePolicy, check_policy, compared_guarantee
 
-    plan, workspace = load_plan(args.target)
     policy = SitePolicy.from_yaml(args.policy) if args.policy else None
-    report = audit_plan(plan, source=str(args.target), workspace=workspace, policy=policy, site=args.site)
+    target = Path(args.target)
+    flower = None
+    if target.is_dir() and not (target / "plan" / "plan.yaml").is_file():  # a Flower folder: its own plan
+        from ..flower.folders import audit_plan_of, folder_kind
+
+        if folder_kind(target) is not None:
+            flower = audit_plan_of(target, args.site)
+    if flower is not None:
+        report = audit_plan(flower["plan"], source=flower["source"], workspace=flower["workspace"], policy=policy,
+                            sites=flower.get("sites"), site=flower.get("site"), cert_dir=flower["cert_dir"])
+    else:
+        plan, workspace = load_plan(args.target)
+        report = audit_plan(plan, source=str(args.target), workspace=workspace, policy=policy, site=args.site)
     # At a site, its policy bounds its own ε: the others' data (and ε) are not known there.
     violations = check_policy(report, policy, sites=report.here or None) if policy else []
     compared = compared_guarantee(report, policy) if policy else None
@@ -57,7 +69,8 @@ def _add_public(sub: argparse._SubParsersAction) -> None:
 def _add_audit(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("audit", help="what leaves each site under a plan, its DP guarantee and transport; "
                                      "optionally checked against a policy (exit 1 on a violation)")
-    p.add_argument("target", metavar="WORKSPACE_OR_PLAN")
+    p.add_argument("target", metavar="WORKSPACE_OR_PLAN", help="an OpenFL workspace or plan file, or a Flower folder "
+                                                                "(the operator's, its run/ folder, a site's --workdir)")
     p.add_argument("--policy", help="a site policy YAML file (see policies/example-site.yaml)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--site", help="the site whose data is on this machine (default: the data.yaml line whose folder "

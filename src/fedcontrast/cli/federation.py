@@ -224,8 +224,10 @@ def cmd_federation(args: argparse.Namespace) -> int:
     val, best = summary.get("final_val_accuracy"), summary.get("best_round")
     picked = (f"; best round by validation {best} (test {summary['best_accuracy']:.4f})"
               if best is not None and summary.get("best_accuracy") is not None else "")
+    released = sum(1 for v in summary["final_site_accuracy"].values() if v is not None)
+    mean = ("1 site: its own held-out data, no mean" if released == 1 else "weighted mean of their own held-out data")
     print(f"final global test accuracy {no_acc if acc is None else f'{acc:.4f}'}, at the sites "
-          f"{'n/a' if sites is None else f'{sites:.4f}'} (weighted mean of their own held-out data), validation "
+          f"{'n/a' if sites is None else f'{sites:.4f}'} ({mean}), validation "
           f"{'n/a' if val is None else f'{val:.4f}'} (the sites' validation parts){picked}, after "
           f"{summary['rounds_completed']} rounds ({time.perf_counter() - t0:.0f} s); {final}; results in {run_dir}")
     return 0

@@ -29,6 +29,13 @@ CONNECTED_MARKER = "SuperNode ID:"  # Flower's INFO line once the SuperLink acce
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # colour and cursor codes
 FLOWER_CHATTER = re.compile(r"^(DEBUG|INFO)\s*(\d[\d:,. -]*)?:")  # Flower's own INFO/DEBUG lines (flwr's format)
 FINISHED_MARKER = "fedcontrast: finished:"  # the ServerApp's last line, streamed by flwr run
+RUN_NOT_RUNNING = re.compile(r"Run ID (\d+) is not in `RUNNING` status")  # Flower's SuperNode, at INFO
+FLOWER_RETRY = "Connection attempt failed, retrying"  # Flower's WARNING, at every attempt
+FLOWER_RETRIED = "Connection successful after"  # its INFO line once the SuperLink answers again
+FLOWER_GAVE_UP = "Giving up reconnection"  # its WARNING before the error it gives up on
+FLOWER_TLS = "SSL/TLS handshake error detected"  # its ERROR before it gives up on a certificate
+TRACEBACK_STARTS = ("Traceback (most recent call last)", "Exception in thread", "During handling of the above",
+                    "The above exception was the direct cause")
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -104,6 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_command,
     )
     from ..flower.runs import check_run_folder, progress
+    from ..outputs import one_site
 
     folder, config, _ = load_operator(args.directory)
     command = run_command(folder)
@@ -114,8 +122,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         state = "resume"  # every round done, the final evaluation not: the resumed run does it
     if state == "finished":
         held = progress(folder / RUN_DIR) or {}
+        acc = result.get("final_accuracy")
         print(f"this run finished already ({held.get('rounds_done')} rounds): the sites' held-out accuracy of the "
-              f"final model {result.get('final_accuracy')}; outputs in {folder / RUN_DIR}")
+              f"final model {'n/a' if acc is None else f'{acc:.4f}'}{one_site(result.get('final_sites'))}; outputs in "
+              f"{folder / RUN_DIR}")
         return 0
     given = {"round-timeout": args.round_timeout, "start-timeout": args.start_timeout}
     check_min_sites(config, args.min_sites)
@@ -136,8 +146,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 1
     if not any(FINISHED_MARKER in line for line in streamed):  # the ServerApp's own line said it already
         acc = result.get("final_accuracy")
-        print(f"finished: the sites' held-out accuracy of the final model {'n/a' if acc is None else f'{acc:.4f}'}; "
-              f"outputs in {folder / RUN_DIR}")
+        print(f"finished: the sites' held-out accuracy of the final model {'n/a' if acc is None else f'{acc:.4f}'}"
+              f"{one_site(result.get('final_sites'))}; outputs in {folder / RUN_DIR}")
     return 0
 
 
@@ -197,26 +207,94 @@ def _stop_when_gone(worker: subprocess.Popen, name: str) -> threading.Event:
     return stopping
 
 
+class _Attempt:
+    """What ``flower supernode`` reads in the output of one start of its SuperNode (or node): whether
+    it connected, and Flower's own lines said in fedcontrast's sentences instead (``flower``: Flower's
+    SuperNode; the site's own node says them itself, flower/link.py)."""
+
+    def __init__(self, args: argparse.Namespace, *, flower: bool, again: bool) -> None:
+        self.args, self.flower, self.again = args, flower, again
+        self.seen: list[str] = []
+        self.connected = False
+        self.waiting = False  # the SuperLink did not answer Flower's SuperNode's last call
+        self.gave_up = False  # Flower's SuperNode gave up on its SuperLink
+
+    def line(self, line: str) -> bool:
+        """Reads one line; True when Flower's SuperNode is done though it goes on running (it gave up on
+        its SuperLink: it logs the error and waits forever)."""
+        self.seen.append(line)
+        name, superlink = self.args.name, self.args.superlink
+        if self.flower and self.connected and self.gave_up and line.startswith("ERROR"):
+            return True  # the error it gave up on: said by _superlink_ended
+        self.gave_up = self.gave_up or FLOWER_GAVE_UP in line
+        if CONNECTED_MARKER in line:
+            self.connected = True
+            print(f"{name}: connected {'again ' if self.again else ''}to the SuperLink at {superlink}; waiting for the "
+                  "operator's run", flush=True)
+        if not self.flower:
+            return False
+        if self.connected and FLOWER_RETRY in line and not self.waiting:  # once, not Flower's line per attempt
+            self.waiting = True
+            print(f"{name}: the SuperLink at {superlink} does not answer; its SuperNode tries again for up to "
+                  f"{self.args.wait:g} s (--wait)", flush=True)
+        if FLOWER_RETRIED in line and self.waiting:
+            self.waiting = False
+            print(f"{name}: the SuperLink at {superlink} answers again", flush=True)
+        ended = RUN_NOT_RUNNING.search(line)
+        if ended:  # Flower's SuperNode drops the run's message, at INFO
+            print(f"{name}: the run {ended.group(1)} ended at the operator: it was stopped before this site's answer "
+                  "reached the SuperLink (the operator's console says why); waiting for the operator's next run",
+                  flush=True)
+        return False
+
+    def show(self, line: str) -> bool:
+        """Whether Flower's line is passed on: not its retries (said once), nor the error it gave up on
+        (said by :func:`_superlink_ended`), nor, when it is started again after its SuperLink forgot it,
+        its refusals before it is let in (said once)."""
+        if self.connected and (FLOWER_GAVE_UP in line or FLOWER_TLS in line
+                               or (self.gave_up and line.startswith("ERROR"))):
+            return False  # said by _superlink_ended
+        return (self.connected or not self.again) and FLOWER_RETRY not in line
+
+
 def _supernode(args: argparse.Namespace, command: list[str]) -> int:
     from ..flower.deploy import key_fingerprint, public_of_private, site_env
 
+    flower = "fedcontrast.flower.node" not in command  # Flower's SuperNode, not the site's own node
     deadline = time.monotonic() + args.retry_refused
+    again, told = False, False  # started again after its SuperLink forgot it; its refusal said
     while True:
-        seen: list[str] = []
-
-        def connected(line: str) -> None:
-            if CONNECTED_MARKER in line:
-                print(f"{args.name}: connected to the SuperLink at {args.superlink}; waiting for the operator's run",
-                      flush=True)
-
-        code = _run_child(command, site_env(), watch=seen, verbose=args.verbose, on_line=connected)
-        refused = code != 0 and any(m in line for line in seen for m in REFUSED_MARKERS)
+        attempt = _Attempt(args, flower=flower, again=again)
+        signalled: list[int] = []
+        code = _run_child(command, site_env(), verbose=args.verbose, on_line=attempt.line, signalled=signalled,
+                          hide_traceback=_forgotten if flower else None,
+                          show=attempt.show if flower and not args.verbose else None)
+        if signalled:  # stopped by the site
+            return code
+        if attempt.connected and flower:
+            sentence, restart = _superlink_ended(args, attempt.seen, code)
+            if not restart:
+                print(f"fedcontrast flower supernode: error: {args.name}: {sentence}", flush=True)
+                return code or 1
+            print(f"{args.name}: {sentence}", flush=True)
+            again, told, deadline = True, False, time.monotonic() + max(args.wait, args.retry_refused)
+            continue
+        # refused at start only: a node that was connected said itself why it ended (flower/link.py)
+        refused = code != 0 and not attempt.connected and any(m in line for line in attempt.seen
+                                                              for m in REFUSED_MARKERS)
         if not refused or time.monotonic() >= deadline:
             break
         # A SuperNode stopped less than two heartbeats (60 s) ago still counts as connected: its key
-        # is refused until the SuperLink notices; try again.
-        print(f"fedcontrast: the SuperLink refused this SuperNode for now; trying again in {REFUSED_RETRY_S:g} s",
-              flush=True)
+        # is refused until the SuperLink notices; try again. Started again after its SuperLink forgot it:
+        # the operator registers its key at the next experiment's SuperLink.
+        if again and not told:
+            print(f"{args.name}: the SuperLink at {args.superlink} does not let this site's key in yet; asking again "
+                  f"for up to {max(args.wait, args.retry_refused):g} s while the operator registers it (`fedcontrast "
+                  "flower register DIR --carried`)", flush=True)
+        elif not again:
+            print(f"fedcontrast: the SuperLink refused this SuperNode for now; trying again in {REFUSED_RETRY_S:g} s",
+                  flush=True)
+        told = True
         time.sleep(REFUSED_RETRY_S)
     if refused:
         fingerprint = key_fingerprint(public_of_private(Path(args.key)))
@@ -224,6 +302,34 @@ def _supernode(args: argparse.Namespace, command: list[str]) -> int:
                           f"operator has not registered it (send {Path(args.key).with_suffix('.pub').name} to the "
                           "operator: `fedcontrast flower register`), or a SuperNode with this key is connected already")
     return code
+
+
+def _forgotten(line: str) -> bool:
+    """Whether a traceback of Flower's SuperNode ended on this line because its SuperLink no longer
+    knows it (its heartbeat thread's 401): said in one sentence instead (:func:`_superlink_ended`)."""
+    return "401 Unauthorized" in line
+
+
+def _superlink_ended(args: argparse.Namespace, seen: list[str], code: int) -> tuple[str, bool]:
+    """Why Flower's SuperNode, connected until then, ended by itself (not stopped by the site), in one
+    sentence, and whether to start it again: its SuperLink forgot it (a restart, the next experiment's
+    SuperLink), its SuperLink is another federation's (another CA), or it is gone."""
+    from ..flower.link import identity_sentence
+
+    text = "\n".join(seen)
+    failed = next((line for line in seen if "certificate verify failed" in line.lower()), None)
+    if failed is not None:
+        return identity_sentence(args.superlink, args.ca, failed.strip(), connected_once=True), False
+    if FLOWER_GAVE_UP in text:
+        error = next((line for line in reversed(seen) if line.startswith("ERROR")), "").partition(":")[2].strip()
+        return (f"its SuperNode gave up on the SuperLink at {args.superlink} ({error or 'no answer'}): it ended, or "
+                f"did not answer for {args.wait:g} s; start this SuperNode again once the operator's SuperLink is up "
+                "(or give a longer --wait)"), False
+    # Flower's SuperNode ends itself (a SIGINT it sends itself, exit code 0) when the SuperLink answers 401
+    if "401 Unauthorized" in text or "does not recognize this SuperNode" in text or code == 0:
+        return (f"the SuperLink at {args.superlink} no longer knows this SuperNode (it restarted, or the next "
+                "experiment's SuperLink took its place); starting it again with the same key"), True
+    return f"its SuperNode ended (exit code {code}; see the lines above)", False
 
 
 def shown(line: str, *, verbose: bool = False, terminal: bool = False) -> str | None:
@@ -236,30 +342,63 @@ def shown(line: str, *, verbose: bool = False, terminal: bool = False) -> str | 
 
 
 def _run_child(command: list[str], env: dict[str, str], *, watch: list[str] | None = None, verbose: bool = False,
-               on_line: Callable[[str], None] | None = None) -> int:
+               on_line: Callable[[str], bool | None] | None = None, signalled: list[int] | None = None,
+               hide_traceback: Callable[[str], bool] | None = None, show: Callable[[str], bool] | None = None) -> int:
     """Runs a Flower program in the foreground, its output passed through (:func:`shown`: Flower's
     INFO lines only when ``verbose``, no colour codes in a file; every line kept in ``watch`` and
-    given to ``on_line``, colour codes removed), SIGTERM/SIGINT passed on; its exit code."""
+    given to ``on_line``, colour codes removed, which ends the program by returning True),
+    SIGTERM/SIGINT passed on (and noted in ``signalled``); its exit code. A traceback whose last line
+    ``hide_traceback`` accepts is not passed on (the caller says it in one sentence), nor a line
+    ``show`` says False of."""
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             start_new_session=True)
 
     def forward(signum, _frame):
+        if signalled is not None:
+            signalled.append(signum)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signum)
 
     def pump() -> None:
         assert proc.stdout is not None
         terminal = sys.stdout.isatty()
-        for line in proc.stdout:
+        held: list[str] = []  # a traceback being read, passed on or not at its last line
+        hiding = False  # the lines that continue a hidden traceback's last line ("For more information ...")
+
+        def write(line: str) -> None:
             out = shown(line, verbose=verbose, terminal=terminal)
-            if out is not None:
+            if out is not None and (show is None or show(ANSI.sub("", line))):
                 sys.stdout.write(out)
                 sys.stdout.flush()
+
+        for line in proc.stdout:
             plain = ANSI.sub("", line)
             if watch is not None:
                 watch.append(plain)
-            if on_line is not None:
-                on_line(plain)
+            if on_line is not None and on_line(plain):  # the program is done, though it goes on running
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+            if hide_traceback is not None:
+                if hiding and plain.startswith("For more information"):
+                    continue
+                hiding = False
+                if not held and plain.startswith(TRACEBACK_STARTS):
+                    held.append(line)
+                    continue
+                if held:
+                    held.append(line)
+                    if plain[:1].isspace() or plain.startswith(TRACEBACK_STARTS):
+                        continue
+                    if hide_traceback(plain):  # the exception's line: the traceback's last
+                        hiding = True
+                    else:
+                        for kept in held:
+                            write(kept)
+                    held.clear()
+                    continue
+            write(line)
+        for kept in held:
+            write(kept)
 
     # The output is read by a thread: helpers the program started may hold the pipe open after it exits.
     reader = threading.Thread(target=pump, daemon=True)
@@ -348,7 +487,9 @@ def _add_flower(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--retry-refused", type=float, default=90.0, metavar="SECONDS",
                    help="how long to keep trying when the SuperLink refuses this key (a SuperNode of this key stopped "
                         "less than a minute ago still counts as connected) (90)")
-    w.add_argument("--wait", type=float, default=600.0, help="seconds to keep trying to reach the SuperLink (600)")
+    w.add_argument("--wait", type=float, default=600.0, help="seconds to keep trying to reach the SuperLink, at start "
+                                                             "and whenever it stops answering or does not let this "
+                                                             "site's key in after a restart (600)")
     w.set_defaults(func=cmd_supernode)
 
 

@@ -77,18 +77,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     if kind != "openfl":
         return _flower_report(ws, kind, args)
     from ..openfl.launch import export_results, format_round, read_rounds
-    from ..site.report import format_row, pick_site_report, read_rows, site_report_folders
+    from ..site.report import pick_site_report, site_report_folders
 
     if args.score:
         return _report_score(ws, args.name)
     records = read_rounds(ws)
     folders = [] if records else site_report_folders(ws)
     if folders:  # a site's workspace: its own report (--name: that site's, refused if it has none here)
-        for folder in [pick_site_report(ws, args.name)] if args.name is not None else folders:
-            for row in read_rows(folder):
-                print(format_row(row, folder.name))
-            files = ", ".join(p.name for p in sorted(folder.iterdir()) if p.is_file())
-            print(f"{folder.name}: {files} in {folder}")
+        from ..flower.folders import report_lines  # engine-free: the same lines on both engines
+
+        print("\n".join(report_lines([pick_site_report(ws, args.name)] if args.name is not None else folders)))
         return 0
     if not records:
         raise ConfigError(f"{ws / 'save' / 'rounds.jsonl'} holds no finished round yet, nor does a site report "
@@ -109,13 +107,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     ws = Path(args.workspace)
     kind = folder_kind(ws)
     if kind == "openfl":
-        from ..openfl.doctor import FAIL, run_checks
+        from ..openfl.doctor import FAIL, is_operator_workspace, operator_checks, report_check, run_checks
 
-        checks: list[Any] = run_checks(ws, name=args.name)
-        what = "before starting this site"
+        if (ws / "plan" / "plan.yaml").is_file() and is_operator_workspace(ws):  # the aggregator's, not a site's
+            checks: list[Any] = operator_checks(ws)
+            what = "before starting the aggregator"
+        else:
+            checks = run_checks(ws, name=args.name) + report_check(ws, args.name)
+            what = "before starting this site"
     else:
         from ..flower import folders
 
+        if kind == folders.RUN and (ws / ".." / "deployment.json").is_file():  # the operator's run/: its folder's
+            ws, kind = ws.resolve().parent, folders.OPERATOR
+            print(f"{args.workspace} is the run folder of the Flower operator's folder {ws}: checking that folder")
         if kind == folders.RUN:
             raise ConfigError(f"{ws} is a Flower run folder: run the doctor on the operator's folder above it (its "
                               f"certificates and registered sites), or `fedcontrast report {ws}` for its rounds")

@@ -36,8 +36,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def accuracy_line(summary: dict) -> str:
-    """The three splits of a finished run in one line: test, validation, the sites' training accuracy,
-    and the round the validation curve picks."""
+    """The three splits of a finished run in one line: test, validation, the sites' training accuracy
+    (labelled when it is one site's, not a mean), and the round the validation curve picks."""
+    from ..outputs import one_site
+
     def fmt(key: str) -> str:
         value = summary.get(key)
         return "n/a" if value is None else f"{value:.4f}"
@@ -46,7 +48,7 @@ def accuracy_line(summary: dict) -> str:
             f"{fmt('best_accuracy')})" if summary.get("best_round") is not None else
             "no validation split (validation_fraction 0): no best round")
     return (f"final test accuracy {fmt('final_accuracy')}, validation {fmt('final_val_accuracy')}, the sites' "
-            f"training {fmt('final_train_accuracy')}; {best}")
+            f"training {fmt('final_train_accuracy')}{one_site(summary.get('final_train_sites'))}; {best}")
 
 
 def cmd_probe(args: argparse.Namespace) -> int:

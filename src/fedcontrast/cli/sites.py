@@ -24,8 +24,9 @@ def cmd_ca_init(args: argparse.Namespace) -> int:
 def print_ca_fingerprint(chain: Path) -> None:
     """The federation's CA fingerprint, for the operator to read to every institution (they pin it at join)."""
     from ..deploy.anchor import fingerprint_of_chain, shown
+    from ..yamlio import read_bytes
 
-    found, subject = fingerprint_of_chain(chain.read_bytes(), str(chain))
+    found, subject = fingerprint_of_chain(read_bytes(chain, "the CA chain"), str(chain))
     print(f"the federation's CA ({subject}): {shown(found)} — read this fingerprint to every institution by phone "
           f"or another channel; each joins with --ca-fingerprint {shown(found)}")
 

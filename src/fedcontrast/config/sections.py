@@ -255,9 +255,10 @@ class RobustnessConfig:
     weights are combined — ``mean`` (each plugin's own weighted average), ``median`` or ``trimmed_mean``
     (coordinate-wise, unweighted, dropping ``⌊trim_fraction·K⌋`` (at least one) of the K sites' values at
     each end). ``reject_replays``: an upload identical to one the same site sent in an earlier round is
-    rejected. ``on_rejected``: ``stop`` — the round is aggregated without the rejected upload(s), then the
-    federation stops naming the senders (the operator looks before going on); ``exclude`` — it goes on
-    without them.
+    rejected, and so is a stale one: nearer to an earlier one than ``min_progress`` × the global model's
+    move between them (None: than 10⁻⁵ of its norm only; :mod:`fedcontrast.robust.replay`). ``on_rejected``:
+    ``stop`` — the round is aggregated without the rejected upload(s), then the federation stops naming the
+    senders (the operator looks before going on); ``exclude`` — it goes on without them.
 
     Across the sites of a round (at least 3 with model weights; unweighted): ``max_update_spread``
     rejects an update whose norm exceeds this multiple of the median norm of the other sites'
@@ -274,6 +275,7 @@ class RobustnessConfig:
     max_update_ratio: float | None = 10.0
     max_samples: float | dict[str, float] | None = None
     reject_replays: bool = True
+    min_progress: float | None = 0.1
     on_rejected: str = "stop"
     max_update_spread: float | None = None
     min_update_cosine: float | None = None
@@ -293,6 +295,8 @@ class RobustnessConfig:
         _check(bound is None or all(_finite(v) and v > 0 for v in values),
                "robustness.max_samples must be a number > 0, or a mapping site → number > 0, or left out; "
                f"got {bound!r}")
+        _check(self.min_progress is None or (_finite(self.min_progress) and 0 < self.min_progress < 1),
+               f"robustness.min_progress must be a number in (0, 1) or left out, got {self.min_progress!r}")
         _check(self.on_rejected in ON_REJECTED,
                f"robustness.on_rejected must be one of {', '.join(ON_REJECTED)}, got {self.on_rejected!r}")
         _check(self.max_update_spread is None or (_finite(self.max_update_spread) and self.max_update_spread > 1),

@@ -132,7 +132,40 @@ def dicom_format(path: Path) -> ImageFormat:
         raise DataError(f"DICOM image {path} holds {ds.NumberOfFrames} frames: one image per file is read; split it "
                         "or remove it.")
     bits = int(ds.get("BitsStored", ds.get("BitsAllocated", 16)) or 16)
+    for name in _DICOM_NUMBERS:
+        _dicom_number(path, ds, name)
     return ImageFormat(f"DICOM {photometric}", bits, 1, bits)
+
+
+# The attributes that scale a DICOM image's values (the modality LUT and the VOI window): each must be
+# a finite number, else every pixel becomes NaN (0 × inf, NaN × v) or the window is meaningless.
+_DICOM_NUMBERS = ("RescaleSlope", "RescaleIntercept", "WindowCenter", "WindowWidth")
+
+
+def _dicom_number(path: Path, ds, name: str) -> float | None:
+    """``ds``'s attribute ``name`` as a finite float (the first of several values), None when absent or
+    empty; NaN, an infinity, text that is no number, or a RescaleSlope of 0 (which makes every pixel the
+    same) is one :class:`DataError` naming the file and the attribute."""
+    raw = ds.get(name)
+    if raw is None or raw == "":
+        return None
+    values = list(raw) if isinstance(raw, (list, tuple)) or type(raw).__name__ == "MultiValue" else [raw]
+    if not values:
+        return None
+    try:
+        numbers = [float(v) for v in values]
+    except (TypeError, ValueError):
+        shown = str(raw)[:40]
+        raise DataError(f"DICOM image {path} has {name} {shown!r}, which is not a number; fix the file's header "
+                        "or remove it.") from None
+    bad = next((v for v in numbers if not np.isfinite(v)), None)
+    if bad is not None:
+        raise DataError(f"DICOM image {path} has {name} {bad}, which is not a finite number (its pixels would all "
+                        "be NaN); fix the file's header or remove it.")
+    if name == "RescaleSlope" and numbers[0] == 0:
+        raise DataError(f"DICOM image {path} has RescaleSlope 0, which makes every pixel the same value; fix the "
+                        "file's header or remove it.")
+    return numbers[0]
 
 
 def image_format(path: Path, opened=None) -> ImageFormat:
@@ -166,14 +199,13 @@ def dicom_values(path: Path, window: tuple[float, float] | None) -> np.ndarray:
     except Exception as exc:  # a compressed transfer syntax without its decoder, truncated pixel data
         raise DataError(f"DICOM image {path}'s pixels cannot be decoded ({type(exc).__name__}: "
                         f"{str(exc).splitlines()[0] if str(exc) else ''}); replace or remove it.") from None
-    slope = float(ds.get("RescaleSlope", 1) or 1)
-    intercept = float(ds.get("RescaleIntercept", 0) or 0)
+    slope = _dicom_number(path, ds, "RescaleSlope")
+    slope = 1.0 if slope is None else slope
+    intercept = _dicom_number(path, ds, "RescaleIntercept") or 0.0
     values = stored * slope + intercept
-    if window is None and ds.get("WindowCenter") is not None and ds.get("WindowWidth") is not None:
-        def first(v) -> float:  # a DICOM value, or the first of several
-            return float(v[0]) if isinstance(v, pydicom.multival.MultiValue) else float(v)
-
-        window = (first(ds.WindowCenter), first(ds.WindowWidth))
+    center, width = _dicom_number(path, ds, "WindowCenter"), _dicom_number(path, ds, "WindowWidth")
+    if window is None and center is not None and width is not None:
+        window = (center, width)
     if window is not None:
         center, width = float(window[0]), max(float(window[1]), 1.0)
         if width == 1:
@@ -202,4 +234,7 @@ def read_deep(path: Path, channels: int, image_size: int, window: tuple[float, f
             raise DataError(f"image {path} (Pillow mode {fmt.kind}) holds values outside 0…{top} for its {fmt.bits} "
                             "bits; save it as an 8- or 16-bit image, or remove it.")
         grey = _resize(samples / top, image_size)
+    if not np.isfinite(grey).all():  # never a NaN or an infinity into training, whatever the format
+        raise DataError(f"image {path} decodes to values that are not finite numbers (NaN or infinite); replace or "
+                        "remove it.")
     return np.repeat(grey[None], channels, axis=0)

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..yamlio import read_bytes
 
 PIN_FILE = "pinned_ca.json"  # in the site's cert/ folder
 _HEX = re.compile(r"[0-9a-f]{64}")
@@ -83,7 +84,7 @@ def read_pin(cert_dir: str | Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(read_bytes(path, "the pinned CA", limit=1 << 20).decode("utf-8"))  # never a FIFO
         record["sha256"] = normalise_fingerprint(record["sha256"])
     except (ValueError, KeyError, TypeError, OSError, ConfigError):
         raise ConfigError(f"{path}, the federation's CA this site pinned at join, cannot be read: restore it from a "
@@ -127,7 +128,7 @@ def check_installed_chain(cert_dir: str | Path) -> None:
     if read_pin(cert_dir) is None or not chain.is_file():
         return
     try:
-        check_against_pin(cert_dir, chain.read_bytes(), f"the CA chain {chain}")
+        check_against_pin(cert_dir, read_bytes(chain, "the CA chain"), f"the CA chain {chain}")
     except ConfigError as exc:
         raise ConfigError(f"{exc}: it was replaced after the join; put back the federation's chain (`fedcontrast site "
                           "import-cert` of the operator's signed package)") from None

@@ -9,13 +9,14 @@ import datetime as dt
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..yamlio import read_bytes
 
 
 def load_certificates(path: Path) -> list:
     from cryptography import x509
 
     try:
-        return x509.load_pem_x509_certificates(path.read_bytes())
+        return x509.load_pem_x509_certificates(read_bytes(path, "certificate"))
     except ValueError:
         raise ConfigError(f"{path} is not a PEM certificate; make this party's certificates again") from None
 
@@ -101,7 +102,7 @@ def check_own_certificate(certificate: str | Path, private_key: str | Path | Non
     cert = load_certificates(certificate)[0]
     if private_key is not None and private_key.is_file():
         try:
-            key = serialization.load_pem_private_key(private_key.read_bytes(), password=None)
+            key = serialization.load_pem_private_key(read_bytes(private_key, "private key"), password=None)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"the private key {private_key} cannot be read ({exc}); make this party's key and "
                               "certificate again") from None

@@ -103,6 +103,40 @@ def entry_key_material(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> str | None:
     return key_material(head) if len(head) <= 1 << 20 else None
 
 
+# What a party's start reads in its workspace, besides its plan and data files (fx's -p and -d): every file
+# under these folders, and these files.
+WORKSPACE_FOLDERS = ("plan", "cert", "save")
+WORKSPACE_FILES = ("requirements.txt",)
+
+
+def check_workspace_files(workspace: str | Path, *files: str | Path | None) -> None:
+    """Every file a party's start will read in ``workspace`` — everything under ``plan/``, ``cert/`` and
+    ``save/``, ``requirements.txt``, the site's policy, and ``files`` (a plan or data file given on the
+    command line) — is a regular file: a FIFO, a device or a socket there would block whoever reads it
+    (OpenFL's own ``Plan.parse``, a TLS handshake) for ever, so it is refused before anything is opened,
+    in one :class:`~fedcontrast.errors.ConfigError` naming it. ``plan/cols.yaml``, which OpenFL parses
+    itself, is parsed once here through the bounded YAML reader. Missing files are left to the checks
+    that name them."""
+    from ..privacy.policy import site_policy_path
+    from ..yamlio import check_regular_file, load_yaml_file
+
+    ws = Path(workspace)
+    paths = [Path(f) for f in files if f is not None] + [ws / name for name in WORKSPACE_FILES]
+    policy = site_policy_path(ws)
+    paths += [policy] if policy is not None else []
+    for folder in WORKSPACE_FOLDERS:
+        if (ws / folder).is_dir():
+            for root, dirs, names in os.walk(ws / folder):
+                dirs.sort()
+                paths += [Path(root) / name for name in sorted(names)]
+    for path in paths:
+        if os.path.exists(path):  # missing, or a link to nothing: named by the checks that need it
+            check_regular_file(path, "workspace file", limit=None)
+    cols = ws / "plan" / "cols.yaml"
+    if cols.exists():
+        load_yaml_file(cols, "collaborator list")
+
+
 def code_files(root: Path, *, limit: int = 5) -> list[Path]:
     """Python files (what could be imported from ``root`` on sys.path) under ``root``, not following
     symbolic links (a site's data or public folder may be linked in); at most ``limit``."""

@@ -26,6 +26,7 @@ from typing import Any
 from ..atomic import atomic_write_text
 from ..config import RunConfig, site_names
 from ..errors import ConfigError
+from ..yamlio import check_regular_file, read_bytes
 from .pki import CERT_DIR, SITES_FILE  # the certificates' folder, the registered sites' file
 
 CONNECTION = "fedcontrast"  # the flwr CLI's name for this federation's SuperLink
@@ -71,10 +72,9 @@ def key_fingerprint(public_key_file: str | Path) -> str:
     from cryptography.hazmat.primitives.asymmetric import ec
 
     path = Path(public_key_file)
-    if not path.is_file():
-        raise ConfigError(f"public key file {path} does not exist")
+    data = read_bytes(path, "public key file", limit=1 << 20)  # a folder, a FIFO, a huge file: one sentence
     try:
-        key = serialization.load_ssh_public_key(path.read_bytes())
+        key = serialization.load_ssh_public_key(data)
     except (ValueError, TypeError, UnsupportedAlgorithm):
         raise ConfigError(f"{path} is not an OpenSSH public key "
                           "(make one with `fedcontrast flower site-key`)") from None
@@ -124,7 +124,7 @@ def public_of_private(private_key: Path) -> Path:
     public = private_key.with_suffix(".pub")
     if not public.exists():
         try:
-            key = serialization.load_ssh_private_key(private_key.read_bytes(), None)
+            key = serialization.load_ssh_private_key(read_bytes(private_key, "private key", limit=1 << 20), None)
         except (ValueError, TypeError, UnsupportedAlgorithm):
             raise ConfigError(f"{private_key} is not an OpenSSH private key (make one with `fedcontrast flower "
                               "site-key`)") from None
@@ -368,6 +368,10 @@ def supernode_command(*, superlink: str, ca: str | Path, key: str | Path, name: 
                         ("this site's policy (--policy)", policy)):
         if path is not None and not Path(path).exists():
             raise ConfigError(f"{label} {path} does not exist")
+    for label, path in (("the federation's CA certificate (--ca)", ca), ("this site's private key (--key)", key),
+                        ("this site's policy (--policy)", policy)):
+        if path is not None:  # a file, not a folder, a FIFO or a device (one sentence, never a traceback or a hang)
+            check_regular_file(path, label)
     if ":" not in superlink:
         raise ConfigError(f"--superlink {superlink!r} must be HOST:PORT (the operator's SuperLink)")
     check_private_key_mode(Path(key))

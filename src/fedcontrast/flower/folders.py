@@ -1,7 +1,7 @@
 """What a Flower folder holds, read without Flower (and without OpenFL): ``fedcontrast report`` and
 ``fedcontrast doctor`` on the operator's folder (``flower init``), its run folder (``run/``; the
 simulator's run folders hold the same outputs) or a site's work folder (``--workdir``:
-``site_report/<name>/``, ``local_state/``).
+``site_report/<name>/<run>/``, ``local_state/``).
 
 Only files are read (``deployment.json``, ``config.json``, ``sites.json``, ``certs/``, the run's
 ``metrics.csv``, ``rounds.jsonl``, ``summary.json``, ``progress.json``, ``outcome.json``), so a run
@@ -18,6 +18,7 @@ from typing import Any
 
 from ..deploy.common import FAIL, OK, WARN, Check
 from ..errors import ConfigError
+from ..outputs import one_site
 
 OPERATOR, RUN, SITE = "Flower operator's folder", "run folder", "Flower site's work folder"
 RUN_FILES = ("progress.json", "outcome.json", "summary.json", "metrics.csv", "rounds.jsonl")
@@ -40,10 +41,11 @@ def folder_kind(folder: str | Path) -> str | None:
 
 
 def site_reports(workdir: Path) -> list[Path]:
-    """A Flower site's reports in its work folder: ``site_report/<name>/`` with a ``rounds.jsonl``."""
-    from ..site.report import REPORT_DIR, ROWS_FILE
+    """A Flower site's reports in its work folder: ``site_report/<name>/``, one run folder each
+    (``<name>/<run>/rounds.jsonl``), or from before per-run folders (``<name>/rounds.jsonl``)."""
+    from ..site.report import REPORT_DIR, site_folders
 
-    return sorted(p.parent for p in (Path(workdir) / REPORT_DIR).glob(f"*/{ROWS_FILE}"))
+    return site_folders(Path(workdir) / REPORT_DIR)
 
 
 def run_folder(folder: Path) -> Path:
@@ -98,12 +100,16 @@ def run_report(run: Path) -> list[str]:
             each = ", ".join(f"{s} {v:.4f}" for s, v in sorted(scores.items()) if v is not None)
             parts.append(f"sites' held-out accuracy of the {label} {weighted:.4f}"
                          + (f" (weighted by their held-out sizes; {each})" if len(scores) > 1 else
-                            f" ({each})" if each else ""))
+                            f" (1 site: {each})" if each else ""))
         excluded = (records.get(r) or {}).get("excluded") or {}
         if excluded:
             parts.append("left out: " + "; ".join(f"{s} ({why})" for s, why in sorted(excluded.items())))
         if (records.get(r) or {}).get("secure_sum_of"):
             parts.append(f"secure sum of {', '.join(records[r]['secure_sum_of'])}")
+        if (records.get(r) or {}).get("withheld"):  # who kept which metrics in round r's replies (DP, policies)
+            from ..privacy.releases import describe_withheld
+
+            parts.append(describe_withheld(records[r]["withheld"]))
         if len(parts) > 1:
             lines.append(": ".join(parts[:2]) + "".join(f"; {p}" for p in parts[2:]))
     done = held.get("rounds_done", summary.get("rounds_completed", len(records)))
@@ -114,8 +120,13 @@ def run_report(run: Path) -> list[str]:
     final = summary.get("final_accuracy", outcome.get("final_accuracy"))
     if status == "finished":
         best = summary.get("best_accuracy")
+        last = max((int(r["round"]) for r in rows if r.get("task") == "evaluate" and r.get("site") == "global"),
+                   default=None)
+        sites = outcome.get("final_sites", sum(1 for r in rows if r.get("task") == "evaluate" and last is not None
+                                                and r.get("site") != "global" and int(r["round"]) == last
+                                                and _number(r.get("accuracy")) is not None))
         lines.append(f"finished: {done} of {total} rounds; the sites' held-out accuracy of the final model "
-                     + ("n/a" if final is None else f"{final:.4f}")
+                     + ("n/a" if final is None else f"{final:.4f}{one_site(sites)}")
                      + (f" ({best:.4f} after round {summary.get('best_round')}, the round the sites' validation "
                         "parts pick)" if best is not None else ""))
     elif status == "failed":
@@ -129,19 +140,123 @@ def run_report(run: Path) -> list[str]:
 
 def site_report_lines(workdir: Path, name: str | None) -> list[str]:
     """``fedcontrast report`` in a Flower site's work folder: each site report's rows (or ``name``'s)."""
-    from ..site.report import format_row, read_rows
-
     folders = {p.name: p for p in site_reports(workdir)}
     if name is not None and name not in folders:
         raise ConfigError(f"{workdir / 'site_report'} holds no report of {name} (it holds "
                           f"{', '.join(folders) or 'none'}): a site's report is written in its --workdir once its "
                           "first round has run")
+    return report_lines([folders[name]] if name is not None else list(folders.values()))
+
+
+def report_lines(site_folders: list[Path]) -> list[str]:
+    """Each site report's rows (its latest run's), the files beside them and, where the folder holds
+    several runs or a report from before per-run folders, one sentence saying so."""
+    from ..site.report import describe_runs, format_row, read_rows, report_folder
+
     lines = []
-    for folder in [folders[name]] if name is not None else folders.values():
-        lines += [format_row(row, folder.name) for row in read_rows(folder)]
+    for site_folder in site_folders:
+        folder = report_folder(site_folder)
+        lines += [format_row(row, site_folder.name) for row in read_rows(folder)]
         files = ", ".join(p.name for p in sorted(folder.iterdir()) if p.is_file())
-        lines.append(f"{folder.name}: {files} in {folder}")
+        lines.append(f"{site_folder.name}: {files} in {folder}")
+        note = describe_runs(site_folder)
+        if note:
+            lines.append(note)
     return lines
+
+
+def report_checks(site_folders: list[Path]) -> list[Check]:
+    """A line per site report (``site_report/<name>/``): the latest run it reaches, and a problem where
+    rows of several runs share one table (one sentence naming the file and the runs)."""
+    from ..site.report import describe_runs, mixed_runs, old_layout, read_rows, report_folder, run_folders
+
+    checks = []
+    for site_folder in site_folders:
+        site = site_folder.name
+        try:
+            folder = report_folder(site_folder)
+            rows = read_rows(folder)
+        except ConfigError as exc:
+            checks.append(Check("report", FAIL, f"{site}: {exc}"))
+            continue
+        mixed = [why for why in (mixed_runs(f) for f in [*run_folders(site_folder), *([site_folder] if old_layout(
+            site_folder) else [])]) if why]
+        if mixed:
+            checks.append(Check("report", FAIL, f"{site}: {'; '.join(mixed)}: its rounds.csv mixes experiments; move "
+                                                "that folder away (each run now writes its own folder, "
+                                                f"{site_folder}/<run>/)"))
+            continue
+        last = f"round {rows[-1]['round']} of {rows[-1]['rounds']}" if rows else "no round yet"
+        final = " and the final model" if (folder / "final_model.json").is_file() else ""
+        run = f"run {rows[-1]['run']}: " if rows and rows[-1].get("run") else ""
+        note = describe_runs(site_folder)
+        checks.append(Check("report", WARN if old_layout(site_folder) else OK,
+                            f"{site}: {run}its report reaches {last}{final} ({folder})"
+                            + (f"; {note}" if note else "")))
+    return checks
+
+
+# --- audit -------------------------------------------------------------------------------------------
+def audit_plan_of(folder: Path, site: str | None = None) -> dict[str, Any]:
+    """What ``fedcontrast audit`` audits in a Flower folder, as :func:`~fedcontrast.audit.report.audit_plan`'s
+    arguments: the operator's plan (``config.json``; its run folder's, from the operator's folder above
+    it), or the plan a site's latest run ran under (``site_report/<name>/<run>/plan.json``, with the
+    transport its SuperNode ran with and its data folder, counted when it is on this machine)."""
+    from ..construction import data_shape
+    from ..site.report import PLAN_FILE, report_folder
+    from .deploy import CERT_DIR
+
+    folder = Path(folder)
+    kind = folder_kind(folder)
+    if kind == RUN:
+        if not (folder.parent / "deployment.json").is_file():
+            raise ConfigError(f"{folder} is a run folder without the operator's folder around it, which holds the plan "
+                              "(config.json): audit the operator's folder")
+        folder, kind = folder.parent, OPERATOR
+    if kind == OPERATOR:
+        from ..config import RunConfig
+
+        if site is not None:
+            raise ConfigError(f"--site {site}: {folder} is the Flower operator's folder, which holds no site's data; "
+                              "audit the site's work folder (its --workdir) on its own machine")
+        try:
+            config = RunConfig.from_dict(_json(folder / "config.json"))
+        except ConfigError as exc:
+            raise ConfigError(f"{folder / 'config.json'}: {exc}") from None
+        network = {"use_tls": True, "require_client_auth": True}  # the SuperLink: TLS, only registered node keys
+        plan = {"task_runner": {"settings": {"run_config": config.to_dict()}}, "network": {"settings": network},
+                "aggregator": {"settings": {"model_shape": data_shape(config), "rounds_to_train": config.rounds}}}
+        return {"plan": plan, "workspace": folder, "cert_dir": folder / CERT_DIR,
+                "source": f"{folder} (Flower operator's folder)"}
+    if kind != SITE:
+        raise ConfigError(f"{folder} is not a Flower folder with a plan")
+    reports = {p.name: p for p in site_reports(folder)}
+    if site is not None and site not in reports:
+        raise ConfigError(f"{folder / 'site_report'} holds no report of {site} (it holds "
+                          f"{', '.join(reports) or 'none'})")
+    if site is None and len(reports) > 1:
+        raise ConfigError(f"{folder / 'site_report'} holds the reports of {len(reports)} sites ({', '.join(reports)}); "
+                          "say which one with --site")
+    if not reports:
+        raise ConfigError(f"{folder} holds no site report yet, so no plan a run of this site ran under: audit it once "
+                          "the run's first message has reached the site")
+    name, run = next(iter(reports.items())) if site is None else (site, reports[site])
+    held = _json(report_folder(run) / PLAN_FILE)
+    if not held.get("run_config"):
+        raise ConfigError(f"{report_folder(run)} holds no {PLAN_FILE} (a report from before the plan was kept with "
+                          "each run): audit the operator's folder, or this folder after the next run")
+    config_dict = held["run_config"]
+    from ..config import RunConfig
+
+    shape = held.get("model_shape") or data_shape(RunConfig.from_dict(config_dict))
+    plan = {"task_runner": {"settings": {"run_config": config_dict}},
+            "network": {"settings": held.get("network") or {}},
+            "aggregator": {"settings": {"model_shape": shape, "rounds_to_train": config_dict.get("rounds")}}}
+    data = str(held.get("data") or "")
+    here = bool(data) and Path(data).is_dir()
+    return {"plan": plan, "workspace": folder, "sites": [(name, data or "its own folder (not here)")],
+            "site": name if here else None, "cert_dir": folder,
+            "source": f"{report_folder(run)} (the plan {name}'s latest run ran under, on Flower)"}
 
 
 # --- doctor ------------------------------------------------------------------------------------------
@@ -228,15 +343,7 @@ def site_checks(workdir: Path, name: str | None) -> list[Check]:
     if name is not None and name not in reports:
         return [Check("report", FAIL, f"{workdir / 'site_report'} holds no report of {name} (it holds "
                                       f"{', '.join(reports) or 'none'})")]
-    checks = []
-    for site, folder in reports.items():
-        if name is None or site == name:
-            from ..site.report import read_rows
-
-            rows = read_rows(folder)
-            last = f"round {rows[-1]['round']} of {rows[-1]['rounds']}" if rows else "no round yet"
-            final = " and the final model" if (folder / "final_model.json").is_file() else ""
-            checks.append(Check("report", OK, f"{site}: its report reaches {last}{final} ({folder})"))
+    checks = report_checks([folder for site, folder in reports.items() if name is None or site == name])
     states = sorted((workdir / "local_state").glob("*.run*.pt"))
     checks.append(Check("state", OK, f"{len(states)} run state file(s) in {workdir / 'local_state'}" if states
                         else "no run state kept here"))

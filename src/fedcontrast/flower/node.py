@@ -1,7 +1,10 @@
 """A site as its own Flower node: one long-lived process connects to the SuperLink's Fleet API with
-Flower's own client (``flwr.supernode.fleet_http_connection``: TLS against the federation's CA,
-SuperNode authentication with the site's key, Flower's heartbeats) and answers each message in that
-process, with no ``flower-supernode`` and no ClientApp process.
+Flower's own client (``flwr.supernode.fleet_http_client``: TLS against the federation's CA,
+SuperNode authentication with the site's key, Flower's heartbeats; :mod:`.link`) and answers each
+message in that process, with no ``flower-supernode`` and no ClientApp process. A SuperLink that
+restarts, or the next experiment's SuperLink at the same address, is connected to again with the
+same key; one that ended or is not this federation's any more ends the node with one sentence; a
+run the operator stopped while the site answered is one sentence, and the node waits for the next.
 
 Why: Flower's SuperNode sleeps a fixed 3 s whenever it finds no message, looks for a ClientApp's
 reply in fixed 0.5 s steps, and hands every message and the site's context across its Runtime API to
@@ -70,11 +73,14 @@ class Node:
         from flwr.app import Error, Message
         from flwr.common.constant import ErrorCode
 
+        from .link import Forgotten, LinkEnded
         from .runner import answer_or_refuse
 
         try:
             context = context_of()
             return answer_or_refuse(message, context, self.refusals.get(int(message.metadata.run_id)))
+        except (Forgotten, LinkEnded):  # the SuperLink's end or change, not this message's: the node says it
+            raise
         except Exception as exc:  # noqa: BLE001 - Flower's error reply, as flwr-clientapp sends it
             logger.exception("the ClientApp task failed")
             return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc)}:<'{exc}'>"),
@@ -82,7 +88,28 @@ class Node:
 
     def handle(self, recv, conn) -> None:
         """Pull one message's objects, answer it, push the reply (as Flower's SuperNode and
-        ``flwr-clientapp`` do between them)."""
+        ``flwr-clientapp`` do between them); a run that the operator stopped meanwhile is said in one
+        sentence (:meth:`run_ended`)."""
+        from flwr.supercore.run import RunNotRunningException
+
+        header, _tree = recv
+        try:
+            self._handle(recv, conn)
+        except RunNotRunningException:  # Flower's, a BaseException: it used to end the site with a traceback
+            self.run_ended(int(header.metadata.run_id), str(header.metadata.message_type))
+
+    def run_ended(self, run_id: int, kind: str) -> None:
+        """The operator's run ``run_id`` ended while this site answered its ``kind`` message (stopped
+        by the ServerApp: a peer refused or failed, a timeout, the operator): one sentence, and the
+        node waits for the next run."""
+        self.contexts.pop(run_id, None)
+        self.refusals.pop(run_id, None)
+        who = str(self.node_config.get("site-name"))
+        print(f"{who}: the run {run_id} ended at the operator: it was stopped before this site's answer to its "
+              f"{kind} message reached the SuperLink (the operator's console says why); waiting for the operator's "
+              "next run", flush=True)
+
+    def _handle(self, recv, conn) -> None:
         from flwr.app import Message
         from flwr.supercore.inflatable.inflatable_object import (
             get_all_nested_objects,
@@ -114,16 +141,27 @@ class Node:
         trace(who, "pushed")
 
     def serve(self, conn) -> None:
+        """Takes messages until :attr:`stop` is set. The SuperLink's end or change
+        (:class:`.link.Forgotten`, :class:`.link.LinkEnded`) ends it for :func:`main` to say."""
+        from flwr.supercore.run import RunNotRunningException
+
+        from .link import Forgotten, LinkEnded
+
         receive = conn[1]
         last = 0.0
         while not self.stop.is_set():
-            recv = receive()
+            try:
+                recv = receive()
+            except RunNotRunningException:  # no message of a stopped run: asked again
+                recv = None
             if recv is None:
                 self.stop.wait(POLL_BUSY_S if time.monotonic() - last < BUSY_S else POLL_IDLE_S)
                 continue
             self.busy = True
             try:
                 self.handle(recv, conn)
+            except (Forgotten, LinkEnded):
+                raise
             except Exception:  # noqa: BLE001 - a message that could not be pulled or answered: the next one
                 logger.exception("a message could not be answered")
             finally:
@@ -169,10 +207,10 @@ def main() -> None:
     args = parser.parse_args()
 
     from flwr.common.config import parse_config_args
-    from flwr.supernode.fleet_http_connection import http_request_response
 
     from ..threads import apply_threads
     from . import client_app, site_app  # noqa: F401  # torch and the plugins, before the first message
+    from .link import Link
     from .worker import quiet_flower
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the site's round lines on its terminal
@@ -184,13 +222,39 @@ def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, node.on_signal)
     threading.Thread(target=_leave_with_parent, args=(os.getppid(),), daemon=True).start()
+    site = str(node.node_config.get("site-name"))
+    link = Link(args.superlink, args.root_certificates, load_key(args.auth_supernode_private_key),
+                wait=args.max_wait_time, site=site)
     try:
-        with http_request_response(args.superlink, False, args.root_certificates,
-                                   load_key(args.auth_supernode_private_key), None, args.max_wait_time) as conn:
-            print(f"{CONNECTED_LINE} {conn[0]}", flush=True)
-            node.serve(conn)
+        raise SystemExit(keep_serving(node, link))
     except KeyboardInterrupt:
         pass
+
+
+def keep_serving(node: Node, link) -> int:
+    """Serves the SuperLink until the node is stopped (0), across the SuperLink's restarts and the next
+    experiment's SuperLink at the same address (connecting again with the same key); 1, with one
+    sentence, when the SuperLink ended or is not this federation's any more (:mod:`.link`)."""
+    from .link import Forgotten, LinkEnded
+
+    again = False
+    while not node.stop.is_set():
+        try:
+            with link.session(again=again) as conn:
+                if again:
+                    print(f"{link.site}: connected again to the SuperLink at {link.address} (SuperNode {conn[0]}); "
+                          "waiting for the operator's run", flush=True)
+                else:
+                    print(f"{CONNECTED_LINE} {conn[0]}", flush=True)
+                node.serve(conn)
+        except Forgotten:
+            print(f"{link.site}: the SuperLink at {link.address} no longer knows this SuperNode (it restarted, or the "
+                  "next experiment's SuperLink took its place); connecting again with the same key", flush=True)
+            again = True
+        except LinkEnded as ended:
+            print(f"fedcontrast flower supernode: error: {link.site}: {ended}", flush=True)
+            return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -132,6 +132,7 @@ def serve_runtime(address: str, *, stop=None) -> None:
     restarts."""
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore.constant import TaskType
+    from flwr.supercore.run import RunNotRunningException
 
     from . import client_app, site_app  # noqa: F401  # torch and the plugins, before the first message
 
@@ -154,6 +155,9 @@ def serve_runtime(address: str, *, stop=None) -> None:
         if res.HasField("task") and res.token:
             try:
                 run_task(address, res.token)
+            except RunNotRunningException:  # Flower's (a BaseException): the task is no longer the SuperNode's
+                logger.warning("a task ended at the SuperNode (its run was stopped, or the SuperNode restarted) "
+                               "before its reply was handed over; taking the next")
             except Exception:  # noqa: BLE001 - its reply or output could not reach the SuperNode: the next task
                 logger.exception("a task's reply could not be handed to the SuperNode")
             last_task = time.monotonic()

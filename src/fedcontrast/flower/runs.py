@@ -39,13 +39,16 @@ def new_label() -> str:
 
 def progress(out: Path) -> dict[str, Any] | None:
     """What ``out`` holds of an earlier run (None: no run there)."""
+    from ..yamlio import check_regular_file, read_text
+
     path = Path(out) / PROGRESS
     if not path.exists():
         if (Path(out) / RECORDS).exists():  # records of a run from before progress.json: still another run's
+            check_regular_file(Path(out) / RECORDS, "the run's round records", limit=None)  # never a FIFO
             return {"rounds_done": sum(1 for _ in (Path(out) / RECORDS).open()), "rounds": None, "label": None}
         return None
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_text(path, "the run's progress", limit=1 << 20))  # a FIFO: refused, not read
     except (OSError, ValueError):
         raise ConfigError(f"{path} cannot be read: this run folder's progress is damaged; move the folder away "
                           "to start a new run") from None
@@ -68,14 +71,19 @@ def check_run_folder(out: Path, config: RunConfig, *, resume: bool) -> str:
     if held.get("label") is None:
         raise ConfigError(f"{out} holds a run from an earlier fedcontrast without a checkpoint; it cannot be resumed: "
                           "move that folder away to start a new run")
-    return "finished" if total is not None and done >= total else "resume"
+    if total is not None and done >= total:
+        return "finished"
+    state = read_checkpoint(out, torch.device("cpu"))  # what the ServerApp will resume from: readable, this
+    read_records(out, state["label"], state["rounds_done"])  # run's records only, before anything is started
+    return "resume"
 
 
 def save(out: Path, config: RunConfig, label: str, rounds_done: int, downlink: Downlink, core_state: dict[str, Any],
-         rows: list[dict[str, Any]]) -> None:
-    """The run after ``rounds_done`` rounds: its checkpoint, then its progress (both atomic)."""
+         rows: list[dict[str, Any]], timing: dict[str, float] | None = None) -> None:
+    """The run after ``rounds_done`` rounds: its checkpoint, then its progress (both atomic).
+    ``timing``: the rounds' own seconds and how many were timed, kept for a resumed run's summary."""
     buffer = io.BytesIO()
-    torch.save({"rounds_done": rounds_done, "label": label, "plan": plan_digest(config),
+    torch.save({"rounds_done": rounds_done, "label": label, "plan": plan_digest(config), "timing": dict(timing or {}),
                 "downlink": {"global": downlink.global_tensors, "personal": downlink.personal,
                              "metrics": downlink.metrics},
                 "core": core_state, "rows": rows}, buffer)
@@ -84,18 +92,53 @@ def save(out: Path, config: RunConfig, label: str, rounds_done: int, downlink: D
                                                         "label": label, "plan": plan_digest(config)}) + "\n")
 
 
-def load(out: Path, device: torch.device) -> dict[str, Any]:
-    """The checkpoint of the run in ``out``; its records keep only the rounds it holds."""
+def read_checkpoint(out: Path, device: torch.device) -> dict[str, Any]:
+    """The checkpoint of the run in ``out``, as written by :func:`save`; a file that is empty, cut short,
+    not a checkpoint or lacking what a resume reads is one :class:`ConfigError` naming it."""
+    from ..yamlio import check_regular_file
+
     path = Path(out) / CHECKPOINT
+    check_regular_file(path, "the run's checkpoint", limit=None)  # never a FIFO (torch.load would block)
+    advice = "it was left untouched: move the run folder away to start a new run"
     try:
         state = torch.load(path, map_location=device, weights_only=True)
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise ConfigError(f"cannot resume from {path}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - EOFError (empty), UnpicklingError, RuntimeError (cut short), …
+        raise ConfigError(f"cannot resume from {path}: it is not a readable checkpoint ({type(exc).__name__}"
+                          f"{': ' + str(exc).splitlines()[0] if str(exc) else ''}); {advice}") from None
+    downlink = state.get("downlink") if isinstance(state, dict) else None
+    problems = [] if isinstance(state, dict) else ["it holds no mapping"]
+    if isinstance(state, dict):
+        problems += [f"no {key}" for key, kind in (("rounds_done", int), ("label", str), ("rows", list),
+                                                   ("downlink", dict), ("core", dict))
+                     if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool)]
+        if isinstance(downlink, dict):
+            problems += [f"no downlink.{key}" for key in ("global", "personal", "metrics")
+                         if not isinstance(downlink.get(key), dict)]
+    if problems:
+        raise ConfigError(f"cannot resume from {path}: it is not a checkpoint of a Flower run ({', '.join(problems)}); "
+                          f"{advice}")
+    return state
+
+
+def read_records(out: Path, label: str, rounds_done: int) -> list[str]:
+    """The lines of the run's records (``rounds.jsonl``) of the rounds its checkpoint counts, each bound
+    to the run ``label`` and its round (:func:`~fedcontrast.jsonl.read_run_records`: a line of another
+    run, or a second line of a round that differs, is one :class:`ConfigError` naming the file and the
+    line; so is a line that is not JSON, but a last line a crash cut short); a round that did not finish
+    leaves no line behind."""
+    from ..jsonl import read_run_records
+
+    records = read_run_records(Path(out) / RECORDS, "the run's round records", label)
+    return [text for r, (_, text, _) in sorted(records.items()) if r <= rounds_done]
+
+
+def load(out: Path, device: torch.device) -> dict[str, Any]:
+    """The checkpoint of the run in ``out``; its records keep only the rounds it holds."""
+    state = read_checkpoint(out, device)
+    kept = read_records(out, state["label"], state["rounds_done"])
     state["downlink"] = Downlink(dict(state["downlink"]["global"]), dict(state["downlink"]["personal"]),
                                  dict(state["downlink"]["metrics"]))
     records = Path(out) / RECORDS
     if records.exists():  # a round that did not finish leaves no record behind
-        kept = [line for line in records.read_text().splitlines() if line.strip()
-                and json.loads(line).get("round", 0) <= state["rounds_done"]]
         atomic_write_text(records, "".join(line + "\n" for line in kept))
     return state

@@ -33,11 +33,14 @@ from ..outputs import (
     GLOBAL_SITE,
     build_summary,
     metric_row,
+    one_site,
     plot_curves,
+    sites_evaluated,
     test_accuracy_curve,
     write_json,
     write_metrics_csv,
 )
+from ..privacy.releases import describe_withheld, evaluation_metric_names, withheld_metrics
 from ..privacy.secagg_relay import relay_for
 from ..rounds import AggregatorRound
 from ..threads import apply_threads
@@ -56,6 +59,18 @@ OUTCOME_FILE = "outcome.json"
 ROUNDS_FILE = "rounds.jsonl"  # one record per round: each site's weight, released metrics, exclusions
 REFUSAL_GRACE_S = 3.0  # after a refusal that stops the run: how long the other sites' answers may still come
 REPLY_POLL_S = 0.05  # between two pulls of the sites' replies
+SECURE_SAMPLES = ("under secure aggregation a site's samples field is None: its count is inside the secure sum, "
+                  "which the operator sees only summed")
+
+
+def nbytes(tensors: dict[str, Any]) -> int:
+    """The payload of a message's tensors, in bytes (as the simulator counts what a site receives and sends)."""
+    return int(sum(v.numel() * v.element_size() for v in tensors.values()))
+
+
+def _count(weight: float) -> int | None:
+    """A site's released count as a number of samples (None where it is not a finite number)."""
+    return int(round(weight)) if weight == weight and abs(weight) != float("inf") else None
 
 
 class SiteProblem(FedContrastError):
@@ -93,6 +108,9 @@ class FlowerServer:
         self.screen, self.sum_layout = self.core.screen, self.core.sum_layout
         self.downlink = self.core.initial_downlink()
         self.rows: list[dict[str, Any]] = []
+        self.withheld: dict[int, dict[str, list[str]]] = {}  # round → which site withheld which metrics
+        self.round_seconds, self.timed_rounds = 0.0, 0  # the rounds' own time and count, over every part of a
+        # resumed run (seconds_per_round)
         secure = config.secure_aggregation  # the sites' protocol messages meet at the relay (flower/secure.py)
         self.relay = (None if secure is None or self.sum_layout is None  # both, or neither
                       else relay_for(self.sites, secure, self.sum_layout, config.to_dict(), flower_run))
@@ -101,6 +119,9 @@ class FlowerServer:
         if resume:  # the run in out_dir, from its checkpoint (flower run --resume checked it is this plan's)
             state = runs.load(out_dir, self.device)
             self.start_round, self.run_label, self.rows = state["rounds_done"], state["label"], list(state["rows"])
+            timing = state.get("timing") or {}  # the earlier parts' rounds (none kept by an older checkpoint)
+            self.round_seconds = float(timing.get("round_seconds", 0.0))
+            self.timed_rounds = int(timing.get("rounds", 0))
             self.downlink = state["downlink"]
             self.core.load_state_dict(state["core"])
 
@@ -220,13 +241,16 @@ class FlowerServer:
                 self.run_round(round_num)
             finally:  # a round that stops the run (on_rejected: stop) is recorded first
                 write_metrics_csv(self.out / "metrics.csv", self.rows)
+            self.round_seconds += time.perf_counter() - r0
+            self.timed_rounds += 1
             trace("server", "save")
             runs.save(self.out, self.config, self.run_label, round_num, self.downlink, self.core.state_dict(),
-                      self.rows)
+                      self.rows, timing={"round_seconds": self.round_seconds, "rounds": self.timed_rounds})
             trace("server", "saved")
-            acc = [r["accuracy"] for r in self.rows if r["site"] == GLOBAL_SITE and r["round"] == round_num - 1]
+            acc = [r for r in self.rows if r["site"] == GLOBAL_SITE and r["round"] == round_num - 1]
             say(f"round {round_num}/{self.config.rounds} done in {time.perf_counter() - r0:.1f} s"
-                + (f"; sites' held-out accuracy of the model after round {round_num - 1}: {acc[0]:.4f}" if acc else ""))
+                + (f"; sites' held-out accuracy of the model after round {round_num - 1}: {acc[0]['accuracy']:.4f}"
+                   + one_site(sites_evaluated(self.rows, round_num - 1)) if acc else ""))
         self.final_evaluation()
         write_metrics_csv(self.out / "metrics.csv", self.rows)
         summary = build_summary(self.rows, config=self.config.to_dict(), wall_time_s=time.perf_counter() - t0,
@@ -234,7 +258,14 @@ class FlowerServer:
         summary["startup_s"] = round(start - t0, 3)
         if self.refusals or self.attendance.dropped:  # who refused or failed, who is dropped at the end
             summary["sites_absent"] = {"refused": dict(self.refusals), "dropped": dict(self.attendance.dropped)}
-        summary["seconds_per_round"] = round((time.perf_counter() - start) / max(1, self.config.rounds), 3)
+        # the rounds' own time over the rounds run, in every part of a resumed run (not this part's time over all)
+        summary["seconds_per_round"] = round(self.round_seconds / max(1, self.timed_rounds), 3)
+        summary["rounds_this_part"] = self.config.rounds - self.start_round  # run by this ServerApp (resume: fewer)
+        if self.relay is not None:
+            summary["samples"] = SECURE_SAMPLES
+        final = self.withheld.get(self.config.rounds + 1)
+        if final:
+            summary["final_evaluation_withheld"] = final
         write_json(self.out / "summary.json", summary)
         curve = test_accuracy_curve(self.rows)
         if curve:
@@ -246,24 +277,39 @@ class FlowerServer:
         app = flwr_app()
         task = app.ConfigRecord({"round": round_num, "run": self.run_label})
         sites, self.back = self.attending(f"round {round_num}")
+        down = {s: nbytes(self.downlink.for_site(s)) for s in sites}  # each site's downlink payload
         messages = {s: self.message(s, "train", {"task": task, "received": to_array_record(self.downlink.for_site(s))},
                                     round_num) for s in sites}
         replies = self.exchange(messages, self.round_timeout, f"round {round_num}", drop=True)
         uploads, weights = {}, {}
-        evaluations = {}
+        evaluations: dict[str, dict[str, float]] = {}
+        released: dict[str, dict[str, dict[str, float]]] = {}
+        first_rows: dict[str, dict[str, Any]] = {}  # each site's first row of the round (its bytes)
         for site in replies:
             outcome = replies[site].content["outcome"]
-            for task_name, metrics in json.loads(str(outcome["metrics"])).items():
-                self.rows.append(metric_row(round_num, site, task_name, 0, metrics))
+            released[site] = json.loads(str(outcome["metrics"]))
             evaluations[site] = json.loads(str(outcome["evaluation"]))
-            if self.relay is not None:  # its keys, not its uploads: they are summed securely below
-                continue
-            weights[site] = float(outcome["weight"])
-            uploads[site] = from_array_record(replies[site].content["uploads"], self.device)
+            if self.relay is None:  # else its keys, not its uploads: they are summed securely below
+                weights[site] = float(outcome["weight"])
+                uploads[site] = from_array_record(replies[site].content["uploads"], self.device)
+            # samples: the count the site released (under secure aggregation it is inside the sum: None);
+            # bytes: the payloads of the round's messages, on the site's first task's row (as the simulator's
+            # downloaded bytes): its uploads (its secure-aggregation messages, filled in below), its downlink
+            samples = None if self.relay is not None else _count(weights[site])
+            for t, (task_name, metrics) in enumerate(released[site].items() or [(self.algorithm.tasks[0], {})]):
+                row = metric_row(round_num, site, task_name, samples, metrics,
+                                 nbytes(uploads.get(site, {})) if t == 0 else 0, down[site] if t == 0 else 0)
+                self.rows.append(row)
+                first_rows.setdefault(site, row)
+        self.withheld[round_num] = self.withheld_by(released, evaluations)
+        if self.withheld[round_num]:
+            say(f"round {round_num}: {describe_withheld(self.withheld[round_num])}")
         self.evaluation_rows(round_num, evaluations)
         previous = self.downlink.global_tensors
         if self.relay is not None:
             self._secure_round(round_num, replies, evaluations, previous)
+            for site, row in first_rows.items():  # what each site sent for the secure sum
+                row["bytes_uploaded"] = int(self.relay.bytes_from.get(site, 0))
             return
         trace("server", "aggregate")
         result = self.core.aggregate(round_num, uploads, weights, previous)  # validation, screen, blame: the core's
@@ -277,10 +323,10 @@ class FlowerServer:
         from ..jsonl import append_jsonl
 
         append_jsonl(self.out / ROUNDS_FILE, {  # the round's record, whole on disk (as the OpenFL engine's)
-            "round": round_num, "time": time.time(),
+            "round": round_num, "run": self.run_label, "time": time.time(),
             "sites": {s: {"weight": weights[s], "training": json.loads(str(replies[s].content["outcome"]["metrics"])),
                           "evaluation_of_received": evaluations[s]} for s in replies},
-            "excluded": result.excluded, **self.attendance.record(self.back)})
+            "excluded": result.excluded, **self.attendance.record(self.back), **self._withheld_record(round_num)})
         if result.stop:  # on_rejected: stop — aggregated without them, recorded; the run stops here
             raise result.stopped(round_num)
 
@@ -299,11 +345,30 @@ class FlowerServer:
                                             survivors=len(relay.survivors))
         self.downlink = result.downlink
         append_jsonl(self.out / ROUNDS_FILE, {
-            "round": round_num, "time": time.time(), "secure_sum_of": relay.survivors,
+            "round": round_num, "run": self.run_label, "time": time.time(), "secure_sum_of": relay.survivors,
             "secure_bytes": dict(relay.bytes_from),
             "sites": {s: {"training": json.loads(str(replies[s].content["outcome"]["metrics"])),
                           "evaluation_of_received": evaluations[s]} for s in replies},
-            "excluded": result.excluded, **self.attendance.record(self.back)})
+            "samples": SECURE_SAMPLES,  # why no site's count is in this record, nor in metrics.csv
+            "excluded": result.excluded, **self.attendance.record(self.back), **self._withheld_record(round_num)})
+
+    def withheld_by(self, released: dict[str, dict[str, dict[str, float]]],
+                    evaluations: dict[str, dict[str, float]]) -> dict[str, list[str]]:
+        """Which site withheld which metrics in its reply (its policy; under DP the default): ``{site:
+        names}``, named as on OpenFL (``train_loss``, ``evaluate_accuracy``; privacy/releases.py)."""
+        sent: dict[str, dict[str, list[str]]] = {"evaluate": {s: [f"evaluate_{k}" for k in m]
+                                                              for s, m in evaluations.items()}}
+        for site, tasks in released.items():
+            for task in self.algorithm.tasks:
+                sent.setdefault(task, {})[site] = [f"{task}_{k}" for k in tasks.get(task, {})]
+        plugin = self.algorithm
+        declared = {"evaluate": tuple(f"evaluate_{m}" for m in evaluation_metric_names(plugin, self.config)),
+                    **{t: tuple(f"{t}_{m}" for m in plugin.task_metrics.get(t, ())) for t in plugin.tasks}}
+        return withheld_metrics(sent, declared)
+
+    def _withheld_record(self, round_num: int) -> dict[str, Any]:
+        withheld = self.withheld.get(round_num) or {}
+        return {"withheld": withheld} if withheld else {}
 
     def evaluation_rows(self, round_num: int, evaluations: dict[str, dict[str, float]]) -> None:
         """Each site's held-out score of what it received at the start of ``round_num`` (the model
@@ -342,8 +407,11 @@ class FlowerServer:
                                     {"task": task, "received": to_array_record(self.downlink.for_site(s))},
                                     rounds + 1) for s in sites}
         replies = self.exchange(messages, self.round_timeout, "final evaluation", drop=True)
-        self.evaluation_rows(rounds + 1, {s: json.loads(str(r.content["outcome"]["evaluation"]))
-                                      for s, r in replies.items()})
+        evaluations = {s: json.loads(str(r.content["outcome"]["evaluation"])) for s, r in replies.items()}
+        self.withheld[rounds + 1] = self.withheld_by({}, evaluations)  # the final model's evaluation
+        if self.withheld[rounds + 1]:
+            say(f"final evaluation: {describe_withheld(self.withheld[rounds + 1])}")
+        self.evaluation_rows(rounds + 1, evaluations)
 
 
 def _refused(reply, site: str) -> str | None:
@@ -407,12 +475,14 @@ def server_app():
             logger.exception("the ServerApp failed")
             write_json(out / OUTCOME_FILE, {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
             return
+        sites = sites_evaluated(server.rows, config.rounds) if server is not None else 0  # 1: one site's, no mean
         write_json(out / OUTCOME_FILE, {"status": "finished", "final_accuracy": summary.get("final_accuracy"),
-                                        "rounds": summary.get("rounds_completed")})
+                                        "final_sites": sites, "rounds": summary.get("rounds_completed")})
         acc = summary.get("final_accuracy")
         say(f"finished: {config.rounds} rounds; the sites' held-out accuracy of the final model "
-            f"{'n/a' if acc is None else f'{acc:.4f}'}; the operator's outputs in {out} (metrics.csv, summary.json, "
-            f"rounds.jsonl, accuracy.png); each site's in its own folder, site_report/<site>/")
+            f"{'n/a' if acc is None else f'{acc:.4f}'}{one_site(sites)}; the operator's outputs in {out} (metrics.csv, "
+            f"summary.json, rounds.jsonl, accuracy.png); each site's in its own folder, site_report/<site>/<run>/ "
+            f"(this run: {server.run_label if server is not None else '?'})")
 
     return app
 

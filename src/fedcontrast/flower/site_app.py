@@ -15,7 +15,7 @@ configuration naming the site and its folders: ``site-name``, ``data`` (its imag
   then the plugin's collaborator tasks run; the uploads and the aggregation weight go back, with
   the metrics the plan and its policy let leave;
 * ``evaluate`` (after the last round): the final model is scored and written at the site
-  (``site_report/<name>/``: :mod:`fedcontrast.site.report`).
+  (``site_report/<name>/<run>/``, one folder per run: :mod:`fedcontrast.site.report`).
 
 The site's state (MOON's previous model, personal heads, DP accountants) never leaves it: it is
 kept in the SuperNode's ``context.state`` between rounds (and a copy under ``workdir/local_state/``).
@@ -103,9 +103,25 @@ class SiteRuntime:
         self.algorithm = build_algorithm_with_public(config, self.data.public)
         check_shared_files(self.algorithm, self.workdir)
         self.index = site_names(config).index(self.name)  # one of the plan's sites (checked above)
-        policy = self.data.site_policy
-        self.report = SiteReport(self.workdir / REPORT_DIR / self.name, self.name, config.rounds,
-                                 getattr(policy, "max_epsilon", None), threads=torch.get_num_threads())
+        self.network, self.data_path = network, str(Path(settings["data"]).resolve())
+        self._report: SiteReport | None = None  # this run's, made once its label is known (:attr:`report`)
+
+    @property
+    def report(self) -> SiteReport:
+        """This run's report, ``WORKDIR/site_report/<name>/<run>/``: the operator's run label (kept
+        across a resumed run) in its path and in every row, so that no two experiments share a table."""
+        if self._report is None:
+            policy = self.data.site_policy
+            self._report = SiteReport(self.workdir / REPORT_DIR / self.name, self.name, self.config.rounds,
+                                      getattr(policy, "max_epsilon", None), threads=torch.get_num_threads(),
+                                      run=self.label(), facts={"engine": "flower", "flower_run": self.run_id},
+                                      plan={"run_config": self.config.to_dict(), "network": self.network,
+                                            "model_shape": self.shape, "data": self.data_path})
+        return self._report
+
+    def label(self) -> str:
+        """The run's label as a name on this site's disk (the operator's label, else Flower's run id)."""
+        return "".join(c for c in self.run_label if c.isalnum() or c in "-_") or str(self.run_id)
 
     def _write_shared(self, shared: dict[str, bytes], pins: dict[str, str]) -> None:
         """Files the plan pins by SHA-256 (FedPCL's backbones), received as bytes: written only if
@@ -125,8 +141,7 @@ class SiteRuntime:
         """A copy of the site's state in this run, on its own disk (the SuperNode's context.state holds
         it too; a restarted SuperNode has lost that): one file per run, so a new run starts afresh, and
         a resumed run (a new Flower run carrying the operator's run label) finds its own again."""
-        label = "".join(c for c in self.run_label if c.isalnum() or c in "-_") or str(self.run_id)
-        return self.workdir / "local_state" / f"{self.name}.run{label}.pt"
+        return self.workdir / "local_state" / f"{self.name}.run{self.label()}.pt"
 
     # --- the round ----------------------------------------------------------------------------------
     def context(self, round_num: int, seed: int, state: dict[str, Any], privacy: Any = None) -> SiteContext:

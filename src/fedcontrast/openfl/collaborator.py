@@ -56,6 +56,12 @@ def explain_rpc_error(error: grpc.RpcError, uri: str) -> tuple[str, bool]:
                 "use the exact plan/plan.yaml that the aggregator initialised", False)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return f"the aggregator at {uri} refused this collaborator's upload: {details.strip()}", False
+    if code == grpc.StatusCode.UNAVAILABLE and "connection refused" in details.lower():  # nothing listens there:
+        # not a TLS matter (a site started after its federation finished meets this)
+        return f"the aggregator at {uri} is not listening (it may have finished or not started yet)", True
+    if code == grpc.StatusCode.UNAVAILABLE and "dns resolution failed" in details.lower():
+        return (f"the aggregator's host {uri.rpartition(':')[0]} does not resolve (DNS): check the plan's agg_addr "
+                "and this machine's network", True)
     if code == grpc.StatusCode.UNAVAILABLE:
         return (f"cannot reach the aggregator at {uri}: it is not running, the address is wrong, or the TLS "
                 "handshake failed (for example a certificate signed by another CA, or no client certificate)", True)
@@ -219,6 +225,8 @@ class SafeCollaborator(Collaborator):
         except FedContrastError as exc:
             raise CollaboratorStopped(f"fedcontrast collaborator: error: {exc}") from None
         super().__init__(**kwargs)
+        if kwargs.get("federation_uuid") and self.task_runner is not None:  # the run its site report is kept under
+            self.task_runner.federation_id = str(kwargs["federation_uuid"])
         # The aggregator can only say "sleep N whole seconds" when it has no task yet; a site that
         # finished early would then start the next round up to a second late. Asking again sooner
         # costs one small gRPC call.

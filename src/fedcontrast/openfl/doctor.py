@@ -37,6 +37,101 @@ def site_name(workspace: Path, name: str | None) -> str:
     return names[0]
 
 
+def is_operator_workspace(workspace: str | Path) -> bool:
+    """``workspace`` is the operator's (made by ``workspace create``, the aggregator's): its
+    ``plan/data.yaml`` names no site (the operator holds no data) and it holds the federation's CA, or
+    no site's private key. A site's workspace holds its own data line (``site join`` writes it)."""
+    ws = Path(workspace)
+    try:
+        if data_lines(ws):
+            return False
+    except ConfigError:  # a line fx would stop on: a site's file, checked as such
+        return False
+    return (ws / "cert" / "ca").is_dir() or not any((ws / "cert" / "client").glob("*.key"))
+
+
+def operator_checks(workspace: str | Path) -> list[Check]:
+    """What the operator needs in its workspace: its plan (and the code it names), the federation's CA
+    and the aggregator's certificate (dates, signature, the plan's host name, the keys' permissions),
+    which sites hold a signed certificate, that it holds no site's data, its transport and its run."""
+    import datetime as dt
+
+    from ..deploy.certificates import certificate_names, load_certificates, names_host, out_of_date, subject
+    from ..jsonl import read_jsonl
+
+    ws = Path(workspace)
+    plan, config = read_workspace_plan(ws)
+    sites = site_names(config)
+    checks = [Check("role", OK, f"{ws} is the operator's workspace (plan/data.yaml names no site's data): its plan, "
+                                "certificates and run are checked, not a site's"),
+              Check("plan", OK, f"{config.algorithm}, {len(sites)} sites ({', '.join(sites)}), {config.rounds} rounds"
+                                + (", secure aggregation" if config.secure_aggregation is not None else "")
+                                + (f", DP ({', '.join(sorted(config.privacy.kinds))})" if config.privacy else "")),
+              check_code(ws, plan, config)]
+    now = dt.datetime.now(dt.timezone.utc)
+    chain = ws / "cert" / "cert_chain.crt"
+    if not (ws / "cert" / "ca").is_dir() or not chain.is_file():
+        checks.append(Check("CA", WARN, f"no certificate authority in {ws / 'cert'} yet: make it with `fedcontrast ca "
+                                        f"init {ws}` (or `workspace create --pki-from` an earlier workspace)"))
+    else:
+        try:
+            authorities = load_certificates(chain)
+            late = [f"{subject(c)} {why}" for c in authorities for why in [out_of_date(c, now)] if why]
+        except (ConfigError, ValueError) as exc:
+            authorities, late = [], [f"{chain} cannot be read ({exc})"]
+        checks.append(Check("CA", FAIL, "; ".join(late) + ": make a new CA for a new experiment") if late else
+                      Check("CA", OK, f"{' / '.join(subject(c) for c in authorities)} ({chain.relative_to(ws)}), valid "
+                                      f"until {min(c.not_valid_after_utc for c in authorities):%Y-%m-%d}"))
+        keys = sorted((ws / "cert" / "ca").glob("*/private/*.key"))
+        loose = [k for k in keys if k.stat().st_mode & 0o077]
+        checks.append(Check("CA keys", FAIL, f"{', '.join(map(str, loose))}: others on this machine may read them; "
+                                             f"run `chmod 600` on each") if loose else
+                      Check("CA keys", OK, f"{len(keys)} CA key(s) readable by their owner only"))
+        checks.append(_aggregator_certificate(ws, plan, chain, names_host, certificate_names))
+    signed = [s for s in sites if (ws / "cert" / "client" / f"col_{s}.crt").is_file()]
+    missing = [s for s in sites if s not in signed]
+    checks.append(Check("sites", WARN, f"signed: {', '.join(signed) or 'none'}; not yet: {', '.join(missing)} "
+                                       f"(`fedcontrast ca sign {ws} REQUEST.zip --site S` for each site's request)")
+                  if missing else Check("sites", OK, f"every site holds a certificate of this CA: {', '.join(signed)}"))
+    site_keys = sorted((ws / "cert" / "client").glob("*.key"))
+    checks.append(Check("data", WARN if site_keys else OK,
+                        "no site's data here (plan/data.yaml names none): the sites' data stays with them"
+                        + (f"; but {', '.join(p.name for p in site_keys)} is a site's private key, which belongs on "
+                           "that site's machine only" if site_keys else "")))
+    checks.append(check_transport(ws, plan))
+    records = [r for r in read_jsonl(ws / "save" / "rounds.jsonl", "the aggregator's round records")
+               if isinstance(r, dict)] if (ws / "save" / "rounds.jsonl").is_file() else []
+    checks.append(Check("run", OK, f"{len(records)} of {config.rounds} rounds recorded in {ws / 'save'} "
+                                   f"(`fedcontrast report {ws}`)" if records else
+                        f"no round yet; start the aggregator with `cd {ws} && fx aggregator start`"))
+    return checks
+
+
+def _aggregator_certificate(ws: Path, plan: dict, chain: Path, names_host, certificate_names) -> Check:
+    from ..deploy.certificates import check_own_certificate, load_certificates, subject
+
+    host = str(((plan.get("network") or {}).get("settings") or {}).get("agg_addr", "")).lower()
+    crt, key = ws / "cert" / "server" / f"agg_{host}.crt", ws / "cert" / "server" / f"agg_{host}.key"
+    if not crt.is_file() or not key.is_file():
+        return Check("aggregator certificate", FAIL, f"{crt.relative_to(ws)} or its key is missing: the aggregator "
+                                                     f"cannot start TLS; make it with `fedcontrast ca init {ws}`")
+    try:
+        check_own_certificate(crt, key, chain)
+        cert = load_certificates(crt)[0]
+    except FedContrastError as exc:
+        return Check("aggregator certificate", FAIL, str(exc))
+    if not names_host(certificate_names(cert), host):
+        names = ", ".join(certificate_names(cert))
+        return Check("aggregator certificate", FAIL, f"{crt.relative_to(ws)} names {names}, not the plan's agg_addr "
+                                                     f"{host} the sites connect to")
+    if key.stat().st_mode & 0o077:
+        return Check("aggregator certificate", FAIL, f"{key} has permissions {key.stat().st_mode & 0o777:04o}: others "
+                                                     f"on this machine may read it; run `chmod 600 {key}`")
+    return Check("aggregator certificate", OK, f"{crt.relative_to(ws)} ({subject(cert)}) fits its key, is signed by "
+                                               f"the federation's CA and names {host}, valid until "
+                                               f"{cert.not_valid_after_utc:%Y-%m-%d}")
+
+
 def run_checks(workspace: str | Path, name: str | None = None, *, plan_path: str | Path | None = None,
                data_path: str | Path | None = None) -> list[Check]:
     """Every check, in order; a workspace without a readable plan raises :class:`ConfigError`.
@@ -66,6 +161,20 @@ def run_checks(workspace: str | Path, name: str | None = None, *, plan_path: str
     checks.append(check_shared(ws, config))
     checks += [check_code(ws, plan, config), check_transport(ws, plan)]
     return checks
+
+
+def report_check(workspace: str | Path, name: str | None) -> list[Check]:
+    """What the site took home so far (``local_state/site_report/<name>/``): one run per folder, never
+    rows of several runs in one table (a line, when it has a report)."""
+    from ..flower.folders import report_checks  # engine-free: the same check on both engines
+    from ..site.report import REPORT_DIR
+
+    try:
+        name = site_name(Path(workspace), name)
+    except ConfigError:
+        return []
+    own = Path(workspace) / "local_state" / REPORT_DIR / name
+    return report_checks([own]) if own.is_dir() else []
 
 
 def _check_name(config: RunConfig, name: str) -> Check:

@@ -42,7 +42,7 @@ def aggregator_outputs(out_dir: str | Path) -> str:
     return (f"final model {_shown(model)}, round records {_shown(out / ROUNDS_FILE)} (`fedcontrast report "
             f"{workspace}` prints them and writes accuracy.png, rounds.csv and summary.json)"
             f"{f', log {log}' if log else ''}; each site's outputs are in its own workspace, "
-            "local_state/site_report/<site>/")
+            "local_state/site_report/<site>/<run>/")
 
 
 def say(line: str) -> None:
@@ -91,7 +91,14 @@ def site_outputs(collaborator: Any, finished_already: bool = False) -> None:
     runner = getattr(collaborator, "task_runner", None)
     name = getattr(collaborator, "collaborator_name", "this site")
     folder = getattr(runner, "report_dir", None)
-    where = f"{_shown(Path(folder) / name)}/" if folder is not None else "its report folder"
+    run = getattr(runner, "run_id", None)
+    if folder is not None and callable(run):  # this run's own folder (site/report.py)
+        from ..site.report import run_folder_name
+
+        folder = Path(folder) / name / run_folder_name(run())
+    elif folder is not None:
+        folder = Path(folder) / name
+    where = f"{_shown(folder)}/" if folder is not None else "its report folder"
     log = output_log()
     files = (f"its outputs are in {where} (rounds.csv, rounds.jsonl, accuracy.png, final_model.pt; `fedcontrast "
              f"report {Path.cwd()}` prints its rows){f', log {log}' if log else ''}")

@@ -80,6 +80,7 @@ def revoke_certificate(cert_dir: str | Path, name: str, reason: str, *, now: dt.
     cert = load_certificates(path)[0]
     now = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
     record = {"name": name, "serial": serial_hex(cert), "sha256": fingerprint(cert), "subject": subject(cert),
+              "public_key": key_fingerprint(cert.public_key()),  # the key itself is never signed again
               "reason": reason, "revoked_at": now.strftime("%Y-%m-%dT%H:%M:%SZ")}
     log = cert_dir / REVOCATION_LOG
     if record["sha256"] not in {r["sha256"] for r in revocations(cert_dir)}:  # a re-run after a crash: once
@@ -92,6 +93,47 @@ def revoke_certificate(cert_dir: str | Path, name: str, reason: str, *, now: dt.
     os.replace(path, target)
     record["kept"] = str(target)
     return record
+
+
+def key_fingerprint(public_key) -> str:
+    """A public key's fingerprint (``SHA256:`` and the hex SHA-256 of its SubjectPublicKeyInfo), as
+    ``fedcontrast site roster`` shows it."""
+    from ..privacy.secagg import fingerprint as of_key
+
+    return of_key(public_key)
+
+
+def revoked_keys(cert_dir: str | Path) -> dict[str, dict]:
+    """The public keys of every certificate this CA revoked (their fingerprint → the revocation record):
+    from ``cert/revoked.jsonl`` (its ``public_key``), and from the revoked certificates kept in
+    ``cert/revoked/`` (records written before the key was recorded, or a record lost). A revoked key is
+    never signed again (:func:`refuse_revoked_key`). A record that cannot be read raises :class:`ConfigError`."""
+    records = revocations(cert_dir)
+    keys = {r["public_key"]: r for r in records if isinstance(r.get("public_key"), str)}
+    by_certificate = {r["sha256"]: r for r in records}
+    for path in sorted((Path(cert_dir) / REVOKED_DIR).glob("col_*.crt")):
+        try:
+            cert = load_certificates(path)[0]
+        except (ConfigError, IndexError):
+            continue  # a damaged copy: its record (if any) still holds the key
+        key = key_fingerprint(cert.public_key())
+        keys.setdefault(key, by_certificate.get(fingerprint(cert), {"name": path.stem.removeprefix("col_"),
+                                                                    "kept": str(path)}))
+    return keys
+
+
+def refuse_revoked_key(cert_dir: str | Path, public_key, what: str) -> None:
+    """One :class:`ConfigError` when ``public_key`` (of the request ``what``) is the key of a certificate
+    this CA revoked: a revoked key never comes back, whatever name the request carries."""
+    key = key_fingerprint(public_key)
+    record = revoked_keys(cert_dir).get(key)
+    if record is not None:
+        when = f" on {record['revoked_at'][:10]}" if record.get("revoked_at") else ""
+        why = f" ({record['reason']})" if record.get("reason") else ""
+        holder = record.get("name", "a site")
+        raise ConfigError(f"refused to sign {what}: its public key {key} is the key of {holder}'s certificate "
+                          f"revoked{when}{why}, and a revoked key is never signed again; the site makes a new key and "
+                          "request (`fedcontrast site join` again) and reads you its hash")
 
 
 class EnrolledCertificates:

@@ -57,8 +57,10 @@ def guard_collaborator_plan(plan_path: str | Path, data_config: str | Path, name
     """The checks of a collaborator's start, wherever OpenFL builds one from a plan (``Plan.get_collaborator``,
     wrapped by ``_fedcontrast_fx_guard``): ``built`` is the plan as OpenFL parsed it (None: not parsed
     yet), whose components are checked too, being what OpenFL will import."""
+    from ..deploy.trust import check_workspace_files
     from ..deploy.workspace import load_plan_file
 
+    check_workspace_files(cwd, plan_path, data_config)  # a FIFO or device read by fx would block for ever
     path = Path(plan_path)
     if not path.is_file():
         return  # fx names the missing plan itself
@@ -106,8 +108,10 @@ def guard_aggregator_start(argv: list[str], cwd: str | Path) -> None:
 
 def guard_aggregator_plan(plan_path: str | Path, cwd: str | Path) -> None:
     """The aggregator's plan file, wherever OpenFL builds one from it (``Plan.get_aggregator``)."""
+    from ..deploy.trust import check_workspace_files
     from ..deploy.workspace import load_plan_file
 
+    check_workspace_files(cwd, plan_path)  # a FIFO or device read by fx would block for ever
     if Path(plan_path).is_file():
         load_plan_file(plan_path)
 
@@ -142,6 +146,68 @@ def _check_site_files(ws: Path, plan: Any, name: str, data_config: Path) -> None
         raise PackageRefused(str(exc)) from None
 
 
+# Built by OpenFL's Plan where a fedcontrast plan has no section of its own (its straggler policy).
+OPENFL_DEFAULT_TEMPLATES = ("openfl.component.aggregator.straggler_handling.WaitForAllPolicy",)
+
+
+def accepted_components() -> set[str]:
+    """Every component OpenFL's ``Plan`` may build in this environment: the installed fedcontrast's,
+    those installed plugins declare under ``fedcontrast.openfl_templates``, and OpenFL's own defaults
+    for the sections a fedcontrast plan leaves out (:data:`OPENFL_DEFAULT_TEMPLATES`)."""
+    from ..deploy.templates import allowed_templates
+
+    return set(OPENFL_DEFAULT_TEMPLATES).union(*allowed_templates().values())
+
+
+def component_refusal(template: Any, plan: Any = None, source: str | None = None) -> str | None:
+    """Why OpenFL's ``Plan`` may not build (or import) the plan component ``template`` — one sentence —
+    or None when it may: wherever a component is built (``Plan.build`` and ``Plan.import_``, which every
+    ``get_*`` goes through, wrapped by ``_fedcontrast_fx_guard``). ``plan``: the parsed plan the
+    component comes from (None: built without one), whose every component is checked with it, section
+    by section, as :func:`guard_collaborator_plan` checks them (``source``: its file, to name it)."""
+    refusal = plan_refusal(plan, source) if plan is not None else None
+    if refusal is not None:
+        return refusal
+    if isinstance(template, str) and template in accepted_components():
+        return None
+    named = f" (in {source})" if source else ""
+    return (f"the plan component {template!r}{named} is neither the installed fedcontrast's nor one declared by an "
+            "installed plugin (entry points fedcontrast.openfl_templates): refused before its module was imported")
+
+
+def plan_refusal(plan: Any, source: str | None = None) -> str | None:
+    """Why no component of ``plan`` (as OpenFL parsed it) may be built — one sentence naming each
+    component that is not the one a fedcontrast plan has in its section — or None."""
+    from ..deploy.templates import template_problems
+
+    if not isinstance(plan, dict):
+        return None
+    problems = template_problems({k: v for k, v in plan.items() if isinstance(v, dict)}, source or "the plan")
+    return "this plan is refused before any of its components is imported: " + "; ".join(problems) if problems \
+        else None
+
+
+def _modules(template: str) -> set[str]:
+    """The module of a ``package.module.Class`` template and every package above it."""
+    parts = template.rsplit(".", 1)[0].split(".") if "." in template else []
+    return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+
+
+def foreign_modules(plan: Any) -> set[str]:
+    """The modules (with their packages) that ``plan``'s components other than the accepted ones
+    (:func:`accepted_components`) would import, less those of accepted components: the start-up
+    guard refuses to import them by any route once OpenFL parsed the plan (``fx plan initialize``
+    imports the data loader with importlib, not through ``Plan.build``)."""
+    from ..deploy.templates import plan_templates
+
+    if not isinstance(plan, dict):
+        return set()
+    accepted = accepted_components()
+    named = [t for _, t in plan_templates({k: v for k, v in plan.items() if isinstance(v, dict)}) if isinstance(t, str)]
+    ours = set().union(*(_modules(t) for t in accepted))
+    return set().union(*(_modules(t) for t in named if t not in accepted)) - ours
+
+
 def guard_installed() -> Path | None:
     """The ``.pth`` file that makes every ``fx collaborator start`` in this environment run
     :func:`guard_collaborator_start`; None when it is not installed here."""
@@ -171,7 +237,7 @@ def covered_launchers() -> tuple[list[str], list[str]]:
     that do not): what ``fedcontrast doctor`` reports."""
     pth, torch = guard_installed() is not None, torch_guard_installed()
     everyday = ["fx", "a link to fx under another name", "python -m openfl.interface.cli",
-                "a program building the collaborator with OpenFL's Plan"]
+                "fx plan initialize", "a program building the collaborator or any plan component with OpenFL's Plan"]
     covered = (everyday if pth or torch else []) + (["python -S with site-packages on PYTHONPATH"] if torch else [])
     missing = ([] if pth or torch else everyday) + ([] if torch else ["python -S with site-packages on PYTHONPATH"])
     return covered, missing + ["python -S without this environment (nothing of fedcontrast runs there)"]

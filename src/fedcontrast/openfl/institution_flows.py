@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from ..deploy.common import DeploymentError, refuse_secrets, secrets_in
 from ..deploy.trust import requirement_problems
 from ..errors import ConfigError
+from ..yamlio import read_bytes
 from .fx import run_fx
 from .operator_flows import request_site
 
@@ -129,7 +130,7 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
                 from ..deploy.anchor import fingerprint_of_chain, pin_ca, read_pin
 
                 earlier = read_pin(old)
-                found, subject = fingerprint_of_chain((ws / "cert" / "cert_chain.crt").read_bytes(),
+                found, subject = fingerprint_of_chain(read_bytes(ws / "cert" / "cert_chain.crt", "the CA chain"),
                                                       f"the CA chain of {cert_from}")
                 pin_ca(ws / "cert", (earlier or {}).get("sha256", found), subject,
                        f"from {cert_from}'s pin" if earlier else f"from {cert_from}'s CA chain")

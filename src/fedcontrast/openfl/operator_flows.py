@@ -196,6 +196,14 @@ def sign_request(workspace: str | Path, request_zip: str | Path, *, confirm: Cal
                               f"({', '.join(site_names(config))})")
     if not (ws / "cert" / "ca" / "signing-ca.crt").exists():
         raise DeploymentError(f"{ws} has no certificate authority yet: run `fedcontrast ca init {ws}` first")
+    from cryptography import x509
+
+    from .enrolment import refuse_revoked_key
+
+    try:  # a key whose certificate was revoked never comes back, under this name or another
+        refuse_revoked_key(ws / "cert", x509.load_pem_x509_csr(read.pem).public_key(), request.name)
+    except ConfigError as exc:
+        raise DeploymentError(str(exc)) from None
     issued = ws / "cert" / "client" / f"col_{site}.crt"
     if issued.exists():
         try:
@@ -223,7 +231,6 @@ def sign_request(workspace: str | Path, request_zip: str | Path, *, confirm: Cal
         raise DeploymentError(f"'fx collaborator certify' did not write {signed if not issued.exists() else issued}")
     refuse_secrets(signed)
     cert = load_certificates(issued)[0]
-    from cryptography import x509
     from cryptography.hazmat.primitives import serialization
 
     der = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo

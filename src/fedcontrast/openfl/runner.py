@@ -225,8 +225,21 @@ class PluginTaskRunner(TaskRunner):
         if col_name not in self._reports:
             policy = getattr(self.data_loader, "site_policy", None)
             self._reports[col_name] = SiteReport(self.report_dir / col_name, col_name, self.config.rounds,
-                                                 getattr(policy, "max_epsilon", None), threads=self.threads.threads)
+                                                 getattr(policy, "max_epsilon", None), threads=self.threads.threads,
+                                                 run=self.run_id(), facts={"engine": "openfl"})
         return self._reports[col_name]
+
+    def run_id(self) -> str:
+        """The federation this site's report belongs to: OpenFL's federation id (the plan's name and
+        hash, set by fedcontrast's collaborator), else the run configuration's digest."""
+        given = getattr(self, "federation_id", None)
+        if given:
+            return str(given)
+        import hashlib
+        import json
+
+        return "plan_" + hashlib.sha256(json.dumps(self.config.to_dict(), sort_keys=True,
+                                                   default=str).encode()).hexdigest()[:8]
 
     # --- per-site state on the site's disk ------------------------------------------------------
     def _state_path(self, col_name: str) -> Path:

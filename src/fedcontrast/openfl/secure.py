@@ -101,7 +101,9 @@ class CertificateKeys:
     def __init__(self, chain: str | Path) -> None:
         from cryptography import x509
 
-        self.authorities = x509.load_pem_x509_certificates(Path(chain).read_bytes())
+        from ..yamlio import read_bytes
+
+        self.authorities = x509.load_pem_x509_certificates(read_bytes(chain, "the CA chain"))
 
     def __call__(self, site: str, pem: str) -> Any:
         from cryptography import x509
@@ -138,8 +140,11 @@ class OpenFLChannel:
             raise ConfigError("secure aggregation needs the federation's mutual TLS (each site signs its keys with "
                               "its certificate's private key): turn use_tls and require_client_auth on")
         self.collaborator = collaborator
-        self.signing_key = serialization.load_pem_private_key(Path(client.private_key).read_bytes(), password=None)
-        self.certificate = Path(client.certificate).read_text()
+        from ..yamlio import read_bytes, read_text
+
+        self.signing_key = serialization.load_pem_private_key(read_bytes(client.private_key, "private key"),
+                                                              password=None)
+        self.certificate = read_text(client.certificate, "certificate")
         self.peer_keys = CertificateKeys(client.root_certificate)
 
     def run(self, site: str, round_num: int, vector: np.ndarray | None, config: RunConfig,

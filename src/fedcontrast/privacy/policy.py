@@ -116,6 +116,13 @@ class SitePolicy:
                                       f"`fedcontrast site roster` prints it), got {value!r}")
             object.__setattr__(self, "peers", {k: v.strip().lower().replace("sha256:", "SHA256:")
                                                for k, v in self.peers.items()})
+            holders: dict[str, str] = {}
+            for site, value in sorted(self.peers.items()):
+                other = holders.setdefault(value, site)
+                if other != site:
+                    raise ConfigError(f"policy peers: sites {other} and {site} are pinned to the same key {value}: one "
+                                      "party could speak for both sites; each site needs a key of its own "
+                                      "(`fedcontrast site roster` refuses such a roster)")
         if self.federation is not None and not (isinstance(self.federation, str)
                                                 and FEDERATION_ID.fullmatch(self.federation)):
             raise ConfigError("policy federation must be the federation's name as the sites agreed it (letters, "

@@ -134,3 +134,52 @@ def _metric_line(name: str, source: str, count: int, shared: bool, dp: bool, set
         return ReleaseLine(name, source, 0, "withheld", f"kept on the site ({setting}: true to share)")
     note = "no DP in the plan" if not dp else f"shared by the site's choice ({setting}: true)"
     return ReleaseLine(name, source, count * METRIC_BYTES, "not covered", note)
+
+
+WEIGHT_METRIC = "fedcontrast_aggregation_weight"  # OpenFL's metric carrying n_k: never a withheld one
+
+
+def withheld_metrics(sent: dict[str, dict[str, list[str]]],
+                     declared: dict[str, tuple[str, ...]]) -> dict[str, list[str]]:
+    """Which site withheld which metric, from what each site sent with its results (``{task: {site:
+    metric names}}``) and the metrics each task declares (``declared``, OpenFL names such as
+    ``evaluate_accuracy``): a site that sent a task's results withheld every metric of that task that
+    another site sent, and, when it sent none of the task's declared metrics, those too (its policy
+    keeps them, the default under DP). ``{site: sorted names}``; a site that withheld nothing is absent."""
+    out: dict[str, set[str]] = {}
+    for task, by_site in sent.items():
+        anyone = set().union(*map(set, by_site.values())) if by_site else set()
+        names = set(declared.get(task, ()))
+        for site, sent_names in by_site.items():
+            own = set(sent_names)
+            expected = anyone | (names if not own & names else set())
+            missing = expected - own - {WEIGHT_METRIC}
+            if missing:
+                out.setdefault(site, set()).update(missing)
+    return {site: sorted(names) for site, names in sorted(out.items())}
+
+
+def metric_kind(name: str) -> str:
+    """What a site's metric is about, for a sentence: ``evaluation`` (``evaluate_*``), ``ε``
+    (``*_dp_epsilon*``) or ``training``."""
+    from ..deploy.workspace import EVALUATE_TASK
+
+    if name.startswith(EVALUATE_TASK + "_"):
+        return "evaluation"
+    return "ε" if "dp_epsilon" in name else "training"
+
+
+def describe_withheld(withheld: dict[str, list[str]]) -> str:
+    """One clause per group of sites that withheld the same kinds of metrics, e.g. ``site_1
+    withheld its evaluation and training metrics``; empty when no site withheld any."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    order = ("evaluation", "training", "ε")
+    for site, names in sorted(withheld.items()):
+        kinds = tuple(k for k in order if any(metric_kind(n) == k for n in names))
+        if kinds:
+            groups.setdefault(kinds, []).append(site)
+    clauses = []
+    for kinds, sites in groups.items():
+        what = " and ".join(kinds) if len(kinds) < 3 else f"{kinds[0]}, {kinds[1]} and {kinds[2]}"
+        clauses.append(f"{', '.join(sites)} withheld {'its' if len(sites) == 1 else 'their'} {what} metrics")
+    return "; ".join(clauses)

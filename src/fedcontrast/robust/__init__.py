@@ -13,7 +13,9 @@ uploads through one :class:`UploadScreen` before the plugin aggregates them, con
   norms, counts, Gram matrices…);
 * for model weights, the update ``w_k − w`` (``w`` the global model the site received) must not be
   larger than ``max_update_ratio · ‖w‖`` (L2 over every floating-point model tensor);
-* an upload identical to one the same site sent in an earlier round is a replay.
+* an upload identical to one the same site sent in an earlier round is a replay, and so is a stale
+  one: near an earlier upload of the site while the global model moved (``min_progress``,
+  :mod:`.replay`) — a free-rider resending old work, altered.
 
 Across the sites of a round (at least three), when the plan sets them: an update whose norm exceeds
 ``max_update_spread`` × the median norm of the other sites' updates (:func:`update_spreads`), and an

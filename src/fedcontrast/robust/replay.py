@@ -18,19 +18,42 @@ lr × gradient. Measured on digits (3 sites, 10 rounds, 1 local epoch, seed 0; 1
 the smallest relative distance between a site's upload and any of its earlier ones is 1.2 × 10⁻³
 (FedAvg), 4.2 × 10⁻³ (MOON) and 2.4 × 10⁻³ (FedPCL). :data:`NEAR_REPLAY` = 10⁻⁵ is two orders of magnitude below
 that, and 80 times float32's relative rounding (1.2 × 10⁻⁷): a replay must be altered by more than
-10⁻⁵ of its norm to pass — by then it carries a perturbation rather than a copy, which the update
-bounds judge as any other upload. The sketches are kept in memory (a restarted aggregator checks
-exact replays of earlier rounds only, by their saved digests).
+10⁻⁵ of its norm to pass. The sketches are kept in memory (a restarted aggregator checks exact
+replays of earlier rounds only, by their saved digests).
+
+Stale uploads: no progress along the global model (``robustness.min_progress``). A fixed radius
+leaves a free-rider room: resending its round-1 upload plus noise of 2 × 10⁻⁵ of its norm, or scaled
+by 1 ± 10⁻⁴, every round, passes it — while honest uploads never come within 10⁻³ of each other.
+What such an upload is, whatever its alteration: it does not follow the global model. An honest
+upload ``u_t = w_t + Δ_t`` starts from the global model ``w_t`` the site received, so its distance to
+the site's earlier upload ``u_s = w_s + Δ_s`` carries the global model's move ``w_t − w_s`` (the
+other sites' work, aggregated) besides the site's own SGD steps; a stale upload stays by its old
+one, however far the global model moved. So each accepted upload also keeps the sketch of the global
+model its site received (over the upload's model tensors), and an upload is stale when its distance
+to an earlier one of the site is below ``min_progress`` × the distance between the global models the
+two were made from (the sketch of a difference is the difference of the sketches: one subtraction
+per earlier upload). The radius is thus derived from the run's own honest progress — not a constant
+—, and falls back to :data:`NEAR_REPLAY` of the upload's norm where the global model did not move.
+Measured on digits (FedAvg and MOON, 10 local epochs; 3 sites Dir(0.5) and 10 sites Dir(0.1), 10
+rounds, seeds 0–2; every site, every pair of its rounds): an honest upload moved at least 0.6 × the
+global model's move away from each of its earlier ones (the smallest ratio: where local training
+pulls a site back towards its own optimum); the free-rider above 10⁻⁴ to 10⁻² of it. The default
+``min_progress`` 0.1 lies between (benchmarks/free_rider.py, RESULTS.md). A plugin whose uploads do
+not start from the received global model (FedSiam-DA's ``local_start: previous``) says so
+(``uploads_follow_global`` False): its sites get the fixed radius only.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import zlib
 from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
+
+from .updates import _weight_names
 
 BUCKETS = 256
 NEAR_REPLAY = 1e-5  # relative L2 distance below which an upload is a near-copy of an earlier one
@@ -108,16 +131,29 @@ class SketchHistory:
         self.rounds = torch.empty(0, dtype=torch.int64, device="cpu")  # on the CPU, as the sketches
         self.matrix = torch.empty(0, BUCKETS, dtype=torch.float64, device="cpu")
         self.norms = torch.empty(0, dtype=torch.float64, device="cpu")
+        # the sketch of the global model each upload was made from, over the model tensors ``names``
+        # (a row of NaN: not known); 2 KiB more per accepted upload
+        self.received = torch.empty(0, BUCKETS, dtype=torch.float64, device="cpu")
+        self.names: tuple[str, ...] | None = None
 
-    def add(self, round_num: int, sketch: torch.Tensor, norm: float) -> None:
+    def add(self, round_num: int, sketch: torch.Tensor, norm: float, names: tuple[str, ...] | None = None,
+            received: torch.Tensor | None = None) -> None:
+        """``received``: the sketch of the global model the upload was made from, over its model tensors
+        ``names`` (:func:`upload_sketch` of those tensors); None when not known."""
         n = self.count
         if n == self.matrix.shape[0]:  # full: twice the room, the rows kept
             cap = max(4, 2 * n)
             self.rounds = torch.cat([self.rounds, self.rounds.new_empty(cap - n)])
             self.matrix = torch.cat([self.matrix, self.matrix.new_empty((cap - n, BUCKETS))])
             self.norms = torch.cat([self.norms, self.norms.new_empty(cap - n)])
+            self.received = torch.cat([self.received, self.received.new_empty((cap - n, BUCKETS))])
         self.rounds[n], self.norms[n] = round_num, norm
         self.matrix[n] = sketch
+        if received is not None and names and self.names in (None, names):
+            self.names = names
+            self.received[n] = received
+        else:  # not known, or over other tensors than the earlier rows: never compared
+            self.received[n] = math.nan
         self.count = n + 1
         self.seen.add(round_num)
 
@@ -144,6 +180,95 @@ def nearest(sketch: tuple[torch.Tensor, float], history: SketchHistory | None, s
     return int(history.rounds[best]), float(distances[best])
 
 
+class Stale(NamedTuple):
+    """An upload found to be a copy of an earlier one of its site (:func:`stale`): that upload's round,
+    their distance ``‖s(u) − s(v)‖`` and scale ``max(‖u‖, ‖v‖)``, how far the global model the site
+    received moved between the two (``moved``, NaN: not known) and the radius the distance is below
+    (``max(NEAR_REPLAY · scale, min_progress · moved)``)."""
+    round: int
+    distance: float
+    scale: float
+    moved: float
+    radius: float
+
+    @property
+    def relative(self) -> float:
+        return self.distance / self.scale
+
+    @property
+    def by_progress(self) -> bool:
+        """The radius is the one derived from the global model's move (not the fixed near-copy radius)."""
+        return self.radius > NEAR_REPLAY * self.scale
+
+    def sentence(self, site: str, round_num: int, min_progress: float | None) -> str:
+        """The rejection of ``site``'s upload of round ``round_num``, in one sentence."""
+        if self.by_progress:
+            return (f"site {site!r} sent in round {round_num} an upload within {self.relative:.2g} (relative distance) "
+                    f"of the one it sent in round {self.round}, though the global model it received moved "
+                    f"{self.moved / self.scale:.2g} since then: it moved {self.distance / self.moved:.2g}× the global "
+                    f"model's move, below the plan's min_progress {min_progress:g} (honest uploads follow the global "
+                    "model): its earlier upload resent, altered, not fresh work; rejected")
+        return (f"site {site!r} sent in round {round_num} an upload within {self.relative:.2g} (relative distance) of "
+                f"the one it sent in round {self.round}, below the {NEAR_REPLAY:g} that honest training always "
+                "exceeds: a replay altered in its last digits, not fresh work; rejected")
+
+
+class ReceivedSketches:
+    """The sketch of a round's global model over each set of model tensors an upload made from it holds:
+    what a stale upload is measured against (:func:`stale`), made once for the sites of a round."""
+
+    def __init__(self) -> None:
+        self.reference: tuple[Mapping[str, torch.Tensor], int] | None = None  # the model and its round
+        self.kept: dict[tuple[str, ...], torch.Tensor] = {}
+
+    def of(self, upload: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor] | None,
+           names: tuple[str, ...] | None = None, round_num: int = 0) -> tuple[tuple[str, ...], torch.Tensor | None]:
+        """(``upload``'s model tensors — ``names`` when known —, the sketch of ``reference``, the global
+        model of round ``round_num``, over them); no sketch without a reference or model tensors."""
+        if not reference:
+            return (), None
+        names = tuple(_weight_names(upload, reference)) if names is None else tuple(names)
+        if not names:
+            return (), None
+        if self.reference is None or self.reference[0] is not reference or self.reference[1] != round_num:
+            self.reference, self.kept = (reference, round_num), {}
+        if names not in self.kept:
+            self.kept[names] = upload_sketch({n: reference[n] for n in names})[0]
+        return names, self.kept[names]
+
+
+def stale(sketch: tuple[torch.Tensor, float], history: SketchHistory | None, *, received: torch.Tensor | None = None,
+          names: tuple[str, ...] | None = None, min_progress: float | None = None,
+          skip_round: int | None = None) -> Stale | None:
+    """The earlier upload in ``history`` (those of round ``skip_round`` left out) that the upload with
+    ``sketch`` stays too near to, or None: nearer than :data:`NEAR_REPLAY` of their norms, or — given
+    ``received`` (the sketch of the global model this upload was made from, over the model tensors
+    ``names``) and ``min_progress`` — nearer than ``min_progress`` × the distance between that global
+    model and the one the earlier upload was made from. Of several, the one with the smallest ratio of
+    distance to radius (then the earliest). An all-zero upload is left to its digest."""
+    values, norm = sketch
+    n = 0 if history is None else history.count
+    if not n or not norm > 0 or not torch.isfinite(values).all():
+        return None
+    assert history is not None
+    scales = history.norms[:n].clamp(min=norm)  # max(‖u‖, ‖v‖) for each earlier v
+    distances = torch.linalg.vector_norm(history.matrix[:n] - values, dim=1)
+    radii = NEAR_REPLAY * scales
+    moved = torch.full((n,), math.nan, dtype=torch.float64)
+    if received is not None and min_progress and names and names == history.names \
+            and bool(torch.isfinite(received).all()):
+        moved = torch.linalg.vector_norm(history.received[:n] - received, dim=1)  # NaN rows stay NaN
+        radii = torch.where(torch.isfinite(moved), torch.maximum(radii, min_progress * moved), radii)
+    near = distances < radii
+    if skip_round is not None and skip_round in history.seen:
+        near &= history.rounds[:n] != skip_round
+    if not bool(near.any()):
+        return None
+    best = int(torch.where(near, distances / radii, torch.inf).argmin())
+    return Stale(int(history.rounds[best]), float(distances[best]), float(scales[best]), float(moved[best]),
+                 float(radii[best]))
+
+
 def upload_digest(upload: Mapping[str, torch.Tensor]) -> str:
     """SHA-256 of an upload's names and bytes (order-independent)."""
     h = hashlib.sha256()
@@ -156,6 +281,8 @@ def upload_digest(upload: Mapping[str, torch.Tensor]) -> str:
 
 
 class ReplayMark(NamedTuple):
-    """What an accepted upload leaves for replay detection: its digest and its sketch (:mod:`.replay`)."""
+    """What an accepted upload leaves for replay detection: its digest and its sketch (:mod:`.replay`),
+    and (its model tensors, the sketch of the global model it was made from over them) when known."""
     digest: str
     sketch: tuple
+    received: tuple[tuple[str, ...], torch.Tensor | None] = ((), None)

@@ -18,7 +18,7 @@ from ..config import MIN_ROBUST_SITES
 from ..errors import FedContrastError
 from ..tensors import InvalidUploadError, shared
 from .blame import BLAME_WINDOW, Move, _cosine_to, _non_finite, _round_spans, abnormal_move, all_rejected_hint
-from .replay import NEAR_REPLAY, ReplayMark, SketchHistory, nearest, upload_digest, upload_sketch
+from .replay import ReceivedSketches, ReplayMark, SketchHistory, stale, upload_digest, upload_sketch
 from .updates import (
     _reference_norm,
     _shared_weight_names,
@@ -92,6 +92,7 @@ class UploadScreen:
         self._noted: set[tuple[int, str]] = set()  # (round, site) whose rejection screen() explained already
         self._facts: dict[str, UploadFacts] = {}  # the current round's accepted uploads as their sites measured them
         self._measured_against: tuple[Mapping[str, torch.Tensor], dict[str, torch.Tensor]] | None = None  # measure()
+        self._received = ReceivedSketches()  # each round's global model, sketched (min_progress: .replay)
 
     # single checks, each raising RejectedUpload naming the site
     def max_samples(self, site: str) -> float | None:
@@ -151,10 +152,11 @@ class UploadScreen:
         return norm
 
     def check_replay(self, site: str, upload: Mapping[str, torch.Tensor], round_num: int,
-                     mark: ReplayMark | None = None) -> ReplayMark | None:
+                     mark: ReplayMark | None = None, reference: Mapping[str, torch.Tensor] | None = None,
+                     names: tuple[str, ...] | None = None) -> ReplayMark | None:
         """The upload's digest and sketch, or None when the plan does not reject replays (nothing hashed);
-        an exact copy of one of the site's earlier uploads, or a near-copy (:mod:`.replay`), is rejected.
-        ``mark``: the digest and sketch measured where the upload was made (:meth:`measure`)."""
+        an exact copy of one of the site's earlier uploads, a near-copy or a stale one (:mod:`.replay`) is
+        rejected. ``mark``, ``names``: as measured where the upload was made (:meth:`measure`)."""
         if not self.config.reject_replays:
             return None
         digest = upload_digest(upload) if mark is None else mark.digest
@@ -163,13 +165,13 @@ class UploadScreen:
             raise RejectedUpload(f"site {site!r} sent in round {round_num} exactly the upload it sent in round "
                                  f"{first} (a replay, not fresh work); rejected")
         sketch = upload_sketch(upload) if mark is None else mark.sketch
-        near = nearest(sketch, self.sketches.get(site), skip_round=round_num)
-        if near is not None and first is None:
-            raise RejectedUpload(f"site {site!r} sent in round {round_num} an upload within {near[1]:.2g} (relative "
-                                 f"distance) of the one it sent in round {near[0]}, below the {NEAR_REPLAY:g} that "
-                                 "honest training always exceeds: a replay altered in its last digits, not fresh "
-                                 "work; rejected")
-        return ReplayMark(digest, sketch)
+        follows = bool(self.config.min_progress) and getattr(self.algorithm, "uploads_follow_global", True)
+        names, received = self._received.of(upload, reference if follows else None, names, round_num)
+        found = stale(sketch, self.sketches.get(site), received=received, names=names,
+                      min_progress=self.config.min_progress, skip_round=round_num)
+        if found is not None and first is None:
+            raise RejectedUpload(found.sentence(site, round_num, self.config.min_progress))
+        return ReplayMark(digest, sketch, (names, received))
 
     def check(self, site: str, upload: Mapping[str, torch.Tensor], weight: Any, round_num: int,
               reference: Mapping[str, torch.Tensor] | None,
@@ -186,7 +188,8 @@ class UploadScreen:
         except InvalidUploadError as exc:
             raise RejectedUpload(str(exc)) from None
         norm = self.check_update(site, upload, reference, reference_norms, facts)
-        return self.check_replay(site, upload, round_num, None if facts is None else facts.mark), norm
+        mark, names = (None, None) if facts is None else (facts.mark, facts.names)
+        return self.check_replay(site, upload, round_num, mark, reference, names), norm
 
     def measure(self, upload: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor] | None) -> UploadFacts:
         """What :meth:`check` and :meth:`note_move` measure of ``upload`` on its own, against the global
@@ -345,7 +348,7 @@ class UploadScreen:
                     self.fresh[site] = digest.digest
                 if site not in self.sketches:
                     self.sketches[site] = SketchHistory()
-                self.sketches[site].add(round_num, *digest.sketch)
+                self.sketches[site].add(round_num, digest.sketch[0], digest.sketch[1], *digest.received)
             upload = uploads[site]
             if self.config.clip_update_norm is not None and reference:
                 upload = clip_update(upload, reference, self.config.clip_update_norm, norm=norm)

@@ -10,6 +10,11 @@ written. A round then costs its own rows, not the run's: at 1,000 sites the rows
 0.4 s to write into every checkpoint. A resume reads the lines of the rounds the
 checkpoint counts and drops any later one (a round that did not finish). Format 1 checkpoints, with
 the rows inside, still resume.
+
+Every line names its run (``"run"``, the id the run's checkpoint holds) and its round: on resume a line
+of another run, or a second line of a round that differs from the first, is refused in one sentence
+naming the file and the line (:func:`~fedcontrast.jsonl.read_run_records`), never read in place of the
+run's own; an identical duplicate is dropped.
 """
 
 from __future__ import annotations
@@ -23,11 +28,11 @@ import torch
 
 from ..atomic import atomic_torch_save, write_failure
 from ..errors import CheckpointError, ConfigError, FedContrastError
-from ..jsonl import append_jsonl, read_jsonl, rewrite_jsonl
+from ..jsonl import append_jsonl, read_run_records, rewrite_jsonl
 
 FORMAT = 2
 FORMATS = (1, 2)  # what load_checkpoint reads: 1 holds the rows itself
-ROWS_FILE = "checkpoint.rows.jsonl"  # beside checkpoint.pt: {"round": r, "rows": [...], "digests": {...}} a round
+ROWS_FILE = "checkpoint.rows.jsonl"  # beside checkpoint.pt: {"round": r, "run": id, "rows": [...], "digests": {...}}
 
 
 def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
@@ -86,14 +91,26 @@ def _write(path: Path, payload: dict[str, Any]) -> None:
     save_checkpoint(path, payload)
 
 
+def new_run_id() -> str:
+    """A run's id: in its checkpoint and in every line of its :data:`ROWS_FILE`, kept when it is resumed."""
+    import uuid
+
+    return uuid.uuid4().hex[:12]
+
+
+def _line(round_num: int, run: str | None, rows: list[dict[str, Any]], digests: dict[str, str]) -> dict[str, Any]:
+    return {"round": round_num, **({"run": run} if run is not None else {}), "rows": rows, "digests": digests}
+
+
 def append_round_rows(path: Path, round_num: int, rows: list[dict[str, Any]],
-                      digests: dict[str, str] | None = None) -> None:
+                      digests: dict[str, str] | None = None, run: str | None = None) -> None:
     """Round ``round_num``'s metrics rows and ``digests`` (site → the digest of its upload, first sent
     this round: the replay screen's memory), as one line of :data:`ROWS_FILE` beside the checkpoint
-    ``path``; written before the checkpoint that counts the round."""
+    ``path``, bound to the run ``run`` (None: a run from before runs had ids); written before the
+    checkpoint that counts the round."""
     target = path.with_name(ROWS_FILE)
     try:
-        append_jsonl(target, {"round": round_num, "rows": rows, "digests": digests or {}}, allow_nan=True, sync=False)
+        append_jsonl(target, _line(round_num, run, rows, digests or {}), allow_nan=True, sync=False)
     except OSError as exc:
         raise write_failure(target, exc) from None
 
@@ -102,7 +119,7 @@ def checkpoint_rows(path: Path, data: dict[str, Any]) -> tuple[list[dict[str, An
     """The metrics rows of the rounds the checkpoint ``data`` (read from ``path``) counts, in round
     order, and the digests of the uploads first sent in them (site → digest → round); :data:`ROWS_FILE`
     is rewritten to hold only those rounds (a round after them did not finish). :class:`CheckpointError`
-    when a counted round's rows are missing."""
+    when a counted round's rows are missing, a line is another run's, or a round has two lines that differ."""
     digests = {site: dict(seen) for site, seen in data["federation"].get("upload_digests", {}).items()}
     fresh: dict[int, dict] = {}
     if data["format"] == 1:
@@ -119,17 +136,16 @@ def checkpoint_rows(path: Path, data: dict[str, Any]) -> tuple[list[dict[str, An
             raise CheckpointError(f"checkpoint {path} is incomplete: {source}, which holds the metrics rows of its "
                                   "rounds, is missing; it was left untouched: start a new run with another --name")
         try:
-            records = read_jsonl(source, "metrics rows of the finished rounds")
+            records = read_run_records(source, "metrics rows of the finished rounds", data.get("run"))
         except ConfigError as exc:
-            raise CheckpointError(f"cannot resume from {path}: {exc}") from None
+            raise CheckpointError(f"cannot resume from {path}: {exc}; it was left untouched") from None
         except OSError as exc:
             raise CheckpointError(f"cannot resume from {path}: {source} cannot be read "
                                   f"({exc.strerror or exc})") from None
         by_round = {}
-        for record in records:  # a round run again after a crash: its last line counts
-            if not isinstance(record, dict) or not isinstance(record.get("round"), int) or \
-                    not isinstance(record.get("rows"), list) or not _digests(record.get("digests", {})):
-                raise CheckpointError(f"cannot resume from {path}: a line of {source} is not a round's record "
+        for number, _, record in records.values():  # one line per round, of this run (read_run_records)
+            if not isinstance(record.get("rows"), list) or not _digests(record.get("digests", {})):
+                raise CheckpointError(f"cannot resume from {path}: line {number} of {source} is not a round's record "
                                       "(round, rows, digests); the file is damaged and was left untouched")
             by_round[record["round"]] = record["rows"]
             fresh[record["round"]] = record.get("digests") or {}
@@ -141,8 +157,7 @@ def checkpoint_rows(path: Path, data: dict[str, Any]) -> tuple[list[dict[str, An
         for r in range(1, data["rounds_done"] + 1):
             for site, digest in fresh.get(r, {}).items():
                 digests.setdefault(site, {}).setdefault(digest, r)
-    kept = [{"round": r, "rows": by_round.get(r, []), "digests": fresh.get(r, {})}
-            for r in range(1, data["rounds_done"] + 1)]
+    kept = [_line(r, data.get("run"), by_round.get(r, []), fresh.get(r, {})) for r in range(1, data["rounds_done"] + 1)]
     try:
         rewrite_jsonl(path.with_name(ROWS_FILE), kept, allow_nan=True)
     except OSError as exc:
@@ -164,6 +179,9 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("format") not in FORMATS:
         raise CheckpointError(f"checkpoint {path} is not a fedcontrast checkpoint of format "
                               f"{' or '.join(map(str, FORMATS))}")
+    if not isinstance(data.get("run", ""), str):
+        raise CheckpointError(f"checkpoint {path} is damaged (its run id is not text); it was left untouched: start a "
+                              "new run with another --name")
     missing = _missing_keys(data)
     if missing:
         raise CheckpointError(f"checkpoint {path} is incomplete (no {', '.join(missing)}); it was left untouched: "

@@ -9,12 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
-
 from ..config import RunConfig
 from ..construction import build_algorithm
 from ..errors import ConfigError
 from ..outputs import plot_curves, rounds_to_reach, write_json
+from ..yamlio import loads_yaml
 from .simulator import Progress, run_simulation
 
 
@@ -30,7 +29,7 @@ def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise ConfigError(f"algorithm variant {spec!r} must look like name:key=value,key=value")
-        settings[key.strip()] = yaml.safe_load(value)
+        settings[key.strip()] = loads_yaml(value, f"algorithm variant {spec!r}")
     return name.strip(), settings
 
 

@@ -26,7 +26,7 @@ from ..outputs import (
     write_json,
     write_metrics_csv,
 )
-from .checkpoint import ROWS_FILE, CheckpointWriter, append_round_rows, checkpoint_rows, load_checkpoint
+from .checkpoint import ROWS_FILE, CheckpointWriter, append_round_rows, checkpoint_rows, load_checkpoint, new_run_id
 from .federation import Federation, RoundStopped
 
 logger = logging.getLogger(__name__)
@@ -134,6 +134,7 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
     ckpt_path = run_dir / "checkpoint.pt"
     start, elapsed = 0, 0.0
     tally = SummaryTally()  # summary.json and the plot after each round, from each round's rows once
+    run_id = new_run_id() if checkpoint is None else checkpoint.get("run")  # every line of its rows names it
     if checkpoint is not None:
         federation.load_state_dict(checkpoint["federation"])
         start, elapsed = checkpoint["rounds_done"], checkpoint["elapsed"]
@@ -159,13 +160,14 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
                 stopped, new_rows = exc, exc.rows
             elapsed += time.perf_counter() - t0
             # before the checkpoint that counts round r: its rows and the digests of its fresh uploads
-            append_round_rows(ckpt_path, r, new_rows, federation.screen.fresh)
+            append_round_rows(ckpt_path, r, new_rows, federation.screen.fresh, run=run_id)
             writer.save(ckpt_path, {"config": config.to_dict(), "rounds_done": r, "elapsed": elapsed,
+                                    **({"run": run_id} if run_id is not None else {}),
                                     "federation": federation.state_dict(digests=False)})
             append_metrics_csv(run_dir / "metrics.csv", new_rows)  # the round's rows (a resume rewrites the file)
             tally.add(new_rows)
-            write_json(run_dir / "summary.json", tally.summary(config=config.to_dict(), wall_time_s=elapsed,
-                                                               rounds_total=config.rounds))
+            write_json(run_dir / "summary.json", _timed(tally.summary(config=config.to_dict(), wall_time_s=elapsed,
+                                                                      rounds_total=config.rounds), elapsed, r))
             glob = next(row for row in new_rows if row["site"] == GLOBAL_SITE)
             sites = [row for row in new_rows if row["site"] != GLOBAL_SITE]
             tb.scalars(r, {"test/accuracy": glob["accuracy"], "test/loss": glob["loss"],
@@ -192,12 +194,20 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
         raise
     tb.close()
     _plot(config, run_dir, tally)
-    summary = tally.summary(config=config.to_dict(), wall_time_s=elapsed, rounds_total=config.rounds)
+    summary = _timed(tally.summary(config=config.to_dict(), wall_time_s=elapsed, rounds_total=config.rounds), elapsed,
+                     end)
     summary["threads_per_site"] = torch.get_num_threads()  # what the seed reproduces metrics at
     described = getattr(federation.executor, "summary", None)  # the Ray executor: its slots and tasks per round
     if callable(described):
         summary["executor"] = described()
     write_json(run_dir / "summary.json", summary)
+    return summary
+
+
+def _timed(summary: dict[str, Any], elapsed: float, rounds_done: int) -> dict[str, Any]:
+    """``summary`` with ``seconds_per_round``: the rounds' own time over the rounds done, in every part
+    of a resumed run (``elapsed`` is kept in the checkpoint, so a resume adds its rounds to the earlier ones)."""
+    summary["seconds_per_round"] = round(elapsed / max(1, rounds_done), 3)
     return summary
 
 

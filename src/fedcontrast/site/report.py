@@ -1,7 +1,12 @@
 """What a site takes home from a federation, written in its own workspace; nothing here leaves it.
 
-Each collaborator keeps ``site_report/<name>/`` next to its state folder (``local_state/`` in a
-workspace made by ``fedcontrast workspace create``):
+Each collaborator keeps ``site_report/<name>/<run>/`` next to its state folder (``local_state/`` in a
+workspace made by ``fedcontrast workspace create``), one folder per run: ``<run>`` is the run's id
+(a Flower run's label, the same across ``--resume``; an OpenFL federation's id), in the folder's name
+and in every row (``run``), so that two experiments never share a table. ``site_report/<name>/latest``
+is a symbolic link to the run written last (:func:`report_folder` follows it; where a copy lost the
+link, the newest run folder is taken). A folder from before this layout (``site_report/<name>/``
+holding ``rounds.jsonl`` itself, rows without ``run``) is still read. Each run folder holds:
 
 * ``rounds.jsonl`` and ``rounds.csv``: one row per round ``r`` (0 … ``rounds``; rounds count from 1, 0
   is the initial model): what the site did in round ``r`` (its training metrics, the bytes it
@@ -15,7 +20,9 @@ workspace made by ``fedcontrast workspace create``):
   plugin sends weights: the distilled encoder for FLESD), ``final_received.pt`` (everything received
   in the final round, e.g. FedPCL's prototypes), ``final_state.pt`` (the site's own state then, e.g.
   FedPCL's personal head), ``config.yaml`` and ``final_model.json`` (what loads and scores them:
-  :func:`load_final_model`, :func:`score_final_model`).
+  :func:`load_final_model`, :func:`score_final_model`);
+* ``run.json``: which run, site and engine it is, when it started, how many rounds it plans (and, on
+  Flower, the plan it ran under in ``plan.json``: what ``fedcontrast audit`` reads in a site's folder).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import io
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +44,7 @@ from ..algorithms import SiteContext, load_weights
 from ..algorithms.base import WEIGHT_PREFIX
 from ..atomic import atomic_torch_save, atomic_write_text
 from ..config import RunConfig
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, FedContrastError
 from ..models import ContrastiveNet
 
 logger = logging.getLogger(__name__)
@@ -50,17 +58,83 @@ FINAL_RECEIVED = "final_received.pt"
 FINAL_STATE = "final_state.pt"
 FINAL_INFO = "final_model.json"
 CONFIG_FILE = "config.yaml"
-CSV_COLUMNS = ("round", "rounds", "held_out_samples", "accuracy", "personal_accuracy", "val_accuracy",
+RUN_FILE = "run.json"  # which run a run folder holds (run id, site, engine, start, rounds)
+LATEST = "latest"  # site_report/<name>/latest: a symbolic link to the run folder written last
+PLAN_FILE = "plan.json"  # the plan a run ran under, where the engine gives it (Flower: its run config, transport)
+CSV_COLUMNS = ("run", "round", "rounds", "held_out_samples", "accuracy", "personal_accuracy", "val_accuracy",
                "train_accuracy", "bytes_received", "bytes_sent", "epsilon_round", "epsilon_spent", "epsilon_budget",
                "evaluation", "training")
 
 
+def run_folder_name(run: str) -> str:
+    """The folder name of run ``run`` (letters, digits, ``-``, ``_`` and ``.`` of it; never a path)."""
+    name = "".join(c for c in str(run) if c.isalnum() or c in "-_.").lstrip(".")[:80]
+    return name if name and name != LATEST else "run"
+
+
+def run_folders(site_folder: str | Path) -> list[Path]:
+    """The run folders under a site's report folder (``site_report/<name>/<run>/`` holding a
+    ``rounds.jsonl``), oldest first (by when their rows were last written)."""
+    root = Path(site_folder)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.name != LATEST and not p.is_symlink() and (p / ROWS_FILE).is_file()]
+    return sorted(found, key=lambda p: ((p / ROWS_FILE).stat().st_mtime, p.name))
+
+
+def old_layout(site_folder: str | Path) -> bool:
+    """``site_folder`` holds a report written before reports were kept per run (``rounds.jsonl`` in it)."""
+    return (Path(site_folder) / ROWS_FILE).is_file() and not (Path(site_folder) / RUN_FILE).is_file()
+
+
+def report_folder(folder: str | Path) -> Path:
+    """The folder a site's report is in: a site's report folder's ``latest`` run (the link, or the
+    newest run folder where a copy lost the link), else ``folder`` itself (a run folder, or a table
+    from before per-run folders, or none)."""
+    folder = Path(folder)
+    latest = folder / LATEST
+    if latest.is_dir() and ((latest / ROWS_FILE).is_file() or (latest / FINAL_INFO).is_file()):
+        return latest
+    if (folder / ROWS_FILE).is_file() or (folder / FINAL_INFO).is_file():
+        return folder
+    runs = run_folders(folder)
+    return runs[-1] if runs else folder
+
+
 def read_rows(folder: str | Path) -> list[dict[str, Any]]:
-    """The rows of ``rounds.jsonl`` in ``folder``, in round order (empty when there are none)."""
+    """The rows of ``rounds.jsonl`` in ``folder`` (a run folder, or a site's report folder: its latest
+    run's), in round order (empty when there are none)."""
+    return _read_table(report_folder(folder))
+
+
+def _read_table(folder: Path) -> list[dict[str, Any]]:
+    """The rows of ``folder/rounds.jsonl`` itself, in round order."""
     from ..jsonl import read_jsonl
 
-    rows = {row["round"]: row for row in read_jsonl(Path(folder) / ROWS_FILE, "the site's round report")}
+    rows = {row["round"]: row for row in read_jsonl(Path(folder) / ROWS_FILE, "the site's round report")
+            if isinstance(row, dict) and isinstance(row.get("round"), int)}
     return [rows[r] for r in sorted(rows)]
+
+
+def mixed_runs(folder: str | Path) -> str | None:
+    """Why the rows of the report in ``folder`` (a run folder, or a site's latest) come from more than
+    one run (None: one run, or none): rows labelled with several runs, or — in a folder from before
+    per-run folders, whose rows carry no run — rows that plan different round counts."""
+    path = Path(folder) if (Path(folder) / ROWS_FILE).is_file() else report_folder(folder)  # its own table
+    try:
+        rows = _read_table(path)
+    except FedContrastError:
+        return None  # unreadable: said by whoever reads it
+    runs = sorted({str(r["run"]) for r in rows if r.get("run") is not None})
+    unlabelled = [r["round"] for r in rows if r.get("run") is None]
+    if len(runs) > 1 or (runs and unlabelled):
+        named = ", ".join(runs) + (" and rows without a run" if runs and unlabelled else "")
+        return f"{path / ROWS_FILE} holds rows of {len(runs) + bool(runs and unlabelled)} runs ({named})"
+    counts = sorted({int(r["rounds"]) for r in rows if isinstance(r.get("rounds"), int)})
+    if not runs and len(counts) > 1:
+        return (f"{path / ROWS_FILE} holds rows of at least {len(counts)} runs (rows planning "
+                f"{' and '.join(map(str, counts))} rounds, with no run label)")
+    return None
 
 
 def _number(value: Any) -> Any:
@@ -70,17 +144,45 @@ def _number(value: Any) -> Any:
 
 
 class SiteReport:
-    """One collaborator's per-round table, updated by the task runner after each of its tasks."""
+    """One collaborator's per-round table, updated by the task runner after each of its tasks.
+
+    ``folder``: the site's report folder (``site_report/<name>/``); with ``run`` (the run's id) the
+    table goes to ``folder/<run>/``, every row names the run, and ``folder/latest`` points at it
+    (``facts``: recorded in its ``run.json``; ``plan``: the run's plan, kept as ``plan.json``)."""
 
     def __init__(self, folder: str | Path, site: str, rounds: int, budget: float | None, *,
-                 threads: int | None = None) -> None:
-        self.folder = Path(folder)
+                 threads: int | None = None, run: str | None = None, facts: dict[str, Any] | None = None,
+                 plan: dict[str, Any] | None = None) -> None:
+        self.site_folder = Path(folder)
+        self.run = None if run is None else str(run)
+        self.folder = self.site_folder / run_folder_name(self.run) if self.run is not None else self.site_folder
         self.site, self.rounds, self.budget = site, rounds, budget
         self.threads = threads  # the torch threads it computed with (fedcontrast.threads), in every row
-        self.rows = {row["round"]: row for row in read_rows(self.folder)}
+        self.facts, self.plan = dict(facts or {}), plan
+        self.rows = {row["round"]: row for row in _read_table(self.folder)}  # this run's (a restart goes on)
+        self._marked = False
 
     def row(self, round_num: int) -> dict[str, Any]:
-        return self.rows.setdefault(round_num, {"round": round_num, "rounds": self.rounds})
+        row = self.rows.setdefault(round_num, {"round": round_num})
+        if self.run is not None:
+            row.setdefault("run", self.run)
+        row["rounds"] = self.rounds  # this run's round count, never an earlier run's
+        return row
+
+    def _mark(self) -> None:
+        """This run's ``run.json`` (and plan), and ``latest`` pointing at it: once, at its first write."""
+        if self._marked or self.run is None:
+            return
+        import time
+
+        self._marked = True
+        kept = self.folder / RUN_FILE
+        if not kept.is_file():
+            atomic_write_text(kept, json.dumps({"run": self.run, "site": self.site, "rounds": self.rounds,
+                                                "started": time.time(), **self.facts}, indent=2) + "\n")
+        if self.plan is not None:
+            atomic_write_text(self.folder / PLAN_FILE, json.dumps(self.plan, indent=2, sort_keys=True) + "\n")
+        point_latest(self.site_folder, self.folder.name)
 
     def evaluated(self, after: int, metrics: dict[str, float], samples: int, sent_bytes: int) -> None:
         """The ``evaluate`` task's result: the model after round ``after`` (what the site received at
@@ -125,6 +227,7 @@ class SiteReport:
 
     def _write(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
+        self._mark()
         rows = [self.rows[r] for r in sorted(self.rows)]
         for row in rows:
             row["bytes_sent"] = sum(row.get("bytes_sent_by_task", {}).values())
@@ -139,6 +242,20 @@ class SiteReport:
             writer.writerow({**row, "evaluation": json.dumps(row.get("evaluation", {}), separators=(",", ":")),
                              "training": json.dumps(row.get("training", {}), separators=(",", ":"))})
         atomic_write_text(self.folder / CSV_FILE, text.getvalue())
+
+
+def point_latest(site_folder: Path, name: str) -> None:
+    """``site_folder/latest`` → ``name`` (a relative symbolic link, replaced atomically)."""
+    link = site_folder / LATEST
+    try:
+        if link.is_symlink() and os.readlink(link) == name:
+            return
+        temporary = site_folder / f".{LATEST}.{os.getpid()}"
+        temporary.unlink(missing_ok=True)
+        os.symlink(name, temporary)
+        os.replace(temporary, link)
+    except OSError as exc:  # a file system without links: readers take the newest run folder
+        logger.warning("%s could not point at the run %s (%s); the newest run folder is read instead", link, name, exc)
 
 
 def format_row(row: dict[str, Any], site: str) -> str:
@@ -203,7 +320,7 @@ def load_final_model(folder: str | Path) -> tuple[ContrastiveNet, RunConfig, dic
     e.g. FedPCL), its run configuration and ``final_model.json``."""
     from ..construction import initial_model
 
-    folder = Path(folder)
+    folder = report_folder(folder)  # a site's report folder: its latest run's
     info_path = folder / FINAL_INFO
     if not info_path.is_file():
         raise CheckpointError(f"{info_path} does not exist: no final round has reached this site yet")
@@ -239,7 +356,7 @@ def score_final_model(folder: str | Path, train: Any, test: Any, *, public: Any 
     from ..construction import build_algorithm_with_public
     from ..devices import resolve_device
 
-    folder = Path(folder)
+    folder = report_folder(folder)
     model, config, info = load_final_model(folder)
     algorithm = build_algorithm_with_public(config, public)
     device = resolve_device(config.device) if device is None else torch.device(device)
@@ -258,11 +375,35 @@ def snapshot(model: torch.nn.Module, received: dict[str, torch.Tensor]) -> torch
     return final
 
 
+def site_folders(root: str | Path) -> list[Path]:
+    """The sites' report folders under ``root`` (a ``site_report/`` folder): ``<name>/`` holding a run
+    folder with a ``rounds.jsonl``, or one itself (the layout from before per-run folders)."""
+    root = Path(root)
+    found = {p.parent for p in root.glob(f"*/{ROWS_FILE}")} | {p.parent.parent for p in root.glob(f"*/*/{ROWS_FILE}")}
+    return sorted(found)
+
+
 def site_report_folders(workspace: str | Path) -> list[Path]:
     """The site reports in a workspace made by ``fedcontrast workspace create`` (one per collaborator
-    that ran there)."""
-    root = Path(workspace) / "local_state" / REPORT_DIR
-    return sorted(p.parent for p in root.glob(f"*/{ROWS_FILE}"))
+    that ran there): each site's report folder, ``local_state/site_report/<name>/``."""
+    return site_folders(Path(workspace) / "local_state" / REPORT_DIR)
+
+
+def describe_runs(site_folder: str | Path) -> str | None:
+    """One sentence about the runs a site's report folder holds, when it is not simply one run in its
+    own folder: several runs (which one is shown), or the layout from before per-run folders."""
+    site_folder = Path(site_folder)
+    runs = run_folders(site_folder)
+    notes = []
+    if old_layout(site_folder):
+        notes.append(f"{site_folder / ROWS_FILE} is a report from before reports were kept per run: its rows carry "
+                     f"no run label (rows of several experiments may be mixed in it); later runs write to "
+                     f"{site_folder}/<run>/")
+    if len(runs) > 1 or (runs and notes):
+        shown = report_folder(site_folder).resolve()
+        notes.append(f"{site_folder} holds {len(runs)} run{'s' if len(runs) > 1 else ''} "
+                     f"({', '.join(p.name for p in runs)}); shown: {shown.name}, the latest ({site_folder / LATEST})")
+    return "; ".join(notes) or None
 
 
 def pick_site_report(workspace: str | Path, name: str | None = None) -> Path:
@@ -296,8 +437,9 @@ def score_in_workspace(workspace: str | Path, name: str | None = None) -> tuple[
     from .data import SiteData
 
     ws = Path(workspace).resolve()
-    folder = pick_site_report(ws, name)
-    name = folder.name
+    site_folder = pick_site_report(ws, name)
+    name = site_folder.name
+    folder = report_folder(site_folder)  # its latest run's
     if not (folder / FINAL_INFO).is_file():
         done = [r for r in read_rows(folder) if r.get("evaluation") is not None]
         last = (f"the last model it scored is the one after round {done[-1]['round']} of {done[-1]['rounds']}"

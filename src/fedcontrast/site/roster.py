@@ -26,6 +26,7 @@ from ..config.sections import FEDERATION_ID, default_threshold, minimum_threshol
 from ..errors import ConfigError
 from ..privacy.policy import roster_digest
 from ..privacy.secagg import fingerprint
+from ..yamlio import read_bytes
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ def _from_file(path: Path, name: str | None) -> list[Member]:
     from cryptography.hazmat.primitives import serialization
 
     try:
-        data = path.read_bytes()
+        data = read_bytes(path, "key file", limit=1 << 20)  # a FIFO or a huge file: one sentence
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     stem = name or path.stem.removeprefix("col_")
@@ -108,7 +109,20 @@ def read_roster(paths: list[str | Path], name: str | None = None) -> list[Member
                 raise ConfigError(f"{member.name} has two different keys: {seen.fingerprint} in {seen.source} and "
                                   f"{member.fingerprint} in {member.source}; find out which is right before pinning")
             found.setdefault(member.name, member)
+    check_one_site_per_key(list(found.values()))
     return [found[k] for k in sorted(found)]
+
+
+def check_one_site_per_key(members: list[Member]) -> None:
+    """Refuse a key registered under two site names, in one sentence naming both: whoever holds it could
+    speak for both sites (two shares of one secure sum, two votes of the threshold)."""
+    by_key: dict[str, Member] = {}
+    for member in sorted(members, key=lambda m: m.name):
+        other = by_key.setdefault(member.fingerprint.lower(), member)
+        if other.name != member.name:
+            raise ConfigError(f"sites {other.name} and {member.name} have the same key {member.fingerprint} (in "
+                              f"{other.source} and {member.source}): one party could speak for both sites; each site "
+                              "needs a key of its own (make a new one for one of them) before the roster is pinned")
 
 
 def roster_terms(members: list[Member], federation: str | None = None,
@@ -142,9 +156,14 @@ def roster_terms(members: list[Member], federation: str | None = None,
 
 def _yaml_text(text: str) -> str:
     """``text`` as YAML reads it back as that text (quoted where YAML would read a number, true, null …)."""
-    import yaml
+    from ..errors import ConfigError
+    from ..yamlio import loads_yaml
 
-    return text if yaml.safe_load(text) == text else json.dumps(text)
+    try:
+        plain = loads_yaml(text, "a roster value") == text
+    except ConfigError:  # not YAML by itself (e.g. "a: [b"): quoted
+        plain = False
+    return text if plain else json.dumps(text)
 
 
 def format_roster(members: list[Member], federation: str | None = None, threshold: int | None = None) -> str:
