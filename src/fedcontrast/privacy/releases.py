@@ -162,7 +162,7 @@ def withheld_metrics(sent: dict[str, dict[str, list[str]]],
 def metric_kind(name: str) -> str:
     """What a site's metric is about, for a sentence: ``evaluation`` (``evaluate_*``), ``ε``
     (``*_dp_epsilon*``) or ``training``."""
-    from ..deploy.workspace import EVALUATE_TASK
+    from ..config.run import EVALUATE_TASK
 
     if name.startswith(EVALUATE_TASK + "_"):
         return "evaluation"

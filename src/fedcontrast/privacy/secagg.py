@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -56,76 +55,12 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..config.sections import colluders_tolerated, default_threshold, minimum_threshold  # noqa: F401
-from ..errors import FedContrastError
+from .secagg_merkle import MAX_DEPTH, leaf, merkle_path, merkle_root_of, merkle_tree, share_hash, tree_depth  # noqa
+from .secagg_ring import MAX_MEAN_ERROR, PROTOCOL, Quantizer, SecureAggregationError  # noqa: F401 (re-exported)
 from .shamir import combine as _combine  # noqa: F401 (the relay's rebuild)
 from .shamir import split as _split
 
 RAW = serialization.Encoding.Raw, serialization.PublicFormat.Raw
-PROTOCOL = "fedcontrast secagg v3"  # v3: Shamir over GF(2^130 − 5)
-# The decoded weighted mean may be off by at most this much per value (every site at the plan's
-# min_samples); coarser settings are refused at plan time (:func:`precision`).
-MAX_MEAN_ERROR = 1e-2
-
-
-class SecureAggregationError(FedContrastError):
-    """The protocol cannot go on (a bad signature, too few survivors, a share that does not decrypt);
-    the message names the site."""
-
-
-# --- fixed point in Z/2^64 --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Quantizer:
-    """Values clipped to ``[-clip, clip]`` and scaled by ``2**frac_bits``, as two's-complement words of
-    ``bits`` bits (32 or 64): sums wrap modulo 2^bits exactly like the masks, and decode correctly
-    while ``|sum| < 2^(bits-1)``. A 32-bit ring sends as many bytes as float32 uploads."""
-
-    clip: float
-    frac_bits: int
-    bits: int = 32
-
-    @classmethod
-    def for_sites(cls, clip: float, sites: int, bits: int = 32) -> Quantizer:
-        """The finest scale at which the sum of ``sites`` clipped values cannot wrap:
-        sites·clip·2^f < 2^(bits-2)."""
-        if not (clip > 0 and sites >= 1) or bits not in (32, 64):
-            raise SecureAggregationError(f"secure aggregation needs clip > 0, at least one site and a 32- or 64-bit "
-                                         f"ring, got clip {clip}, {sites} sites, {bits} bits")
-        frac_bits = bits - 2 - math.ceil(math.log2(clip * sites + 1))
-        if frac_bits < 8:
-            raise SecureAggregationError(f"{sites} sites with values up to {clip} leave a {bits}-bit ring under 8 bits "
-                                         "of precision: lower the clip or use 64 bits")
-        return cls(clip, min(frac_bits, 40), bits)
-
-    @property
-    def unsigned(self):
-        return np.uint32 if self.bits == 32 else np.uint64
-
-    @property
-    def signed(self):
-        return np.int32 if self.bits == 32 else np.int64
-
-    @property
-    def step(self) -> float:
-        """The spacing of the ring's fixed-point values."""
-        return 2.0 ** -self.frac_bits
-
-    @property
-    def reach(self) -> float:
-        """How far one hostile site can move each summed value: a masked word is unverifiable, so it can
-        add any word of the ring, i.e. anything in ``[-reach, reach)`` after decoding (``2^(bits-1-f)``,
-        two to four times ``sites·clip``), not only values within the clip."""
-        return 2.0 ** (self.bits - 1 - self.frac_bits)
-
-    def encode(self, x: np.ndarray) -> np.ndarray:
-        scaled = np.rint(np.clip(np.asarray(x, dtype=np.float64), -self.clip, self.clip) * 2.0**self.frac_bits)
-        return scaled.astype(self.signed).view(self.unsigned)
-
-    def decode(self, total: np.ndarray) -> np.ndarray:
-        return total.view(self.signed).astype(np.float64) / 2.0**self.frac_bits
-
-    def error_bound(self, sites: int) -> float:
-        """Largest difference between the decoded sum and the sum of the clipped values: half a step per site."""
-        return sites * 0.5 / 2.0**self.frac_bits
 
 
 def prg(seed: bytes, length: int, dtype=np.uint64, *, out: np.ndarray | None = None) -> np.ndarray:
@@ -175,61 +110,6 @@ def graph_commitment(session: bytes, round_num: int, site: str, randomness: byte
 def s_public(secret: bytes) -> bytes:
     """The X25519 public key of a rebuilt ``s`` private key (to check it against the site's advert)."""
     return x25519.X25519PrivateKey.from_private_bytes(secret).public_key().public_bytes(*RAW)
-
-
-# --- a dealer's shares, attributable to it ----------------------------------------------------------
-# Each site signs, once per round, the root of a Merkle tree (SHA-256, leaves and nodes told apart by
-# a prefix) over one leaf per holder of its shares: the holder's name, the share's index and the
-# SHA-256 of each of its two shares. A holder checks its leaf's path to the signed root when the
-# shares arrive; when it reveals one share it sends the path and the other share's hash, so the
-# aggregator can tell a share its dealer signed (a bad one blames the dealer) from one the holder
-# altered (it blames the holder), without ever seeing the other share.
-EMPTY_LEAF = hashlib.sha256(b"fedcontrast secagg: no holder").digest()
-MAX_DEPTH = 16
-
-
-def share_hash(kind: str, share: bytes) -> bytes:
-    """The hash of one share (``kind`` b or s) inside its holder's leaf."""
-    return hashlib.sha256(PROTOCOL.encode() + b"|share|" + kind.encode() + b"|" + share).digest()
-
-
-def leaf(holder: str, index: int, b_hash: bytes, s_hash: bytes) -> bytes:
-    return hashlib.sha256(b"\0" + json.dumps([holder, int(index)]).encode() + b_hash + s_hash).digest()
-
-
-def _node(left: bytes, right: bytes) -> bytes:
-    return hashlib.sha256(b"\1" + left + right).digest()
-
-
-def tree_depth(holders: int) -> int:
-    """The depth of the tree over ``holders`` leaves (padded to a power of two)."""
-    return max(0, (holders - 1).bit_length())
-
-
-def merkle_tree(leaves: list[bytes]) -> list[list[bytes]]:
-    """Every level of the tree over ``leaves`` (padded to a power of two), the leaves first."""
-    level = leaves + [EMPTY_LEAF] * ((1 << tree_depth(len(leaves))) - len(leaves))
-    levels = [level]
-    while len(level) > 1:
-        level = [_node(level[i], level[i + 1]) for i in range(0, len(level), 2)]
-        levels.append(level)
-    return levels
-
-
-def merkle_path(levels: list[list[bytes]], position: int) -> bytes:
-    """The siblings of leaf ``position`` from the bottom up, concatenated."""
-    return b"".join(level[(position >> depth) ^ 1] for depth, level in enumerate(levels[:-1]))
-
-
-def merkle_root_of(leaf_hash: bytes, position: int, path: bytes) -> bytes | None:
-    """The root that ``leaf_hash`` at ``position`` and its ``path`` lead to (None: a malformed path)."""
-    if len(path) % 32 or len(path) // 32 > MAX_DEPTH or not 0 <= position < 1 << (len(path) // 32):
-        return None
-    node = leaf_hash
-    for depth in range(len(path) // 32):
-        sibling = path[32 * depth:32 * depth + 32]
-        node = _node(sibling, node) if position >> depth & 1 else _node(node, sibling)
-    return node
 
 
 # --- signatures with the site's long-term key -------------------------------------------------------

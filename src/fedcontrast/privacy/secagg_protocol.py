@@ -2,40 +2,24 @@
 messages any engine can carry (:mod:`.secagg` has the cryptography; this module the order, checks and
 dropouts of Bonawitz et al.'s protocol against an actively lying server, with its consistency round).
 
-The aggregator (:class:`SecAggRelay`) only routes and sums. Each phase collects one message from
-every site still in the round and closes when all have arrived, or when the engine's deadline closes
-it with those present (:meth:`SecAggRelay.close`; fewer than the threshold ends the round):
-
-=========== ======================================================= ===========================================
-phase       a site sends                                            then fetches
-=========== ======================================================= ===========================================
-advert      its public keys and seed commitment, signed; its        ``adverts``: every site's (U1)
-            certificate (or a withdrawal: its own input failed
-            its checks)
-boxes       its encrypted Shamir shares, one per peer of U1         ``boxes``: those addressed to it, and U2
-masked      its masked vector (the only large message)              ``survivors``: U3
-consistency its signature over the U3 it was told                   ``signatures``: U3's members' signatures
-reveal      shares of ``b`` for U3, of the ``s`` key for U2 − U3    nothing: the relay unmasks the sum
-=========== ======================================================= ===========================================
+The aggregator (:class:`~.secagg_relay.SecAggRelay`) only routes and sums. Each phase collects one
+message from every site still in the round and closes when all have arrived, or when the engine's
+deadline closes it with those present (fewer than the threshold ends the round). A site sends, then
+fetches: *advert* (its signed keys, seed commitment and graph commitment; or a withdrawal) →
+``commitments``; *graph* (SecAgg+ only: its graph randomness) → ``adverts`` (every site's randomness
+and its neighbourhood's adverts, U1); *boxes* (its encrypted shares and its signed deal) → ``boxes``
+(those addressed to it, their deals, U2); *masked* → ``survivors`` (U3); *consistency* (its
+signature over U3) → ``signatures``; *reveal* (shares of ``b`` for U3, of the ``s`` key for U2 − U3,
+each with its path to its dealer's signed root).
 
 A site never trusts the relay's sets: each must be a subset of the one before, hold the site itself
-and at least ``threshold`` members, or the site stops with one sentence; it reveals only once at least
-``threshold`` members of U3 signed that very U3 (so two sites told different survivor sets cannot both
-reveal), and it works out U2 − U3 itself. Every signature is bound to the session (the plan's digest,
-:func:`session_digest`), the round, the threshold and the signer. A site checks every peer's long-term
-key with the engine's ``peer_key`` (certificate or registration, then the site's own pinned roster,
-:class:`PinnedKeys`) before it sends a share.
-
-Above a few dozen sites (SecAgg+, :mod:`.secagg_graph`) a site sees only its neighbourhood on the
-round's graph, which it derives itself: the adverts, shares and consistency signatures of its
-neighbours; its U1 and U2 are the relay's sets within its neighbourhood (at least ``t_k`` of it), U3
-the global survivor set (at least ``threshold`` sites, its neighbourhood's part within its U2); it
-reveals once ``t_k`` of its neighbours signed that U3. Below that, the full graph: everything above,
-unchanged.
-
-Messages are JSON (bytes in base64) except the masked vector (raw ring words); each is checked for
-its exact shape before it is used, and a malformed one raises :class:`SecureAggregationError` naming
-the sender. The guarantee, as the paper proves it, is in docs/privacy.md.
+and at least the threshold (in SecAgg+, ``t_k`` of its neighbourhood), or the site stops with one
+sentence; it reveals only once enough members of U3 signed that very U3, and works out U2 − U3
+itself. Every signature is bound to the session (:func:`session_digest`), the round, the threshold
+and the signer; a peer's long-term key is checked by the engine and the site's pinned roster
+(:class:`~.secagg_keys.PinnedKeys`) before a share is sent. Messages are JSON (bytes in base64)
+except the masked vector (raw ring words); a malformed one raises :class:`SecureAggregationError`
+naming the sender. The guarantee is in docs/privacy.md.
 """
 
 from __future__ import annotations
@@ -55,11 +39,11 @@ from .secagg import (
     Quantizer,
     SecAggSite,
     SecureAggregationError,
-    fingerprint,
     graph_commitment,
     tree_depth,
 )
 from .secagg_graph import Graph, graph_for, graph_seed, neighbourhood_size, neighbourhood_threshold
+from .secagg_keys import PinnedKeys, public_key_of  # noqa: F401 (re-exported)
 from .shamir import share_size
 
 PHASES = ("advert", "graph", "boxes", "masked", "consistency", "reveal")
@@ -80,25 +64,6 @@ def box_bytes(full: bool, holders: int) -> int:
     """A box's bytes for a dealer with ``holders`` holders (itself included): the index (2 bytes),
     the ``b`` share, the ``s`` share, the Merkle path to the dealer's signed root and the Poly1305 tag."""
     return 2 + 2 * share_bytes(full) + 32 * tree_depth(holders) + 16
-
-
-def public_key_of(site: str, text: str) -> Any:
-    """The long-term public key inside an advert's ``certificate`` text, whatever the engine put
-    there (an X.509 certificate, a PEM public key, an OpenSSH key): what the aggregator checks a
-    site's signed deal against (the sites check the key itself, :class:`PinnedKeys`)."""
-    from cryptography import x509
-    from cryptography.exceptions import UnsupportedAlgorithm
-    from cryptography.hazmat.primitives import serialization
-
-    data = text.strip().encode()
-    loaders = ((lambda d: x509.load_pem_x509_certificate(d).public_key()), serialization.load_pem_public_key,
-               serialization.load_ssh_public_key)
-    for load in loaders:
-        try:
-            return load(data)
-        except (ValueError, TypeError, UnsupportedAlgorithm):
-            continue
-    raise SecureAggregationError(f"site {site}'s advert carries no key the aggregator can read")
 
 
 def _b64(data: bytes) -> str:
@@ -161,41 +126,6 @@ def check_advert(site: str, advert: Any, what: str) -> dict[str, str]:
 # both (the session and round included): in the simulator every site draws the same graph in one
 # process, and the n checks of every reveal against its commitment are made once, not n times.
 _DRAWN: dict[bytes, bytes] = {}
-
-
-# --- a site's trust in its peers' keys ------------------------------------------------------------
-class PinnedKeys:
-    """A site's check of a peer's long-term key: the engine's own check (``verify(site, text)``: a
-    certificate against the federation's CA, a registered SuperNode key, …) and then the site's
-    roster (``pins``: site → :func:`~.secagg.fingerprint`, from its policy's ``peers:``), which the
-    hospitals confirmed among themselves and the operator cannot change. A pinned peer whose key
-    differs is refused; an unpinned one is refused when ``required`` (the policy requires secure
-    aggregation), else accepted and listed in ``unpinned``. ``members`` and ``threshold``: the roster
-    the policy pins (None: none), which :class:`SecAggSteps` checks the plan's sites and threshold against."""
-
-    def __init__(self, verify: Callable[[str, str], Any], pins: Mapping[str, str] | None = None,
-                 required: bool = False, members: list[str] | None = None, threshold: int | None = None) -> None:
-        self.verify, self.pins, self.required = verify, dict(pins or {}), required
-        self.members, self.threshold = members, threshold
-        self.unpinned: set[str] = set()
-
-    def __call__(self, site: str, text: str) -> Any:
-        key = self.verify(site, text)
-        seen = fingerprint(key)
-        pinned = self.pins.get(site)
-        if pinned is not None and pinned.lower() != seen.lower():
-            raise SecureAggregationError(f"site {site}'s key {seen} is not the key pinned for it in this site's policy "
-                                         f"({pinned}): refused, nothing is shared with it (a key substituted on the "
-                                         "way, or a site that changed its key without telling the others)")
-        if pinned is None:
-            if self.required:
-                raise SecureAggregationError(f"site {site}'s key ({seen}) is not pinned in this site's policy "
-                                             "(peers:), "
-                                             "which requires secure aggregation: nothing is shared with it (confirm "
-                                             "its "
-                                             "fingerprint with that site, e.g. by phone, and add it under peers:)")
-            self.unpinned.add(site)
-        return key
 
 
 # --- a site --------------------------------------------------------------------------------------
