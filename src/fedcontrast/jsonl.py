@@ -23,8 +23,8 @@ def read_jsonl(path: str | Path, what: str = "records") -> list[Any]:
 
 def read_jsonl_lines(path: str | Path, what: str = "records") -> list[tuple[int, str, Any]]:
     """(line number, text, record) of each record of ``path``, as :func:`read_jsonl` reads them; the
-    file is read only if it is a regular file (:func:`~fedcontrast.yamlio.read_bytes`: never a FIFO)."""
-    from .yamlio import read_bytes
+    file is read only if it is a regular file (:func:`~fedcontrast.files.read_bytes`: never a FIFO)."""
+    from .files import read_bytes
 
     path = Path(path)
     if not path.exists():

@@ -8,20 +8,20 @@ Every YAML document is bounded: at most :data:`MAX_YAML_BYTES` of text, and at m
 :data:`MAX_YAML_NODES` nodes once every alias is expanded (the generated plans share one run
 configuration through anchors, so aliases stay allowed; an alias-expansion bomb — "billion laughs" —
 or a structure that contains itself is refused before anything walks it). Every file a party reads
-goes through :func:`read_bytes`, which refuses anything but a regular file (a FIFO, a device or a
-socket would block the reader forever) and a file larger than its limit, before reading it.
+goes through :func:`~fedcontrast.files.read_bytes` (re-exported here, with
+:func:`~fedcontrast.files.check_regular_file`), which refuses anything but a regular file (a FIFO, a
+device or a socket would block the reader forever) and a file larger than its limit, before reading it.
 """
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .errors import ConfigError
+from .files import MAX_FILE_BYTES, check_regular_file, read_bytes  # noqa: F401 (re-exported: their home was here)
 
 # A plan, a run configuration, a site policy or a collaborator list is a few kB: 1 MiB of YAML is far
 # beyond any of them, and the most a party parses (PyYAML takes seconds per MiB).
@@ -29,8 +29,6 @@ MAX_YAML_BYTES = 1 << 20
 # The most nodes (scalars, sequences, mappings) a YAML document may hold with its aliases expanded; the
 # generated plans hold about a thousand.
 MAX_YAML_NODES = 200_000
-# The most bytes :func:`read_bytes` reads of a file by default (a record, a certificate, a data file).
-MAX_FILE_BYTES = 64 << 20
 
 
 class DuplicateKeyError(yaml.constructor.ConstructorError):
@@ -133,68 +131,6 @@ def load_yaml_file(path: str | Path, what: str = "file") -> Any:
     policy" …); a missing, unreadable or invalid file, or a duplicate key, is a :class:`ConfigError`."""
     p = Path(path)
     return loads_yaml(read_text(p, what, limit=MAX_YAML_BYTES), f"{what} {p}")
-
-
-_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"))
-
-
-def _kind_problem(p: Path, mode: int) -> str | None:
-    """Why a file of ``mode`` is not read (None: a regular file)."""
-    if stat.S_ISREG(mode):
-        return None
-    if stat.S_ISDIR(mode):
-        return "is a folder, not a file"
-    kind = next((name for test, name in _KINDS if test(mode)), "a special file")
-    return (f"is {kind}, not a regular file: nothing was read from it (reading it could block for ever); put the "
-            "file itself there")
-
-
-def check_regular_file(path: str | Path, what: str = "file", *, limit: int | None = MAX_FILE_BYTES,
-                       missing_ok: bool = False) -> os.stat_result | None:
-    """``path``'s status when it is a regular file of at most ``limit`` bytes (links followed); else one
-    :class:`ConfigError` naming it — a folder, a FIFO, a device, a socket, a link to nothing, a file too
-    large. Nothing is opened. None when it does not exist and ``missing_ok``."""
-    p = Path(path)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        if os.path.lexists(p):
-            raise ConfigError(f"{what} {p} is not a regular file (a link to nothing)") from None
-        if missing_ok:
-            return None
-        raise ConfigError(f"{what} {p} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"{what} {p} cannot be read ({type(exc).__name__}: {exc.strerror or exc})") from None
-    problem = _kind_problem(p, st.st_mode)
-    if problem:
-        raise ConfigError(f"{what} {p} {problem}")
-    if limit is not None and st.st_size > limit:
-        raise ConfigError(f"{what} {p} is {st.st_size:,} bytes, more than the {limit:,} read here; it is not a file "
-                          "fedcontrast wrote: replace it")
-    return st
-
-
-def read_bytes(path: str | Path, what: str = "file", *, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of a file a party reads (a plan, a data file, a certificate, a key, a record): refused in
-    one :class:`ConfigError` naming it, before it is opened, unless it is a regular file of at most
-    ``limit`` bytes (:func:`check_regular_file`); opened without blocking and checked again once open (a
-    file swapped for a FIFO in between is refused too)."""
-    p = Path(path)
-    check_regular_file(p, what, limit=limit)
-    try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-        with os.fdopen(fd, "rb") as f:
-            problem = _kind_problem(p, os.fstat(f.fileno()).st_mode)
-            if problem:
-                raise ConfigError(f"{what} {p} {problem}")
-            data = f.read(limit + 1)
-    except OSError as exc:
-        raise ConfigError(f"{what} {p} cannot be read ({type(exc).__name__}: {exc.strerror or exc})") from None
-    if len(data) > limit:
-        raise ConfigError(f"{what} {p} is more than the {limit:,} bytes read here; it is not a file fedcontrast "
-                          "wrote: replace it")
-    return data
 
 
 def read_text(path: str | Path, what: str = "file", *, limit: int = MAX_FILE_BYTES) -> str:

@@ -3,9 +3,10 @@
 Every field is validated in ``__post_init__`` with :class:`ConfigError`; ``RunConfig.from_dict``
 rejects unknown keys by name, so a typo in a YAML file is an error rather than a silent default.
 
-The configuration lives in three modules: :mod:`.checks` (how a setting is checked, shared bounds),
-:mod:`.sections` (training, privacy, data schema, public data, robustness) and :mod:`.run`
-(:class:`RunConfig`); every name is importable from here.
+The configuration lives in four modules: :mod:`.checks` (how a setting is checked, shared bounds),
+:mod:`.sections` (training, privacy, data schema, public data, robustness), :mod:`.secure_aggregation`
+(its section and thresholds, re-exported by :mod:`.sections`) and :mod:`.run` (:class:`RunConfig`);
+every name is importable from here.
 """
 
 from .checks import (

@@ -28,6 +28,9 @@ from .sections import (
 
 SHIFTS = ("none", "scanner")  # feature_shift (fedcontrast.data.shift; kept here: the config imports no torch)
 
+# The engine's own collaborator task, first in every round and alone in a final extra round: the
+# site evaluates what it received on its own held-out data (metrics only; nothing else leaves).
+EVALUATE_TASK = "evaluate"
 # A site's name is its certificate's common name: OpenFL lower-cases it and uses it in file names.
 SITE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 

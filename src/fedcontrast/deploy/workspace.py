@@ -12,11 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig
+from ..config.run import EVALUATE_TASK  # the engine's own task (its home was here: imported from here too)
 from ..errors import ConfigError, DataError
 
-# The engine's own collaborator task, first in every round and alone in a final extra round: the
-# site evaluates what it received on its own held-out data (metrics only; nothing else leaves).
-EVALUATE_TASK = "evaluate"
 # plan/data.yaml's "NAME,shard:N": shard N of the partition the run configuration defines (the demo)
 SHARD_PREFIX = "shard:"
 

@@ -8,12 +8,18 @@ objects are still on their way, and Flower's pull then waits 1 s (``PULL_INITIAL
 asking again: measured, 0.9 s of each round on localhost. Here the first retry comes after
 :data:`FIRST_RETRY_S`, doubling up to :data:`RETRY_CAP_S`. A grid that is not Flower's HTTP grid (a
 test's) is asked with its own ``pull_messages``.
+
+A reply that holds a site's refusal or failure (its ClientApp's record, or Flower's own error reply)
+is read as one sentence naming the site (:func:`_refused`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
+
+from .client_app import REFUSAL_RECORD
 
 FIRST_RETRY_S, RETRY_CAP_S = 0.02, 1.0
 
@@ -59,3 +65,27 @@ def pull_replies(grid: Any, message_ids: Iterable[str]) -> list[Any]:
         message.metadata.__dict__["_message_id"] = message_id
         replies.append(message)
     return replies
+
+
+def _refused(reply, site: str) -> str | None:
+    """A reply's refusal or failure as one sentence naming the site (None: a reply to use)."""
+    if reply.has_error():  # Flower's own error reply (a ClientApp that raised, or stopped)
+        return _reason(reply.error.reason, site)
+    if REFUSAL_RECORD not in reply.content:
+        return None
+    record = reply.content[REFUSAL_RECORD]
+    kind = "refused" if str(record.get("kind", "failed")) == "refused" else "failed"
+    return f"site {site} {kind}: {str(record.get('sentence', '')).strip() or 'no reason given'}"
+
+
+def _reason(reason: str, site: str) -> str:
+    """A ClientApp's error as Flower reports it, down to the site's own sentence."""
+    text = str(reason).strip()
+    marker = f"site {site}:"
+    if marker in text:
+        text = text[text.index(marker):].splitlines()[0]
+        return re.split(r"""['"]>|['"]\)""", text)[0].rstrip(". ")
+    if "stopped responding" in text or "attempting to load `ClientApp`" in text:  # no sentence of the site's came
+        return (f"site {site} failed: its ClientApp stopped before it could reply ({text.splitlines()[-1]}): the site "
+                "refused code in the operator's app bundle, or its process crashed; the reason is in that site's log")
+    return f"site {site} failed: {text.splitlines()[-1] if text else 'no reason given'}"

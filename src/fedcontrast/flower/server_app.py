@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -40,44 +39,31 @@ from ..outputs import (
     write_json,
     write_metrics_csv,
 )
-from ..privacy.releases import describe_withheld, evaluation_metric_names, withheld_metrics
+from ..privacy.releases import describe_withheld
 from ..privacy.secagg_relay import relay_for
 from ..rounds import AggregatorRound
 from ..threads import apply_threads
 from . import runs
 from .attendance import Attendance
-from .client_app import REFUSAL_RECORD
 from .console import say
 from .records import CONFIG_KEY, flwr_app, from_array_record, plan_pins, to_array_record
-from .replies import pull_replies
+from .replies import _reason, _refused, pull_replies  # noqa: F401 (_reason: re-exported)
+from .server_records import ROUNDS_FILE, SECURE_SAMPLES, RoundRecords, _count, nbytes
 from .standby import Standby
 from .trace import trace
 
 logger = logging.getLogger("fedcontrast.flower.server")
 
 OUTCOME_FILE = "outcome.json"
-ROUNDS_FILE = "rounds.jsonl"  # one record per round: each site's weight, released metrics, exclusions
 REFUSAL_GRACE_S = 3.0  # after a refusal that stops the run: how long the other sites' answers may still come
 REPLY_POLL_S = 0.05  # between two pulls of the sites' replies
-SECURE_SAMPLES = ("under secure aggregation a site's samples field is None: its count is inside the secure sum, "
-                  "which the operator sees only summed")
-
-
-def nbytes(tensors: dict[str, Any]) -> int:
-    """The payload of a message's tensors, in bytes (as the simulator counts what a site receives and sends)."""
-    return int(sum(v.numel() * v.element_size() for v in tensors.values()))
-
-
-def _count(weight: float) -> int | None:
-    """A site's released count as a number of samples (None where it is not a finite number)."""
-    return int(round(weight)) if weight == weight and abs(weight) != float("inf") else None
 
 
 class SiteProblem(FedContrastError):
     """A site did not answer, refused, or failed: the run stops naming it."""
 
 
-class FlowerServer:
+class FlowerServer(RoundRecords):  # its records of each round: flower/server_records.py
     def __init__(self, grid, config: RunConfig, out_dir: Path, site_nodes: dict[str, int], *,
                  round_timeout: float, start_timeout: float, shared: dict[str, bytes] | None = None,
                  base_dir: Path = Path("."), site_keys: dict[str, str] | None = None, min_sites: int | None = None,
@@ -330,73 +316,6 @@ class FlowerServer:
         if result.stop:  # on_rejected: stop — aggregated without them, recorded; the run stops here
             raise result.stopped(round_num)
 
-    def _secure_round(self, round_num: int, replies: dict[str, Any], evaluations: dict, previous: dict) -> None:
-        """The downlink from the sites' secure sum (flower/secure.py): the ServerApp sees no upload alone."""
-        from ..jsonl import append_jsonl
-        from .secure import secure_round
-
-        adverts = {s: bytes(r.content["secagg"]["payload"]) for s, r in replies.items()}
-        total = secure_round(self, round_num, adverts, self.site_keys)
-        relay = self.relay
-        assert relay is not None  # a secure round: the run has a relay
-        gone = {s: f"round {round_num}: {why}" for s, why in self.absent.items()}
-        result = self.core.aggregate_secure(round_num, total, previous,
-                                            rejected={**gone, **relay.withdrawn, **relay.blamed},
-                                            survivors=len(relay.survivors))
-        self.downlink = result.downlink
-        append_jsonl(self.out / ROUNDS_FILE, {
-            "round": round_num, "run": self.run_label, "time": time.time(), "secure_sum_of": relay.survivors,
-            "secure_bytes": dict(relay.bytes_from),
-            "sites": {s: {"training": json.loads(str(replies[s].content["outcome"]["metrics"])),
-                          "evaluation_of_received": evaluations[s]} for s in replies},
-            "samples": SECURE_SAMPLES,  # why no site's count is in this record, nor in metrics.csv
-            "excluded": result.excluded, **self.attendance.record(self.back), **self._withheld_record(round_num)})
-
-    def withheld_by(self, released: dict[str, dict[str, dict[str, float]]],
-                    evaluations: dict[str, dict[str, float]]) -> dict[str, list[str]]:
-        """Which site withheld which metrics in its reply (its policy; under DP the default): ``{site:
-        names}``, named as on OpenFL (``train_loss``, ``evaluate_accuracy``; privacy/releases.py)."""
-        sent: dict[str, dict[str, list[str]]] = {"evaluate": {s: [f"evaluate_{k}" for k in m]
-                                                              for s, m in evaluations.items()}}
-        for site, tasks in released.items():
-            for task in self.algorithm.tasks:
-                sent.setdefault(task, {})[site] = [f"{task}_{k}" for k in tasks.get(task, {})]
-        plugin = self.algorithm
-        declared = {"evaluate": tuple(f"evaluate_{m}" for m in evaluation_metric_names(plugin, self.config)),
-                    **{t: tuple(f"{t}_{m}" for m in plugin.task_metrics.get(t, ())) for t in plugin.tasks}}
-        return withheld_metrics(sent, declared)
-
-    def _withheld_record(self, round_num: int) -> dict[str, Any]:
-        withheld = self.withheld.get(round_num) or {}
-        return {"withheld": withheld} if withheld else {}
-
-    def evaluation_rows(self, round_num: int, evaluations: dict[str, dict[str, float]]) -> None:
-        """Each site's held-out score of what it received at the start of ``round_num`` (the model
-        after round ``round_num - 1``), and their weighted mean, as rows of round ``round_num - 1``
-        (whose model they score; none for the initial model)."""
-        after = round_num - 1
-        if after == 0:
-            return
-        total, weighted, val_total, val_weighted = 0.0, 0.0, 0.0, 0.0
-        for site in self.sites:
-            measured = evaluations.get(site) or {}
-            if not measured:
-                continue  # withheld by the plan's DP or the site's policy
-            samples = float(measured.get("samples", 0.0))
-            self.rows.append(metric_row(after, site, "evaluate", int(samples),
-                                        {k: v for k, v in measured.items() if k != "samples"}))
-            if "accuracy" in measured and samples > 0:
-                total += samples
-                weighted += samples * float(measured["accuracy"])
-            val_samples = float(measured.get("val_samples", 0.0))  # the part of its training data it holds out
-            if "val_accuracy" in measured and val_samples > 0:
-                val_total += val_samples
-                val_weighted += val_samples * float(measured["val_accuracy"])
-        if total > 0:
-            validation = {"val_accuracy": val_weighted / val_total} if val_total > 0 else {}
-            self.rows.append(metric_row(after, GLOBAL_SITE, "evaluate", int(total),
-                                        {"accuracy": weighted / total, **validation, **self.downlink.metrics}))
-
     def final_evaluation(self) -> None:
         """The final model goes to every site, which scores it and keeps it (``site_report/``)."""
         app = flwr_app()
@@ -412,30 +331,6 @@ class FlowerServer:
         if self.withheld[rounds + 1]:
             say(f"final evaluation: {describe_withheld(self.withheld[rounds + 1])}")
         self.evaluation_rows(rounds + 1, evaluations)
-
-
-def _refused(reply, site: str) -> str | None:
-    """A reply's refusal or failure as one sentence naming the site (None: a reply to use)."""
-    if reply.has_error():  # Flower's own error reply (a ClientApp that raised, or stopped)
-        return _reason(reply.error.reason, site)
-    if REFUSAL_RECORD not in reply.content:
-        return None
-    record = reply.content[REFUSAL_RECORD]
-    kind = "refused" if str(record.get("kind", "failed")) == "refused" else "failed"
-    return f"site {site} {kind}: {str(record.get('sentence', '')).strip() or 'no reason given'}"
-
-
-def _reason(reason: str, site: str) -> str:
-    """A ClientApp's error as Flower reports it, down to the site's own sentence."""
-    text = str(reason).strip()
-    marker = f"site {site}:"
-    if marker in text:
-        text = text[text.index(marker):].splitlines()[0]
-        return re.split(r"""['"]>|['"]\)""", text)[0].rstrip(". ")
-    if "stopped responding" in text or "attempting to load `ClientApp`" in text:  # no sentence of the site's came
-        return (f"site {site} failed: its ClientApp stopped before it could reply ({text.splitlines()[-1]}): the site "
-                "refused code in the operator's app bundle, or its process crashed; the reason is in that site's log")
-    return f"site {site} failed: {text.splitlines()[-1] if text else 'no reason given'}"
 
 
 def server_app():

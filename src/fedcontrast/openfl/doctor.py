@@ -166,8 +166,8 @@ def run_checks(workspace: str | Path, name: str | None = None, *, plan_path: str
 def report_check(workspace: str | Path, name: str | None) -> list[Check]:
     """What the site took home so far (``local_state/site_report/<name>/``): one run per folder, never
     rows of several runs in one table (a line, when it has a report)."""
-    from ..flower.folders import report_checks  # engine-free: the same check on both engines
     from ..site.report import REPORT_DIR
+    from ..site.report_checks import report_checks  # engine-free: the same check on both engines
 
     try:
         name = site_name(Path(workspace), name)
