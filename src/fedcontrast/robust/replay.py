@@ -22,7 +22,7 @@ that, and 80 times float32's relative rounding (1.2 × 10⁻⁷): a replay must 
 replays of earlier rounds only, by their saved digests).
 
 Stale uploads: no progress along the global model (``robustness.min_progress``). A fixed radius
-leaves a free-rider room: resending its round-1 upload plus noise of 2 × 10⁻⁵ of its norm, or scaled
+leaves a free-rider room: resending its first upload plus noise of 2 × 10⁻⁵ of its norm, or scaled
 by 1 ± 10⁻⁴, every round, passes it — while honest uploads never come within 10⁻³ of each other.
 What such an upload is, whatever its alteration: it does not follow the global model. An honest
 upload ``u_t = w_t + Δ_t`` starts from the global model ``w_t`` the site received, so its distance to
