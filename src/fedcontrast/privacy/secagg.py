@@ -183,6 +183,13 @@ def bound(kind: str, session: bytes, round_num: int, threshold: int, signer: str
     return json.dumps(fields, separators=(",", ":"), sort_keys=True).encode()
 
 
+def deal_bytes(session: bytes, round_num: int, threshold: int, dealer: str, root: bytes,
+               graph_terms: tuple[Any, ...] = (), graph_seed: bytes = b"") -> bytes:
+    """What a dealer signs over the root of its shares' tree (:func:`bound`, kind ``deal``), with the
+    SecAgg+ graph's parameters and seed (empty in the full graph)."""
+    return bound("deal", session, round_num, threshold, dealer, root, *graph_terms, graph_seed)
+
+
 # --- a site --------------------------------------------------------------------------------------
 @dataclass
 class SecAggSite:
@@ -276,9 +283,9 @@ class SecAggSite:
         return out
 
     def deal_bytes(self, dealer: str, root: bytes) -> bytes:
-        """What a dealer signs over the root of its shares' tree (:func:`bound`, kind ``deal``)."""
-        return bound("deal", self.session, self.round_num, self.threshold, dealer, root, *self.graph_terms,
-                     self.graph_seed)
+        """What ``dealer`` signs over the root of its shares' tree in this site's round (:func:`deal_bytes`)."""
+        return deal_bytes(self.session, self.round_num, self.threshold, dealer, root, self.graph_terms,
+                          self.graph_seed)
 
     def receive(self, ciphertexts: dict[str, bytes], deals: dict[str, tuple[bytes, bytes]],
                 signing_keys: dict[str, Any]) -> None:

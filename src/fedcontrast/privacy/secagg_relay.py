@@ -16,8 +16,8 @@ import numpy as np
 from .secagg import (
     MAX_DEPTH,
     Quantizer,
-    SecAggSite,
     SecureAggregationError,
+    deal_bytes,
     graph_commitment,
     verify,
 )
@@ -290,11 +290,9 @@ class SecAggRelay:
                 raise SecureAggregationError("its signature is too long")
         except SecureAggregationError as exc:
             raise SecureAggregationError(f"site {site}'s signed deal is malformed ({exc})") from None
-        dealer = SecAggSite(site, [site], self.threshold, self.round, None, self.session)
-        dealer.graph_terms = () if self.full else ("neighbours", self.drawn.k, self.drawn.threshold)
-        dealer.graph_seed = self.seed
+        terms = () if self.full else ("neighbours", self.drawn.k, self.drawn.threshold)
         if not verify(public_key_of(site, self.received[0][site]["certificate"]), signature,
-                      dealer.deal_bytes(site, root)):
+                      deal_bytes(self.session, self.round, self.threshold, site, root, terms, self.seed)):
             raise SecureAggregationError(f"site {site}'s deal does not carry its signature over this session and "
                                          "round: its shares are refused")
         self.roots[site] = root

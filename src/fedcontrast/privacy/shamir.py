@@ -73,21 +73,10 @@ def combine(shares: list[tuple[int, bytes]]) -> bytes:
     return out
 
 
-@lru_cache(maxsize=256)
 def lagrange_at_zero(indices: tuple[int, ...]) -> tuple[int, ...]:
     """``λ_j = Π_{m≠j} x_m / (x_m − x_j)`` mod FIELD: the weights of the shares at ``indices`` in the
-    polynomial's value at 0."""
-    if len(set(indices)) != len(indices) or any(not 0 < i < FIELD for i in indices):
-        raise ValueError("Duplicate or zero share index")
-    out = []
-    for j, x_j in enumerate(indices):
-        numerator, denominator = 1, 1
-        for m, x_m in enumerate(indices):
-            if m != j:
-                numerator = numerator * x_m % FIELD
-                denominator = denominator * (x_m - x_j) % FIELD
-        out.append(numerator * pow(denominator, -1, FIELD) % FIELD)
-    return tuple(out)
+    polynomial's value at 0 (:func:`lagrange_at` at 0, cached there)."""
+    return lagrange_at(indices, 0)
 
 
 @lru_cache(maxsize=1024)
