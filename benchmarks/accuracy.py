@@ -60,8 +60,9 @@ def main() -> None:
         f"{', '.join(map(str, args.seeds))}; each seed is its own partition, shared by all algorithms.",
         "",
         md,
-        f"Ceiling — the same CNN trained centrally on all sites' data for {10 * base.training.local_epochs * max(1, args.rounds // 10)} "
-        f"epochs: {100 * sum(ceiling) / len(ceiling):.2f} % (mean over the seeds).",
+        "Ceiling — the same CNN trained centrally on all sites' data for "
+        f"{10 * base.training.local_epochs * max(1, args.rounds // 10)} epochs: "
+        f"{100 * sum(ceiling) / len(ceiling):.2f} % (mean over the seeds).",
         "",
     ]
     if "fedssc" in rows and "moon" in rows:

@@ -104,7 +104,8 @@ def main() -> None:
         waiting_lines = {s: len(RECORD.findall(watches[s].text)) for s in SITES}
         gave_up = [s for s, proc in site_procs.items() if proc.poll() is not None]
         if gave_up:
-            raise SystemExit(f"aggregator_restart benchmark: {', '.join(gave_up)} gave up while the aggregator was down")
+            raise SystemExit(f"aggregator_restart benchmark: {', '.join(gave_up)} gave up while the aggregator was "
+                             "down")
         restarted = time.monotonic()
         lab.start_aggregator(exp)
         address = f"{lab.net.fqdn(OPERATOR)}:{exp.port}"
@@ -131,8 +132,9 @@ def main() -> None:
 
     lines = [f"## Sites wait for a restarted aggregator ({args.algorithm}, {len(SITES)} sites, aggregator down "
              f"{down:.0f} s)", "",
-             f"Command: `.venv/bin/python benchmarks/aggregator_restart.py --down {args.down:.0f} --rounds {args.rounds} "
-             f"--algorithm {args.algorithm}` (as root) on {machine()}, {time.strftime('%Y-%m-%d')}.", "",
+             f"Command: `.venv/bin/python benchmarks/aggregator_restart.py --down {args.down:.0f} "
+             f"--rounds {args.rounds} --algorithm {args.algorithm}` (as root) on {machine()}, "
+             f"{time.strftime('%Y-%m-%d')}.", "",
              "An operator and three hospitals, each on its own Linux network namespace with its own directory, set up "
              "with the documented commands and the default plan (`wait_for_aggregator` 600 s; back-off from 1 s "
              "doubling to at most 5 s between attempts). When every site had started round 2, the aggregator was "

@@ -13,7 +13,7 @@ from _results import write_section
 
 from fedcontrast.algorithms import available_algorithms
 from fedcontrast.config import RunConfig
-from fedcontrast.construction import attach_public, build_algorithm, initial_model, load_splits
+from fedcontrast.construction import build_algorithm_with_public, initial_model, load_splits
 
 
 def main() -> None:
@@ -23,8 +23,7 @@ def main() -> None:
     variants = [(name, {}) for name in available_algorithms()]
     variants += [("flesd", {"quantize": "fp16"}), ("flesd", {"quantize": "int8"}), ("flesd", {"upload": "similarity"})]
     for name, settings in variants:
-        algorithm = build_algorithm(RunConfig(algorithm=name, hyperparameters={name: settings}))
-        attach_public(algorithm, public)
+        algorithm = build_algorithm_with_public(RunConfig(algorithm=name, hyperparameters={name: settings}), public)
         if settings:
             name = f"{name} ({', '.join(f'{k}={v}' for k, v in settings.items())})"
         up = sum(s.nbytes for s in algorithm.upload_specs(model, 10))
@@ -33,7 +32,8 @@ def main() -> None:
     base = dict((n, u) for n, u, _ in rows)["fedavg"]
     lines = ["## Bytes per site per round", "", "Command: `.venv/bin/python benchmarks/bytes_per_round.py`. "
              "From the plugins' upload/download declarations (MOON's simple CNN, digits, 10 classes, "
-             f"projection 256; FLESD's public set: the {len(public)} images of the digits public split).", "", "| algorithm | uploaded | downloaded | upload ÷ FedAvg |", "|---|---|---|---|"]
+             f"projection 256; FLESD's public set: the {len(public)} images of the digits public split).", "",
+             "| algorithm | uploaded | downloaded | upload ÷ FedAvg |", "|---|---|---|---|"]
     for name, up, down in rows:
         lines.append(f"| {name} | {up:,} B | {down:,} B | {up / base:.3f} |")
         print(f"{name:32s} up {up:>9,} B  down {down:>9,} B  ÷ fedavg {up / base:.3f}")

@@ -70,9 +70,10 @@ def main() -> None:
     print(f"cross-silo {fl:.2f} s/round vs simulator {sim:.2f} s/round: ratio {fl / sim:.2f}; first round done "
           f"{first:.1f} s after `fx aggregator start`; set-up by the documented commands {setup:.0f} s")
     for site, values in last["sites"].items():
-        print(f"  {site}: held-out accuracy {values['evaluation']['accuracy']:.4f} on {values['evaluation']['samples']:.0f} "
-              f"images ({values['samples']:.0f} training images)")
-    print(f"  weighted mean {last['site_accuracy']:.4f}; simulator's global test accuracy {summary['final_accuracy']:.4f}")
+        print(f"  {site}: held-out accuracy {values['evaluation']['accuracy']:.4f} on "
+              f"{values['evaluation']['samples']:.0f} images ({values['samples']:.0f} training images)")
+    print(f"  weighted mean {last['site_accuracy']:.4f}; simulator's global test accuracy "
+          f"{summary['final_accuracy']:.4f}")
 
     lines = [f"## Cross-silo federation across hosts ({args.algorithm}, {len(SITES)} sites, {args.rounds} rounds)", "",
              f"Command: `.venv/bin/python benchmarks/crosssilo.py --rounds {args.rounds} --algorithm {args.algorithm}` "
@@ -97,8 +98,8 @@ def main() -> None:
         lines.append(f"| {site} | {values['samples']:.0f} | {values['evaluation']['samples']:.0f} | "
                      f"{100 * values['evaluation']['accuracy']:.2f} % |")
     lines.append(f"| weighted mean | | | **{100 * last['site_accuracy']:.2f} %** |")
-    lines += ["", f"For scale: the simulator's global model on the shared digits test split after {args.rounds} rounds: "
-              f"{100 * summary['final_accuracy']:.2f} %."]
+    lines += ["", f"For scale: the simulator's global model on the shared digits test split after {args.rounds} "
+              f"rounds: {100 * summary['final_accuracy']:.2f} %."]
     write_section(f"crosssilo_{args.algorithm}", "\n".join(lines))
 
 

@@ -151,7 +151,8 @@ def report(args: argparse.Namespace, results: dict[tuple, dict[str, Any]], wall:
              f"Command: `.venv/bin/python benchmarks/fashion.py --jobs {args.jobs} --seeds "
              f"{' '.join(map(str, args.seeds))} --rounds {args.rounds} --local-epochs {args.local_epochs} "
              f"--train-samples {args.train_samples} --grid {args.grid}` ({wall / 3600:.1f} h for the runs not "
-             f"already in benchmarks/runs/fashion, {args.jobs} runs at a time with one torch thread each, on {machine()}; "
+             f"already in benchmarks/runs/fashion, {args.jobs} runs at a time with one torch thread each, on "
+             f"{machine()}; "
              f"the runs' own wall time added up: {sum(r.get('wall_time_s') or 0 for r in results.values()) / 3600:.1f} "
              "h).", "",
              f"Data: the real Fashion-MNIST (Debian's `dataset-fashion-mnist`), **sub-sampled to fit 2 cores**: "
@@ -167,7 +168,8 @@ def report(args: argparse.Namespace, results: dict[tuple, dict[str, Any]], wall:
              f"{', '.join(map(str, args.seeds))}; Δ: the paired difference against FedAvg at the same seed, with its "
              "95 % t interval. **Beats FedAvg** means Δ ≥ +2 points with the interval above 0."
              + (" With `--grid small` only MOON (μ 0.1, 1, 5) and FedProx (μ 0.01, 0.1) are tuned; the others run "
-                "their paper's setting (`--grid full` sweeps two or three points each)." if args.grid == "small" else ""),
+                "their paper's setting (`--grid full` sweeps two or three points each)."
+                if args.grid == "small" else ""),
              ""]
     verdicts = []
     for setting in args.settings:

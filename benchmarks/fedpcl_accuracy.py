@@ -25,7 +25,8 @@ from fedcontrast.sim import run_simulation
 VARIANTS = {
     "fedavg (global model)": ("fedavg", {}),
     "fedpcl, 1 backbone (simple CNN)": ("fedpcl", {"backbones": ["simple_cnn"]}),
-    "fedpcl, 3 backbones (2 simple CNNs + ResNet-18)": ("fedpcl", {"backbones": ["simple_cnn", "simple_cnn", "resnet18"]}),
+    "fedpcl, 3 backbones (2 simple CNNs + ResNet-18)": ("fedpcl",
+                                                        {"backbones": ["simple_cnn", "simple_cnn", "resnet18"]}),
 }
 
 
@@ -69,7 +70,8 @@ def main() -> None:
              "nearest global prototype; the mean over sites is reported, with its spread. The last column is "
              "the same sites' heads on the whole, balanced test split (classes a site never trains on included).",
              "",
-             "| method | final accuracy (mean ± std over seeds) | spread over sites (std) | nearest own local prototype | on the balanced test split |",
+             "| method | final accuracy (mean ± std over seeds) | spread over sites (std) "
+             "| nearest own local prototype | on the balanced test split |",
              "|---|---|---|---|---|"]
     for label, mean, std, spread, local, bal in rows:
         lines.append(f"| {label} | {100 * mean:.2f} ± {100 * std:.2f} % | "

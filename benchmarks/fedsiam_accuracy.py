@@ -78,13 +78,14 @@ def main() -> None:
         "re-weighted to the site's own label distribution (mean over sites; spread = std over sites); "
         f"balanced: the same models on the plain test split. Mean ± std over seeds {', '.join(map(str, args.seeds))}.",
         "",
-        "| method | global accuracy (%) | local accuracy, own distribution (%) | spread over sites | local, balanced test (%) | wall s per run |",
+        "| method | global accuracy (%) | local accuracy, own distribution (%) | spread over sites "
+        "| local, balanced test (%) | wall s per run |",
         "|---|---|---|---|---|---|",
     ]
     for row in table:
         g, lo, b = row["global"], row["local"], row["balanced"]
-        lines.append(f"| {row['variant']} | {g[0]:.2f} ± {g[1]:.2f} | {lo[0]:.2f} ± {lo[1]:.2f} | {row['spread']:.2f} | "
-                     f"{b[0]:.2f} ± {b[1]:.2f} | {row['wall']:.0f} |")
+        lines.append(f"| {row['variant']} | {g[0]:.2f} ± {g[1]:.2f} | {lo[0]:.2f} ± {lo[1]:.2f} | "
+                     f"{row['spread']:.2f} | {b[0]:.2f} ± {b[1]:.2f} | {row['wall']:.0f} |")
     write_section(args.section, "\n".join(lines))
     print("\n".join(lines))
 

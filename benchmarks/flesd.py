@@ -56,8 +56,9 @@ def accuracy_runs(args, base):
     results = {}
     for label, config in variants.items():
         seeds = args.seeds if "ResNet" not in label else args.seeds[:1]
+        folder = label.replace(" ", "_").replace(",", "").replace("(", "").replace(")", "")
         for seed in seeds:
-            run = Path(args.out) / f"{label.replace(' ', '_').replace(',', '').replace('(', '').replace(')', '')}-s{seed}"
+            run = Path(args.out) / f"{folder}-s{seed}"
             print(f"== {label}, seed {seed}", file=sys.stderr)
             summary = run_simulation(config.replace(seed=seed), run, resume=True, progress=print_progress())
             results.setdefault(label, []).append(summary)
@@ -80,7 +81,8 @@ def sweep(args, base):
         finals = []
         for seed in args.seeds:
             name = "sweep-" + "-".join(f"{k}{v}" for k, v in settings.items()) if settings else "sweep-defaults"
-            config = base.replace(algorithm="flesd", rounds=2, seed=seed, training={"local_epochs": args.total_epochs // 2},
+            config = base.replace(algorithm="flesd", rounds=2, seed=seed,
+                                  training={"local_epochs": args.total_epochs // 2},
                                   hyperparameters={"flesd": settings})
             print(f"== sweep {label}, seed {seed}", file=sys.stderr)
             summary = run_simulation(config, Path(args.out) / f"{name}-s{seed}", resume=True)
@@ -96,7 +98,8 @@ def random_encoder_probe(base, seeds):
     for seed in seeds:
         model = initial_model(base.replace(seed=seed), in_channels=splits.in_channels, image_size=splits.image_size,
                               num_classes=splits.num_classes)
-        accs.append(linear_probe(model.encoder, splits.train, splits.test, torch.device("cpu"), module=model)["probe_accuracy"])
+        probe = linear_probe(model.encoder, splits.train, splits.test, torch.device("cpu"), module=model)
+        accs.append(probe["probe_accuracy"])
     return accs
 
 
@@ -143,7 +146,8 @@ def main() -> None:
                              "flesd_public<percent>, no timing table)")
     args = parser.parse_args()
 
-    base = RunConfig(dataset="digits", clients=10, partition="dirichlet", beta=0.5, public_fraction=args.public_fraction)
+    base = RunConfig(dataset="digits", clients=10, partition="dirichlet", beta=0.5,
+                     public_fraction=args.public_fraction)
     default_public = args.public_fraction == 0.1
     if not default_public:
         args.out = str(Path(args.out) / f"public{round(100 * args.public_fraction)}")
@@ -183,12 +187,13 @@ def main() -> None:
         f"{args.total_epochs // 2}, FedAvg 10 rounds × {args.total_epochs // 10}), SimCLR local training for both "
         "(NT-Xent τ 0.5, Adam 1e-3, batch 64, random resized crop + shift + brightness/contrast jitter). FLESD: "
         f"public set = the held-out public split ({public_n} images, not trained on by any site), τ_T = τ_S = 0.1, "
-        f"20 ESD epochs per round, Adam 1e-3, momentum encoder m = 0.9, anchor queue min(1024, N) = {min(1024, public_n)}. "
-        "Accuracy: linear probe "
+        "20 ESD epochs per round, Adam 1e-3, momentum encoder m = 0.9, anchor queue min(1024, N) = "
+        f"{min(1024, public_n)}. Accuracy: linear probe "
         "(frozen encoder features, L-BFGS logistic regression on the labelled training split, test accuracy). "
         f"Mean ± std over seeds {', '.join(map(str, args.seeds))}.",
         "",
-        "| method | rounds | linear-probe accuracy (%) | bytes uploaded per site per round | per site, whole run | wall s per run |",
+        "| method | rounds | linear-probe accuracy (%) | bytes uploaded per site per round | per site, whole run "
+        "| wall s per run |",
         "|---|---|---|---|---|---|",
     ]
     for label, summaries in results.items():

@@ -175,7 +175,7 @@ def flower(lab, rounds: int, port: int, venv: Path, local: bool, isolation: str 
     superlink = lab.net.popen(OPERATOR, [fc, "flower", "superlink", name], cwd=lab.disk(OPERATOR), env=env,
                               log_path=lab.disk(OPERATOR) / f"{name}_superlink.log")
     nodes = {}
-    for i, site in enumerate(SITES):
+    for site in SITES:
         if not (lab.disk(site) / f"{site}.key").exists():
             run(site, "flower", "site-key", "--name", site)
         shutil.copyfile(lab.disk(site) / f"{site}.pub", lab.disk(OPERATOR) / f"{site}.pub")
@@ -274,18 +274,19 @@ def main() -> None:
     else:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    lines = [f"## The Flower engine vs the OpenFL engine vs the simulator (moon, {len(SITES)} sites, {args.rounds} rounds)",
+    lines = [f"## The Flower engine vs the OpenFL engine vs the simulator (moon, {len(SITES)} sites, "
+             f"{args.rounds} rounds)",
              "", f"Command: `{'sudo ' if 'across hosts' in placements else ''}.venv/bin/python "
              f"benchmarks/flower_engine.py {' '.join(cli)}` on {machine()}, "
              f"{time.strftime('%Y-%m-%d')}; flwr 1.42 in `.venv-flower`, openfl 1.9 in `.venv`; the host's load "
              f"average (1 min) at the start of each row: {' / '.join(f'{x:.1f}' for x in loads)} "
              f"({os.cpu_count()} cores).", "",
-             "The same job on the same image folders (digits shards of a Dir(0.5) partition; each site's test/ held out), "
-             "with the documented commands of each engine; every round includes each site's evaluation of what it "
-             "received. Flower: `fedcontrast flower supernode --isolation node` (the default: the site's one process "
-             "is its Flower node, no flower-supernode), `--isolation process` (Flower's SuperNode; the site's worker "
-             "takes its tasks, standby messages between rounds) and, as before issue 37, `--isolation subprocess` (a "
-             "`flwr-clientapp` process per message that asks the worker). Memory: peak "
+             "The same job on the same image folders (digits shards of a Dir(0.5) partition; each site's test/ held "
+             "out), with the documented commands of each engine; every round includes each site's evaluation of what "
+             "it received. Flower: `fedcontrast flower supernode --isolation node` (the default: the site's one "
+             "process is its Flower node, no flower-supernode), `--isolation process` (Flower's SuperNode; the site's "
+             "worker takes its tasks, standby messages between rounds) and, as before issue 37, `--isolation "
+             "subprocess` (a `flwr-clientapp` process per message that asks the worker). Memory: peak "
              "resident memory of each site's whole process tree (MiB; shared pages counted in each process).", "",
              "| engine | placement | s / round (median gap between rounds) | ÷ simulator | ÷ OpenFL (same placement) | "
              "start → round 1 aggregated | ÷ OpenFL | peak memory per site (MiB) | "

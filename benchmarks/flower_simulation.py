@@ -28,8 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def timed(run) -> tuple[float, list[float]]:
-    """(seconds from the call to the end of round 1, each round's seconds)."""
+def timed(run, config, out: Path) -> tuple[float, list[float]]:
+    """``run(config, out, progress=...)``: (seconds from the call to the end of round 1, each round's seconds)."""
     marks: list[float] = []
 
     def progress(done: int, total: int, row) -> None:
@@ -37,7 +37,7 @@ def timed(run) -> tuple[float, list[float]]:
             marks.append(time.perf_counter())
 
     t0 = time.perf_counter()
-    run(progress)
+    run(config, out, progress=progress)
     rounds = [b - a for a, b in zip(marks, marks[1:])]
     return marks[0] - t0, rounds
 
@@ -69,12 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         for algorithm in args.algorithms:
             with tempfile.TemporaryDirectory() as tmp:
                 tmp = Path(tmp)
-                first_seq, seq = timed(lambda p: run_simulation(config(algorithm, sites, "sequential"), tmp / "seq",
-                                                                progress=p))
-                first_ray, ray_rounds = timed(lambda p: run_simulation(config(algorithm, sites, "ray"), tmp / "ray",
-                                                                       progress=p))
-                first_fl, fl = timed(lambda p: run_on_flower(config(algorithm, sites, "flower"), tmp / "flower",
-                                                             progress=p))
+                first_seq, seq = timed(run_simulation, config(algorithm, sites, "sequential"), tmp / "seq")
+                first_ray, ray_rounds = timed(run_simulation, config(algorithm, sites, "ray"), tmp / "ray")
+                first_fl, fl = timed(run_on_flower, config(algorithm, sites, "flower"), tmp / "flower")
                 reference = device_check._metrics(tmp / "seq")
                 equal = {k: device_check.differences(reference, device_check._metrics(tmp / k)) == []
                          for k in ("ray", "flower")}

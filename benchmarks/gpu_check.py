@@ -1,7 +1,7 @@
 """CUDA correctness in one command: every device-sensitive path on the GPU, against the CPU.
 
     .venv/bin/python benchmarks/gpu_check.py [--device cuda[:N]] [--rounds 2] [--seeds 10] [--control] [--write]
-    .venv/bin/python benchmarks/gpu_check.py --stand-in [--write]      # on a machine without a GPU
+    .venv/bin/python benchmarks/gpu_check.py --stand-in [--seeds 2] [--write]      # on a machine without a GPU
 
 Items, one line each (PASS/FAIL, seconds), exit status 1 if any fails:
 
@@ -29,8 +29,12 @@ by seed, within ``--agreement-budget`` seconds: fewer than ``--min-seeds`` finis
 
 ``--stand-in`` runs the same items on the CPU inside :func:`fedcontrast.devices.cpu_stand_in`
 (torch's default device ``meta``: anything created without a device fails as it would on CUDA);
-there the CPU-vs-device comparison must be exact (every seed bit-identical). ``--write`` records the
-run in benchmarks/RESULTS.md (section ``gpu_check_stand_in`` or ``gpu_check_cuda``).
+there the CPU-vs-device comparison must be exact (every seed bit-identical), so it needs no statistic:
+its seeded runs are a smaller setting (:data:`STAND_IN`: 2 rounds of 2 local epochs; ``--seeds``
+default 2), sized for a 2-core machine, in one pool of ``--cpu-workers`` (default: every core), and
+every one of them runs to its end (no budget; every seed must pair; the pytest item's limit, 3600 s, is
+only against a hang). ``--write`` records the run in benchmarks/RESULTS.md (section
+``gpu_check_stand_in`` or ``gpu_check_cuda``).
 """
 
 from __future__ import annotations
@@ -44,12 +48,16 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+
+# The stand-in's seeded setting: bit-identity to the CPU needs the device paths (2 rounds: aggregation
+# and the next round's downlink), not models that learn.
+STAND_IN = {"rounds": 2, "local_epochs": 2, "lr": 0.01}
 
 DEVICE_TESTS = ["tests/algorithms", "tests/losses", "tests/models", "tests/privacy", "tests/test_devices.py",
                 "tests/test_aggregation.py", "tests/test_dual_aggregation.py", "tests/test_linear_probe.py",
@@ -61,24 +69,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="the GPU to check (default cuda)")
     parser.add_argument("--stand-in", action="store_true", help="run the items on the CPU through the stand-in")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of the run: items")
-    parser.add_argument("--seeds", type=int, default=10, help="seeds of the CPU-vs-device and repeat items")
-    parser.add_argument("--min-seeds", type=int, default=5, help="fewer finished seeds fail an item")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="seeds of the CPU-vs-device and repeat items (default 10; --stand-in: 2)")
+    parser.add_argument("--min-seeds", type=int, default=None,
+                        help="fewer finished seeds fail an item (default 5; --stand-in: every seed)")
     parser.add_argument("--bound", type=float, default=1.0, help="points: the criterion's bound (see above)")
     parser.add_argument("--control", nargs="*", default=None, metavar="ALGORITHM",
                         help="also the CPU with 1 against 2 threads, for these algorithms (none named: every one)")
-    parser.add_argument("--cpu-workers", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    parser.add_argument("--cpu-workers", type=int, default=None,
+                        help="processes of the CPU pool (default half the cores; --stand-in: every core)")
     parser.add_argument("--device-workers", type=int, default=4)
-    parser.add_argument("--agreement-budget", type=float, default=300.0, help="seconds for the seeded runs")
+    parser.add_argument("--agreement-budget", type=float, default=None,
+                        help="seconds for the seeded runs on the GPU (default 300; the stand-in's all finish)")
     parser.add_argument("--agreement-algorithms", nargs="*", default=None, help="default: every algorithm")
     parser.add_argument("--skip-tests", action="store_true", help="leave out the pytest item")
     parser.add_argument("--test-workers", type=int, default=0, help="pytest-xdist processes (0: none)")
-    parser.add_argument("--test-timeout", type=float, default=600.0, help="seconds for the pytest item")
+    parser.add_argument("--test-timeout", type=float, default=None,
+                        help="seconds for the pytest item (default 600; --stand-in: 3600, only against a hang)")
     parser.add_argument("--only", nargs="*", default=None, help="run only items whose name contains one of these")
     parser.add_argument("--write", action="store_true", help="record the run in benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
+    if args.stand_in and args.agreement_budget is not None:
+        parser.error("--agreement-budget is for the GPU run: the stand-in's seeded runs all run to their end")
+    cores = os.cpu_count() or 2
+    if args.seeds is None:
+        args.seeds = 2 if args.stand_in else 10
+    if args.min_seeds is None:
+        args.min_seeds = args.seeds if args.stand_in else 5
+    if args.cpu_workers is None:
+        args.cpu_workers = cores if args.stand_in else max(1, cores // 2)
+    if args.agreement_budget is None and not args.stand_in:
+        args.agreement_budget = 300.0
+    if args.test_timeout is None:
+        args.test_timeout = 3600.0 if args.stand_in else 600.0
     if args.rounds < 1 or args.seeds < 2 or not 2 <= args.min_seeds <= args.seeds or args.bound < 0:
         parser.error("--rounds must be >= 1, --seeds >= 2, --min-seeds between 2 and --seeds, --bound >= 0")
-    if args.cpu_workers < 1 or args.device_workers < 1 or args.agreement_budget <= 0 or args.test_workers < 0:
+    if (args.cpu_workers < 1 or args.device_workers < 1 or args.test_workers < 0
+            or args.agreement_budget is not None and args.agreement_budget <= 0):
         parser.error("--cpu-workers and --device-workers must be >= 1, --agreement-budget > 0, --test-workers >= 0")
 
     import torch
@@ -101,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         device, where = args.device, contextlib.nullcontext
     torch.set_num_threads(1)  # explicit: every item and every pooled run uses one torch thread
     results: list[tuple[str, bool, float, str]] = []
-    wanted = lambda name: args.only is None or any(part in name for part in args.only)
+
+    def wanted(name: str) -> bool:
+        return args.only is None or any(part in name for part in args.only)
 
     def check(name: str, job: Callable[[], str]) -> None:
         if not wanted(name):
@@ -132,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
                   if wanted(f"cpu-vs-device:{a}") or wanted(f"repeat:{a}")]
     runs, seconds = _seeded_runs(args, device, algorithms) if algorithms else ({}, 0.0)
     if algorithms:
-        print(f"seeded runs: {sum(len(v) for v in runs.values())} in {seconds:.0f} s "
-              f"({args.cpu_workers} CPU and {args.device_workers} device worker processes)", flush=True)
+        pools = (f"one pool of {args.cpu_workers} worker processes" if args.stand_in
+                 else f"{args.cpu_workers} CPU and {args.device_workers} device worker processes")
+        print(f"seeded runs: {sum(len(v) for v in runs.values())} in {seconds:.0f} s ({pools})", flush=True)
     stats: dict[str, device_check.Paired] = {}
     for name in algorithms:
         check(f"cpu-vs-device:{name}", lambda name=name: _versus(args, runs, name, stats))
@@ -159,7 +189,14 @@ def main(argv: list[str] | None = None) -> int:
 ARMS = ("cpu", "device", "device-again", "cpu-2threads")
 
 
-def _seeded_run(algorithm: str, arm: str, seed: int, device: str, stand_in: bool):
+def _setting(args) -> dict[str, Any]:
+    """The seeded runs' setting: :data:`STAND_IN` through the stand-in, else the models that learn."""
+    from fedcontrast import device_check
+
+    return STAND_IN if args.stand_in else device_check.AGREEMENT
+
+
+def _seeded_run(algorithm: str, arm: str, seed: int, device: str, stand_in: bool, setting: dict[str, Any]):
     """One pooled run (in a worker process): (accuracy, fingerprint, seconds)."""
     from fedcontrast import device_check
 
@@ -167,13 +204,14 @@ def _seeded_run(algorithm: str, arm: str, seed: int, device: str, stand_in: bool
     on_device = arm.startswith("device")
     accuracy, digest = device_check.seeded_run(algorithm, device if on_device else "cpu", seed,
                                                threads=2 if arm == "cpu-2threads" else 1,
-                                               stand_in=stand_in and on_device, **device_check.AGREEMENT)
+                                               stand_in=stand_in and on_device, **setting)
     return accuracy, digest, time.perf_counter() - start
 
 
 def _seeded_runs(args, device: str, algorithms: list[str]):
     """Every (algorithm, arm, seed) run, seed by seed, in two process pools (CPU arms; device arms),
-    within ``--agreement-budget`` seconds; returns ``{(algorithm, arm): {seed: result or error}}``."""
+    within ``--agreement-budget`` seconds (the stand-in: one pool, every run to its end); returns
+    ``{(algorithm, arm): {seed: result or error}}``."""
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -187,12 +225,13 @@ def _seeded_runs(args, device: str, algorithms: list[str]):
         for name in algorithms:
             for arm in ARMS if name in controlled else ARMS[:3]:
                 pool = dev_pool if arm.startswith("device") else cpu_pool
-                futures[pool.submit(_seeded_run, name, arm, seed, device, args.stand_in)] = (name, arm, seed)
+                futures[pool.submit(_seeded_run, name, arm, seed, device, args.stand_in,
+                                    _setting(args))] = (name, arm, seed)
     runs: dict[tuple[str, str], dict[int, Any]] = {}
     pending = set(futures)
     while pending:
-        left = args.agreement_budget - (time.perf_counter() - start)
-        if left <= 0:
+        left = None if args.agreement_budget is None else args.agreement_budget - (time.perf_counter() - start)
+        if left is not None and left <= 0:
             break
         done, pending = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
         for future in done:
@@ -245,7 +284,8 @@ def _versus(args, runs, name: str, stats: dict) -> str:
 def _repeat(args, runs, name: str) -> str:
     pairs = _pairs(runs, name, "device", "device-again")
     if len(pairs) < args.min_seeds:
-        raise AssertionError(f"only {len(pairs)} of {args.seeds} seeds finished twice (at least {args.min_seeds} needed)")
+        raise AssertionError(f"only {len(pairs)} of {args.seeds} seeds finished twice "
+                             f"(at least {args.min_seeds} needed)")
     differing = [i for i, (a, b) in enumerate(pairs) if a[1] != b[1]]
     if differing:
         raise AssertionError(f"{len(differing)} of {len(pairs)} seeds differ between two runs on the device")
@@ -273,8 +313,6 @@ def _write(args, device: str, results, total: float, stats: dict, control: dict)
     import torch
     from _results import machine, write_section
 
-    from fedcontrast import device_check
-
     name = "gpu_check_stand_in" if args.stand_in else "gpu_check_cuda"
     what = ("through the CPU stand-in (torch's default device `meta`; generators must be placed)" if args.stand_in
             else f"on {torch.cuda.get_device_name(torch.device(device))}")
@@ -282,15 +320,18 @@ def _write(args, device: str, results, total: float, stats: dict, control: dict)
                + f" --rounds {args.rounds} --seeds {args.seeds}"
                + ("" if args.control is None else " --control" + "".join(f" {a}" for a in args.control))
                + (f" --test-workers {args.test_workers}" if args.test_workers else "") + " --write")
-    setting = device_check.AGREEMENT
+    setting = _setting(args)
+    criterion = ("every seed bit-identical to the CPU run" if args.stand_in else
+                 f"the 95 % interval of the mean paired difference (device − CPU) includes 0 or lies within "
+                 f"±{args.bound:g} points")
     lines = [f"## CUDA correctness: `benchmarks/gpu_check.py{' --stand-in' if args.stand_in else ''}` "
              f"({datetime.date.today().isoformat()})", "",
              f"Command: `python {command}` — {what}; {machine()}.", "",
              f"{sum(r[1] for r in results)} of {len(results)} items passed in {total:.0f} s.", "",
              f"CPU against the device: digits, 2 sites, {setting['rounds']} rounds of {setting['local_epochs']} local "
              f"epochs, lr {setting['lr']}, seeds 0–{args.seeds - 1}, each run a job of a process pool, 1 torch "
-             f"thread. Criterion: the 95 % interval of the mean paired difference (device − CPU) includes 0 or lies "
-             f"within ±{args.bound:g} points. Repeat: every seed run twice on the device, bit-identical.", "",
+             f"thread{', every run to its end' if args.stand_in else ''}. Criterion: {criterion}. Repeat: every "
+             f"seed run twice on the device, bit-identical.", "",
              "| item | result | seconds | note |", "|---|---|---|---|"]
     lines += [f"| {n} | {'PASS' if ok else 'FAIL'} | {s:.1f} | {note} |" for n, ok, s, note in results]
     if control:

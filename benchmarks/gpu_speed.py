@@ -126,16 +126,18 @@ def report(args, rows: list[dict], slots: int, share: float, startup: float) -> 
              f"Command: `python benchmarks/gpu_speed.py --sites {' '.join(map(str, args.sites))} --algorithm "
              f"{args.algorithm} --rounds {args.rounds} --write` on one {gpu} ({os.cpu_count()} CPU cores, torch "
              f"{torch.__version__}).", "",
-             f"{args.algorithm}, digits, Dirichlet 0.5, {args.local_epochs} local epochs, batch 32. A round's time is the "
-             f"median of rounds 2–{args.rounds}. GPU ray: {slots} sites at once, each 1 CPU and {share:g} of the GPU "
-             f"(`--executor ray --site-gpus {share:g}`), NVIDIA MPS {'on' if mps_running() else 'off'}; Ray's start-up {startup:.1f} s. CPU: the sequential engine "
-             "with 2 torch threads, on this machine's CPU. Goal: GPU parallel ÷ GPU sequential ≥ 5× at 50 sites.", "",
+             f"{args.algorithm}, digits, Dirichlet 0.5, {args.local_epochs} local epochs, batch 32. A round's time is "
+             f"the median of rounds 2–{args.rounds}. GPU ray: {slots} sites at once, each 1 CPU and {share:g} of the "
+             f"GPU (`--executor ray --site-gpus {share:g}`), NVIDIA MPS {'on' if mps_running() else 'off'}; Ray's "
+             f"start-up {startup:.1f} s. CPU: the sequential engine with 2 torch threads, on this machine's CPU. "
+             "Goal: GPU parallel ÷ GPU sequential ≥ 5× at 50 sites.", "",
              "| sites | CPU, 2 threads | GPU, sequential | GPU, ray | GPU parallel ÷ sequential (training part) "
              "| GPU sequential ÷ CPU | GPU ray ÷ CPU | ray metrics equal to sequential |",
              "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['sites']} | {r['cpu']:.3f} s | {r['gpu']:.3f} s | {r['ray']:.3f} s | {r['gpu'] / r['ray']:.2f}× "
               f"({r['gpu_train'] / max(r['ray_train'], 1e-9):.2f}×) | "
-              f"{r['cpu'] / r['gpu']:.2f}× faster | {r['cpu'] / r['ray']:.2f}× faster | {'yes' if r['equal'] else 'NO'} |"
+              f"{r['cpu'] / r['gpu']:.2f}× faster | {r['cpu'] / r['ray']:.2f}× faster | "
+              f"{'yes' if r['equal'] else 'NO'} |"
               for r in rows]
     return "\n".join(lines)
 

@@ -88,8 +88,8 @@ def main() -> None:
     parser.add_argument("--federation", type=int, default=None, metavar="SEED",
                         help="also run the README's command at this seed and check it equals the simulator")
     parser.add_argument("--ablation", action="store_true", help="also each of today's settings alone")
-    parser.add_argument("--skip", nargs="+", action="extend", default=[], choices=[*VARIANTS, *ABLATION], metavar="LABEL",
-                        help="variants left out (to fit a budget), by their label in the table")
+    parser.add_argument("--skip", nargs="+", action="extend", default=[], choices=[*VARIANTS, *ABLATION],
+                        metavar="LABEL", help="variants left out (to fit a budget), by their label in the table")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--no-section", action="store_true")
     args = parser.parse_args()

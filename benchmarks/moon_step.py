@@ -23,7 +23,8 @@ from fedcontrast.config import TrainingConfig
 from fedcontrast.data import load_dataset
 from fedcontrast.models import build_model
 
-VARIANTS = {"fedavg": ("fedavg", {}), "moon (per-step references)": ("moon", {"cache_reference_representations": False}),
+VARIANTS = {"fedavg": ("fedavg", {}),
+            "moon (per-step references)": ("moon", {"cache_reference_representations": False}),
             "moon (cached references)": ("moon", {"cache_reference_representations": True})}
 
 

@@ -22,8 +22,8 @@ from _results import machine, write_section
 
 from fedcontrast.algorithms import nbytes
 from fedcontrast.config import RunConfig
-from fedcontrast.openfl.pki import make_dev_pki
 from fedcontrast.openfl.launch import initialize_plan, run_federation
+from fedcontrast.openfl.pki import make_dev_pki
 from fedcontrast.openfl.plan import create_workspace
 from fedcontrast.sim import Federation, run_simulation
 
@@ -75,7 +75,8 @@ def main() -> None:
              f"sites in turn. Medians over rounds 2–{args.rounds}. Each OpenFL round includes every site's "
              "evaluation of the model it received on its own held-out data (the engine's `evaluate` task); the "
              "simulator does no such evaluation.", "",
-             "| collaborators | simulator s/round | OpenFL s/round | ratio | OpenFL launch → round 1 | uploaded / site / round | downloaded / site / round |",
+             "| collaborators | simulator s/round | OpenFL s/round | ratio | OpenFL launch → round 1 "
+             "| uploaded / site / round | downloaded / site / round |",
              "|---|---|---|---|---|---|---|"]
     for n, sim, fl, first, up, down in rows:
         lines.append(f"| {n} | {sim:.2f} | {fl:.2f} | **{fl / sim:.2f}** | {first:.1f} s | {up / 1024:.1f} KiB | "

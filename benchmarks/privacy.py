@@ -33,18 +33,22 @@ def variants():
     for alg in ("fedpcl", "fedssc"):
         yield alg, f"{alg}, no DP", None, {}
         for s in REP_SIGMAS:
-            yield alg, f"{alg}, σ={s:g}, C=1", {"delta": DELTA, "representations": {"noise_multiplier": s, "clip": 1.0}}, {}
+            yield (alg, f"{alg}, σ={s:g}, C=1",
+                   {"delta": DELTA, "representations": {"noise_multiplier": s, "clip": 1.0}}, {})
     # FedSSC with both mechanisms: end to end; its class sums come from one pass over every sample
     # with the final model (under DP-SGD the last epoch's batches would not compose).
-    yield "fedssc", "fedssc DP-SGD σ=1 + σ=2, C=1", {"delta": DELTA, "dp_sgd": {"noise_multiplier": 1.0, "max_grad_norm": 1.0},
-                                                   "representations": {"noise_multiplier": 2.0, "clip": 1.0}}, {}
+    yield ("fedssc", "fedssc DP-SGD σ=1 + σ=2, C=1",
+           {"delta": DELTA, "dp_sgd": {"noise_multiplier": 1.0, "max_grad_norm": 1.0},
+            "representations": {"noise_multiplier": 2.0, "clip": 1.0}}, {})
     yield "moon", "moon, no DP", None, {}
     for s in SGD_SIGMAS:
-        yield "moon", f"moon DP-SGD, σ={s:g}, clip 1", {"delta": DELTA, "dp_sgd": {"noise_multiplier": s, "max_grad_norm": 1.0}}, {}
+        yield ("moon", f"moon DP-SGD, σ={s:g}, clip 1",
+               {"delta": DELTA, "dp_sgd": {"noise_multiplier": s, "max_grad_norm": 1.0}}, {})
     # The noise on a prototype has norm ≈ σC√d / n_c: a smaller representation keeps more signal.
     yield "fedpcl", "fedpcl d=32, no DP", None, {"projection_dim": 32}
     for s in REP_SIGMAS[1:]:
-        yield "fedpcl", f"fedpcl d=32, σ={s:g}, C=1", {"delta": DELTA, "representations": {"noise_multiplier": s, "clip": 1.0}}, {"projection_dim": 32}
+        yield ("fedpcl", f"fedpcl d=32, σ={s:g}, C=1",
+               {"delta": DELTA, "representations": {"noise_multiplier": s, "clip": 1.0}}, {"projection_dim": 32})
 
 
 def final_epsilons(metrics_csv: Path, rounds: int) -> list[float]:
@@ -129,7 +133,7 @@ def main() -> None:
              "over the 10 sites and the seeds (sites differ in size, which matters for DP-SGD only).", "",
              "| run | final accuracy | ε (mean over sites) | ε (largest site) |",
              "|---|---|---|---|"]
-    for alg, label, accs, eps in rows:
+    for _, label, accs, eps in rows:
         e_mean = f"{statistics.fmean(eps):.3g}" if eps else "∞ (no DP)"
         e_max = f"{max(eps):.3g}" if eps else "∞"
         spread = f" ± {100 * statistics.stdev(accs):.2f}" if len(accs) > 1 else ""

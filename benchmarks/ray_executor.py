@@ -58,7 +58,7 @@ def run_pids(with_ray: bool) -> list[int]:
         return pids
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(proc.info["cmdline"] or [])
-        if proc.info["pid"] != os.getpid() and ("ray::" in cmd or "/ray/" in cmd or "raylet" in cmd or "gcs_server" in cmd):
+        if proc.info["pid"] != os.getpid() and any(part in cmd for part in ("ray::", "/ray/", "raylet", "gcs_server")):
             pids.append(proc.info["pid"])
     return pids
 
@@ -407,19 +407,21 @@ def report(args, rows: list[dict], startup: float, overhead: float, machine: str
     lines = ["## The simulator on Ray: `benchmarks/ray_executor.py`", "",
              f"Command: `.venv/bin/python benchmarks/ray_executor.py --sites {' '.join(map(str, args.sites))} "
              f"--algorithms {' '.join(args.algorithms)} --rounds {args.rounds}` ({machine}).", "",
-             f"Digits, Dirichlet 0.5, {args.local_epochs} local epochs, batch 32. A round's time is the median of rounds "
-             f"2–{args.rounds} (round 1 warms each Ray worker's data up). Ray: a local Ray on 2 CPUs, 2 sites at once, "
-             f"1 thread each; its start-up: {startup:.1f} s; a Ray task of no site costs {1000 * overhead:.1f} ms "
-             "round trip. All runs are in one process, side by side.", "",
-             "| algorithm | sites | sequential, 1 thread | sequential, 2 threads | ray, 2 × 1 thread | ray ÷ seq. 1 thread "
-             "| ray ÷ seq. 2 threads | metrics equal | driver part of a round | ray overhead per site |",
+             f"Digits, Dirichlet 0.5, {args.local_epochs} local epochs, batch 32. A round's time is the median of "
+             f"rounds 2–{args.rounds} (round 1 warms each Ray worker's data up). Ray: a local Ray on 2 CPUs, 2 sites "
+             f"at once, 1 thread each; its start-up: {startup:.1f} s; a Ray task of no site costs "
+             f"{1000 * overhead:.1f} ms round trip. All runs are in one process, side by side.", "",
+             "| algorithm | sites | sequential, 1 thread | sequential, 2 threads | ray, 2 × 1 thread "
+             "| ray ÷ seq. 1 thread | ray ÷ seq. 2 threads | metrics equal | driver part of a round "
+             "| ray overhead per site |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['algorithm']} | {r['sites']} | {r['seq1']['round']:.3f} s | {r['seq2']['round']:.3f} s | "
               f"{r['ray']['round']:.3f} s | {r['seq1']['round'] / r['ray']['round']:.2f}× | "
               f"{r['seq2']['round'] / r['ray']['round']:.2f}× | {'yes' if r['equal'] else 'NO'} | "
               f"{r['driver']:.3f} s | {1000 * r['per_site_overhead']:.2f} ms |" for r in rows]
     lines += ["", "Memory, peak PSS over the whole run (sampled every 0.2 s):", "",
-              "| algorithm | sites | sequential (one process) | ray: driver | ray: driver + every Ray process | Ray workers |",
+              "| algorithm | sites | sequential (one process) | ray: driver | ray: driver + every Ray process "
+              "| Ray workers |",
               "|---|---|---|---|---|---|"]
     lines += [f"| {r['algorithm']} | {r['sites']} | {r['seq1']['pss']:.0f} MiB | {r['ray']['pss_driver']:.0f} MiB | "
               f"{r['ray']['pss']:.0f} MiB | {r['ray']['workers']} |" for r in rows]
@@ -444,8 +446,8 @@ def cost_model(args, rows: list[dict], overhead: float) -> list[str]:
            "round's training, because the executor sends the next round's sites as soon as the aggregate exists. "
            "`task` is a Ray task's round trip; `transfer` (packing the site's downlink, state and uploads as numpy "
            "arrays, Ray's object store) is measured inside the overhead per site above.", "",
-           "| algorithm | a (ms) | b (ms/sample) | c (s) | d (ms/site) | overhead per site (ms), 50 sites | predicted round, "
-           f"{n} sites on {cores} cores |",
+           "| algorithm | a (ms) | b (ms/sample) | c (s) | d (ms/site) | overhead per site (ms), 50 sites "
+           f"| predicted round, {n} sites on {cores} cores |",
            "|---|---|---|---|---|---|---|"]
     for algorithm in args.algorithms:
         mine = [r for r in rows if r["algorithm"] == algorithm]

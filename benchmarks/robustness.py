@@ -118,8 +118,9 @@ def cases():
 
 
 def run_case(label, algorithm, robustness, change, seed):
-    extra = {"hyperparameters": {"fedpcl": {"pretrain_epochs": 2}, "flesd": {"distill_epochs": 1, "upload": "similarity", "probe_epochs": 5}}} \
-        if algorithm in ("fedpcl", "flesd") else {}
+    extra = ({"hyperparameters": {"fedpcl": {"pretrain_epochs": 2},
+                                  "flesd": {"distill_epochs": 1, "upload": "similarity", "probe_epochs": 5}}}
+             if algorithm in ("fedpcl", "flesd") else {})
     config = RunConfig(algorithm=algorithm, seed=seed, rounds=2, robustness={**robustness, "on_rejected": "exclude"},
                        **BASE, **extra)
     federation = Federation(config)
@@ -198,8 +199,8 @@ def spans(rounds):
 def inbound_run(sites, fraction, robustness, seed, rounds):
     """One run under ``on_rejected: exclude``; what ``stop`` would have said is the first round with a
     rejection (identical up to then)."""
-    config = RunConfig(algorithm="fedavg", seed=seed, rounds=rounds, robustness={**robustness, "on_rejected": "exclude"},
-                       **{**BASE, "clients": sites})
+    config = RunConfig(algorithm="fedavg", seed=seed, rounds=rounds,
+                       robustness={**robustness, "on_rejected": "exclude"}, **{**BASE, "clients": sites})
     federation = Federation(config)
     sent = {}
 
@@ -285,7 +286,8 @@ def named(outcome):
 def accuracy_text(outcome):
     if outcome["accuracy"] is None:
         return f"— (diverged, round {outcome['diverged']})"
-    return f"{100 * outcome['accuracy']:.1f} %" + (f" (until round {outcome['diverged'] - 1})" if outcome["diverged"] else "")
+    until = f" (until round {outcome['diverged'] - 1})" if outcome["diverged"] else ""
+    return f"{100 * outcome['accuracy']:.1f} %{until}"
 
 
 def cosine_text(values):
@@ -319,7 +321,8 @@ def inbound_part(rounds, seed):
                 table.append(line)
                 if sites >= 3 and "max_update_spread" not in robustness:
                     if fraction is None:
-                        cosines.append(f"| {sites} | honest sites (no attacker) | {cosine_text(outcome['cos_honest'])} |")
+                        cosines.append(f"| {sites} | honest sites (no attacker) | "
+                                       f"{cosine_text(outcome['cos_honest'])} |")
                     else:
                         cosines.append(f"| {sites} | {attacker} site_1 | {cosine_text(outcome['cos_site_1'])} |")
                         cosines.append(f"| {sites} | honest sites beside it | {cosine_text(outcome['cos_honest'])} |")
@@ -330,7 +333,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--parts", nargs="+", choices=("cases", "rules", "inbound"), default=["cases", "rules", "inbound"])
+    parser.add_argument("--parts", nargs="+", choices=("cases", "rules", "inbound"),
+                        default=["cases", "rules", "inbound"])
     args = parser.parse_args()
     torch.set_num_threads(2)
     if {"cases", "rules"} & set(args.parts):
@@ -341,14 +345,14 @@ def main() -> None:
         body = "\n".join([
             "## Attackers inside every bound (`benchmarks/robustness.py --parts inbound`)",
             "",
-            f"`.venv/bin/python benchmarks/robustness.py --parts inbound --rounds {args.rounds} --seeds {args.seeds[0]}` "
-            f"— {time.strftime('%Y-%m-%d')}, {machine()}, {time.time() - started:.0f} s.",
+            f"`.venv/bin/python benchmarks/robustness.py --parts inbound --rounds {args.rounds} "
+            f"--seeds {args.seeds[0]}` — {time.strftime('%Y-%m-%d')}, {machine()}, {time.time() - started:.0f} s.",
             "",
-            f"Digits, Dir(0.5), FedAvg, 2 local epochs, {args.rounds} rounds, seed {args.seeds[0]}, `max_update_ratio: 1`, "
-            "`on_rejected: exclude` (the run goes on; with the default `stop` it would have stopped at the first "
-            "rejection, with the message naming the sites listed there). site_1 sends, every round, its own update "
-            f"sign-flipped and scaled to {0.99 * BOUND:g} × ‖w‖ (in-bound: just inside the bound) or 0.2 × ‖w‖ "
-            "(sign-flip); honest: the same plan with site_1 honest.",
+            f"Digits, Dir(0.5), FedAvg, 2 local epochs, {args.rounds} rounds, seed {args.seeds[0]}, "
+            "`max_update_ratio: 1`, `on_rejected: exclude` (the run goes on; with the default `stop` it would have "
+            "stopped at the first rejection, with the message naming the sites listed there). site_1 sends, every "
+            f"round, its own update sign-flipped and scaled to {0.99 * BOUND:g} × ‖w‖ (in-bound: just inside the "
+            "bound) or 0.2 × ‖w‖ (sign-flip); honest: the same plan with site_1 honest.",
             "",
             *table,
             "",

@@ -100,7 +100,8 @@ def main() -> None:
         k = f"{int(n['k'])}" + (" (full)" if n["k"] >= sites - 1 else "")
         lines.append(f"| {sites} | {k} | {b['wall']:.2f} s | {n['wall']:.2f} s | {n['wall'] / b['wall']:.2f}× | "
                      f"{1000 * b['site']:.1f} ms | {1000 * n['site']:.1f} ms | {b['aggregator']:.3f} s | "
-                     f"{n['aggregator']:.3f} s | {b['bytes']:.0f} | {n['bytes']:.0f} | {n['bytes'] / b['bytes']:.3f}× |")
+                     f"{n['aggregator']:.3f} s | {b['bytes']:.0f} | {n['bytes']:.0f} | "
+                     f"{n['bytes'] / b['bytes']:.3f}× |")
     lines += ["", f"Total {(time.perf_counter() - began) / 60:.1f} min. Goal (issue 45): the protocol's cost within "
               "1.5× of the baseline's at 100 and 1,000 sites. In a deployment each site does its own part at once; "
               "here every site's work adds up in one process, and a verification a site repeats that another already "

@@ -50,7 +50,8 @@ DATA = {"dataset": "digits", "min_samples": 5, "local_epochs": 10, "bits": 32}  
 def one(algorithm: str, settings: dict, sites: int, rounds: int, seed: int, secure: bool | str, out: Path) -> dict:
     """One run; ``secure``: False, or the graph (``auto``, ``full`` or k) to run secure aggregation with."""
     neighbours = int(secure) if isinstance(secure, str) and secure.isdigit() else secure
-    data = ({"min_samples": DATA["min_samples"]} if DATA["dataset"] != "fedprox_synthetic" else {"partition": "natural"})
+    data = ({"min_samples": DATA["min_samples"]} if DATA["dataset"] != "fedprox_synthetic"
+            else {"partition": "natural"})
     config = RunConfig(algorithm=algorithm, dataset=DATA["dataset"], clients=sites, rounds=rounds, seed=seed,
                        training=TrainingConfig(local_epochs=DATA["local_epochs"]), **data,
                        hyperparameters={algorithm: settings} if settings else {},
@@ -135,31 +136,36 @@ def main() -> None:
              "## Secure aggregation in the simulator")
     lines = [f"{title}: `benchmarks/secure_aggregation.py`", "",
              f"Command: `.venv/bin/python benchmarks/secure_aggregation.py --sites {' '.join(map(str, args.sites))} "
-             f"--rounds {args.rounds} --seeds {' '.join(map(str, args.seeds))} --algorithms {' '.join(args.algorithms)} "
-             f"--threads {args.threads} --neighbours {' '.join(args.neighbours)}"
+             f"--rounds {args.rounds} --seeds {' '.join(map(str, args.seeds))} "
+             f"--algorithms {' '.join(args.algorithms)} --threads {args.threads} "
+             f"--neighbours {' '.join(args.neighbours)}"
              + "".join(f" --{k.replace('_', '-')} {v}" for k, v in DATA.items() if v != default_data[k])
-             + (f" --section {args.section}" if args.section else "") + f"` on {machine()}, {time.strftime('%Y-%m-%d')}. "
+             + (f" --section {args.section}" if args.section else "")
+             + f"` on {machine()}, {time.strftime('%Y-%m-%d')}. "
              + ("Digits, Dir(0.5)" if args.dataset == "digits" else args.dataset)
-             + f", {args.local_epochs} local epochs, {args.bits}-bit ring, default threshold ⌊2n/3⌋ + 1, the consistency "
-             f"round (five messages per site). Load average (1 min) at the start: {os.getloadavg()[0]:.1f}.", "",
-             "| algorithm | secure variant | sites | k | s / round plain | s / round secure | ratio | bytes / site / round "
-             "plain | secure | ratio | protocol CPU per site | at the aggregator | final accuracy: default, plain | "
-             "variant, plain | variant, secure |",
+             + f", {args.local_epochs} local epochs, {args.bits}-bit ring, default threshold ⌊2n/3⌋ + 1, the "
+             "consistency round (five messages per site). Load average (1 min) at the start: "
+             f"{os.getloadavg()[0]:.1f}.", "",
+             "| algorithm | secure variant | sites | k | s / round plain | s / round secure | ratio "
+             "| bytes / site / round plain | secure | ratio | protocol CPU per site | at the aggregator "
+             "| final accuracy: default, plain | variant, plain | variant, secure |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def runs(algorithm, sites, settings, secure):
+        """:func:`one` for each seed, each in its own folder."""
+        return [one(algorithm, settings, sites, args.rounds, seed, secure,
+                    tmp / f"{algorithm}{sites}{seed}{secure}{bool(settings)}") for seed in args.seeds]
+
     for algorithm in args.algorithms:
         variant = SECURE_VARIANTS[algorithm]
         label = ", ".join(f"{k}: {v}" for k, v in variant.items()) or "(the default)"
         for sites in args.sites:
-            def runs(settings, secure):
-                return [one(algorithm, settings, sites, args.rounds, seed, secure,
-                            tmp / f"{algorithm}{sites}{seed}{secure}{bool(settings)}") for seed in args.seeds]
-
-            plain = runs(variant, False)
-            default = accuracy(runs({}, False)) if variant else "(same)"
+            plain = runs(algorithm, sites, variant, False)
+            default = accuracy(runs(algorithm, sites, {}, False)) if variant else "(same)"
             r_plain = statistics.median(r["round_s"] for r in plain)
             graphs = {neighbourhood_size(sites, int(g) if g.isdigit() else g): g for g in reversed(args.neighbours)}
             for graph in reversed(list(graphs.values())):  # one run per distinct k (auto is full at 50 sites)
-                secure = runs(variant, graph)
+                secure = runs(algorithm, sites, variant, graph)
                 r_secure = statistics.median(r["round_s"] for r in secure)
                 cost = secure[0]["cost"]
                 k = int(cost.get("neighbours") or sites - 1)
@@ -173,8 +179,9 @@ def main() -> None:
                 print(line, flush=True)
                 lines.append(line)
     lines += ["", f"Total {(time.perf_counter() - t0) / 60:.1f} min; load average (1 min) at the end "
-              f"{os.getloadavg()[0]:.1f} (2 cores: above 2, other work ran beside). Times are wall-clock of the simulator's round "
-              "(sites one after another in one process), so the protocol's work of every site adds up in one round "
+              f"{os.getloadavg()[0]:.1f} (2 cores: above 2, other work ran beside). Times are wall-clock of the "
+              "simulator's round (sites one after another in one process), so the protocol's work of every site adds "
+              "up in one round "
               "here; in a deployment each site does its own share. Accuracy: mean ± std over the seeds (FedPCL: "
               "personalised, by nearest global prototype; FLESD: linear probe)."]
     if not plugins:

@@ -1,7 +1,8 @@
 """Secure aggregation's cost on a Flower deployment on localhost (SuperLink + one SuperNode per site,
 TLS, SuperNode authentication): the same job with and without it, one after the other.
 
-    .venv/bin/python benchmarks/secure_aggregation_flower.py [--rounds 5] [--algorithm moon] [--flower-venv .venv-flower]
+    .venv/bin/python benchmarks/secure_aggregation_flower.py [--rounds 5] [--algorithm moon]
+                                                             [--flower-venv .venv-flower]
 
 Run from the OpenFL environment (`.venv`); the Flower parties run from the Flower environment
 (`--flower-venv`). Each site pins every member's SuperNode key in its policy

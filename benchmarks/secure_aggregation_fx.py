@@ -23,9 +23,9 @@ from pathlib import Path
 from _results import machine, write_section
 
 from fedcontrast.config import RunConfig
-from fedcontrast.openfl.pki import make_dev_pki
 from fedcontrast.openfl.launch import initialize_plan, run_federation
 from fedcontrast.openfl.packing import packed_size
+from fedcontrast.openfl.pki import make_dev_pki
 from fedcontrast.openfl.plan import create_workspace
 from fedcontrast.sim import Federation
 from fedcontrast.site.roster import format_roster, read_roster

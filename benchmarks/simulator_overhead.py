@@ -94,7 +94,8 @@ def main() -> None:
         "| | seconds per round |",
         "|---|---|",
         f"| bare PyTorch loop (local SGD + weighted average + test accuracy) | {b:.3f} |",
-        f"| `fedcontrast` simulator (same work + validation, byte accounting, checkpoint, metrics, TensorBoard) | {s:.3f} |",
+        "| `fedcontrast` simulator (same work + validation, byte accounting, checkpoint, metrics, TensorBoard) | "
+        f"{s:.3f} |",
         f"| **ratio** (goal ≤ 1.05) | **{s / b:.3f}** |",
     ]))
 

@@ -261,7 +261,8 @@ def timeline(lab, exp, sites: list[str], rounds: int, limit: float) -> dict:
     phrases = {OPERATOR: ["Starting the Aggregator Service", "Starting Aggregator gRPC Server",
                           "Sending tasks to collaborator", aggregated,
                           *[f"Collaborator {s} is sending task results" for s in sites]],
-               **{s: ["passed the checks", "Starting a Collaborator Service", "Round: 0 Received Tasks"] for s in sites}}
+               **{s: ["passed the checks", "Starting a Collaborator Service", "Round: 0 Received Tasks"]
+                  for s in sites}}
     watches = {party: LogWatch(log(party)) for party in phrases}
     start = time.monotonic()
     lab.start(exp)
@@ -397,10 +398,13 @@ def main() -> None:
     aggregated = agg[f"round 1/{args.rounds} aggregated"]
     rows = [("aggregator: plan parsed (`Starting the Aggregator Service`)", agg.get("Starting the Aggregator Service")),
             ("aggregator: listening (`Starting Aggregator gRPC Server`)", agg.get("Starting Aggregator gRPC Server")),
-            ("aggregator: first task served (`Sending tasks to collaborator`)", agg.get("Sending tasks to collaborator"))]
+            ("aggregator: first task served (`Sending tasks to collaborator`)",
+             agg.get("Sending tasks to collaborator"))]
     for s in sites:
-        rows += [(f"{s}: `site start` checks passed, `fx collaborator start` takes over", seen[s].get("passed the checks")),
-                 (f"{s}: plan parsed (`Starting a Collaborator Service`)", seen[s].get("Starting a Collaborator Service")),
+        rows += [(f"{s}: `site start` checks passed, `fx collaborator start` takes over",
+                  seen[s].get("passed the checks")),
+                 (f"{s}: plan parsed (`Starting a Collaborator Service`)",
+                  seen[s].get("Starting a Collaborator Service")),
                  (f"{s}: first tasks received (`Round: 0 Received Tasks`)", seen[s].get("Round: 0 Received Tasks")),
                  (f"{s}: first results sent (aggregator's log)", agg.get(f"Collaborator {s} is sending task results"))]
     rows.append(("**first round aggregated**", aggregated))
@@ -412,17 +416,20 @@ def main() -> None:
           f"load {fed_load['load']:.2f} before, {fed_load['after']:.2f} after")
     for label, value in rows:
         print(f"  {show(value):>6} s  {label}")
-    for key, title in (("aggregator", "aggregator"), ("preflight", "site pre-flight"), ("collaborator", "collaborator")):
+    for key, title in (("aggregator", "aggregator"), ("preflight", "site pre-flight"),
+                       ("collaborator", "collaborator")):
         b = breakdown[key]
-        print(f"{title}: interpreter {b['interpreter']:.2f} s; " + "; ".join(f"{l} {s:.2f} s" for l, s in b["phases"]))
+        print(f"{title}: interpreter {b['interpreter']:.2f} s; "
+              + "; ".join(f"{phase} {s:.2f} s" for phase, s in b["phases"]))
         for label, entry in b["calls"].items():
-            print(f"    {entry['seconds']:.3f} s  {label} ({entry['calls']}×){' imports ' + ', '.join(entry['imported']) if entry['imported'] else ''}")
+            imports = " imports " + ", ".join(entry["imported"]) if entry["imported"] else ""
+            print(f"    {entry['seconds']:.3f} s  {label} ({entry['calls']}×){imports}")
 
     title = f"## Start-up across hosts ({args.algorithm}, {args.sites} sites{', ' + args.note if args.note else ''})"
     local = f" --local-epochs {args.local_epochs}" if args.local_epochs is not None else ""
     lines = [title, "",
-             f"Command: `.venv/bin/python benchmarks/startup.py --sites {args.sites} --rounds {args.rounds} --algorithm "
-             f"{args.algorithm}{local} --repeat {args.repeat} --section {args.section}"
+             f"Command: `.venv/bin/python benchmarks/startup.py --sites {args.sites} --rounds {args.rounds} "
+             f"--algorithm {args.algorithm}{local} --repeat {args.repeat} --section {args.section}"
              + (f" --note '{args.note}'" if args.note else "") + f"` (as root) on {machine()}, "
              f"{time.strftime('%Y-%m-%d %H:%M')}; {os.cpu_count()} cores.", "",
              f"Load average (1 min) when the federation started: {fed_load['load']:.2f} (after it: "
@@ -433,10 +440,10 @@ def main() -> None:
              "site's, started together; seconds from `fx aggregator start`, as each party's log showed them.", "",
              "| event | seconds after `fx aggregator start` |", "|---|---|"]
     lines += [f"| {label} | {show(value)} |" for label, value in rows]
-    lines += ["", f"(The first round's record says {run['record']:.1f} s.) The restart of an aggregator while the sites "
-              "keep running: see the aggregator_restart section.", "",
-              f"Breakdown: each party's start-up again, alone on the machine, in a fresh interpreter on its own host, on "
-              f"a copy of its workspace taken before the federation ran; median of {args.repeat}.", ""]
+    lines += ["", f"(The first round's record says {run['record']:.1f} s.) The restart of an aggregator while the "
+              "sites keep running: see the aggregator_restart section.", "",
+              "Breakdown: each party's start-up again, alone on the machine, in a fresh interpreter on its own host, "
+              f"on a copy of its workspace taken before the federation ran; median of {args.repeat}.", ""]
     lines += fmt_breakdown("Aggregator (`fx aggregator start`, up to listening)", breakdown["aggregator"]) + [""]
     lines += fmt_breakdown(f"Site pre-flight (`fedcontrast site start`, {sites[0]}, up to the exec of fx)",
                            breakdown["preflight"]) + [""]

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from _results import machine, write_section
 
-from fedcontrast.openfl.pki import issue_for_key, write_certificate
 from fedcontrast.lab.deployment import OPERATOR, CrossSiloLab
 from fedcontrast.lab.netns import netns_unavailable
 from fedcontrast.openfl.launch import failure_reason
+from fedcontrast.openfl.pki import issue_for_key, write_certificate
 
 SITE = "hosp1"
 PORT = 50561
@@ -118,9 +118,10 @@ def main() -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
     said = refusals(aggregator_log)
-    lines = [f"Machine: {machine()}; {time.strftime('%Y-%m-%d')}. Command: `sudo .venv/bin/python benchmarks/tls_mistakes.py`.",
-             "", f"Start-up of any party before it can say anything (`python -c \"import fedcontrast.openfl.components\"`): "
-             f"{baseline:.1f} s.", "",
+    lines = [f"Machine: {machine()}; {time.strftime('%Y-%m-%d')}. "
+             "Command: `sudo .venv/bin/python benchmarks/tls_mistakes.py`.", "",
+             "Start-up of any party before it can say anything "
+             f"(`python -c \"import fedcontrast.openfl.components\"`): {baseline:.1f} s.", "",
              "| mistake | party that ends | exit code | seconds to exit | retries | its sentence |",
              "|---|---|---|---|---|---|"]
     for label, party, code, seconds, retries, sentence in rows:

@@ -30,7 +30,8 @@ TINY = ["--dataset", "synthetic", "--image-size", "16", "--clients", "2", "--rou
     (["compare", "--algorithms", "fedavg", "moon:mu"], "name:key=value"),
     (["compare", "--algorithms", "fedavg", "moon:mu=-1"], "mu"),
     (["simulate", "--dataset", "fedprox_synthetic", "--partition", "iid"], "partition iid does not apply"),
-    (["simulate", "--dataset-setting", "alpha=1"], "dataset_settings apply to fashion_mnist, fedprox_synthetic, mnist, not digits"),
+    (["simulate", "--dataset-setting", "alpha=1"],
+     "dataset_settings apply to fashion_mnist, fedprox_synthetic, mnist, not digits"),
     (["partition", "--dataset", "fedprox_synthetic", "--dataset-setting", "alpha"], "--dataset-setting expects"),
 ])
 def test_bad_input_exits_2_with_one_sentence(tmp_path, capsys, argv, fragment):

@@ -8,8 +8,15 @@ import pytest
 import torch
 
 from fedcontrast import device_check
-from fedcontrast.devices import (DeviceMistake, cpu_stand_in, device_generator, make_cuda_deterministic, resolve_device,
-                                 same_device, stand_in_works)
+from fedcontrast.devices import (
+    DeviceMistake,
+    cpu_stand_in,
+    device_generator,
+    make_cuda_deterministic,
+    resolve_device,
+    same_device,
+    stand_in_works,
+)
 from fedcontrast.errors import ConfigError
 from fedcontrast.models import backbones
 
@@ -70,7 +77,8 @@ def test_a_cuda_device_carries_its_index():
     assert same_device("cuda", "cuda:0") and same_device(torch.device("cpu"), "cpu")
     assert not same_device("cpu", "cuda:0") and not same_device("cuda:0", "cuda:1")
     if not torch.cuda.is_available():
-        pytest.skip("no CUDA here: resolve_device('cuda') is refused (test_cuda_is_refused_by_name_where_there_is_none)")
+        pytest.skip("no CUDA here: resolve_device('cuda') is refused "
+                    "(test_cuda_is_refused_by_name_where_there_is_none)")
     device = resolve_device("cuda")
     assert device.index == torch.cuda.current_device() and torch.zeros(1, device=device).device == device
     with pytest.raises(ConfigError, match="CUDA device"):
@@ -220,6 +228,8 @@ def test_a_fingerprint_changes_with_any_bit_of_a_run():
     values = {"metrics.csv": "round,accuracy\n1,0.5\n", "global/w": torch.tensor([1.0, 2.0]), "s": torch.tensor(3.0)}
     same = {"metrics.csv": "round,accuracy\n1,0.5\n", "global/w": torch.tensor([1.0, 2.0]), "s": torch.tensor(3.0)}
     assert device_check.fingerprint(values) == device_check.fingerprint(same)
-    nudged = dict(same, **{"global/w": torch.tensor([1.0, float(torch.nextafter(torch.tensor(2.0), torch.tensor(3.0)))])})
+    next_after_2 = float(torch.nextafter(torch.tensor(2.0), torch.tensor(3.0)))
+    nudged = dict(same, **{"global/w": torch.tensor([1.0, next_after_2])})
     assert device_check.fingerprint(values) != device_check.fingerprint(nudged)
-    assert device_check.fingerprint(values) != device_check.fingerprint(dict(same, s=torch.tensor(3.0, dtype=torch.float64)))
+    as_float64 = dict(same, s=torch.tensor(3.0, dtype=torch.float64))
+    assert device_check.fingerprint(values) != device_check.fingerprint(as_float64)

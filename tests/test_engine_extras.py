@@ -4,7 +4,8 @@ runs, and a command that needs OpenFL says how to install it in one sentence, wr
 import subprocess
 import sys
 
-BLOCK_OPENFL = "import sys; sys.modules['openfl'] = None; from fedcontrast.cli import main; sys.exit(main(sys.argv[1:]))"
+BLOCK_OPENFL = ("import sys; sys.modules['openfl'] = None; from fedcontrast.cli import main; "
+                "sys.exit(main(sys.argv[1:]))")
 
 
 def run(tmp_path, *argv):
@@ -21,7 +22,8 @@ def test_without_openfl_the_simulator_runs_and_fx_commands_say_how_to_install_it
     refused = run(tmp_path, "federation", "--runs-dir", str(tmp_path / "runs"), "--rounds", "1")
     assert refused.returncode == 2
     assert refused.stderr.strip() == ("fedcontrast: error: this command runs OpenFL, which is not installed in this "
-                                      "environment: pip install -e \".[openfl]\" (or pip install 'fedcontrast[openfl]')")
+                                      "environment: pip install -e \".[openfl]\" "
+                                      "(or pip install 'fedcontrast[openfl]')")
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["sim"]  # nothing written for the federation
     report = run(tmp_path, "report", str(tmp_path / "runs" / "sim"))  # a run folder: read without OpenFL
     assert report.returncode == 0 and "finished: 1 of 1 rounds" in report.stdout, report.stderr[-2000:]

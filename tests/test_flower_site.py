@@ -117,7 +117,8 @@ def test_a_site_refuses_before_reading_any_data(folders, tmp_path):
     with pytest.raises(site_app.SiteRefused, match="^this site's policy .* refuses the plan before any data is read"):
         site_app.handle("query", 1, json.dumps(config.to_dict()), s, {}, None)
     with pytest.raises(site_app.SiteRefused, match="not one of the plan's sites"):
-        site_app.handle("query", 2, json.dumps(config.to_dict()), {**settings(folders, tmp_path), "site-name": "hosp9"}, {}, None)
+        site_app.handle("query", 2, json.dumps(config.to_dict()), {**settings(folders, tmp_path), "site-name": "hosp9"},
+                        {}, None)
 
 
 def test_a_refusal_or_a_failure_becomes_the_sites_reply(folders, tmp_path, capsys):
@@ -377,11 +378,11 @@ def test_a_flower_site_with_a_nan_upload_withdraws_naming_the_cause(folders, tmp
     honest_train = site_app.SiteRuntime.train
 
     def train(self, *args):
-        uploads, weight, metrics, state = honest_train(self, *args)
+        uploads, weight, metrics = honest_train(self, *args)
         if self.name == "hosp2":
             name = next(iter(uploads))
             uploads[name] = uploads[name].clone().fill_(float("nan"))
-        return uploads, weight, metrics, state
+        return uploads, weight, metrics
 
     monkeypatch.setattr(site_app.SiteRuntime, "train", train)
     relay = secure_relay(config)

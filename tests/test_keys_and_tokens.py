@@ -56,6 +56,7 @@ def test_simulate_on_ray_with_an_empty_token_file_is_one_sentence(tmp_path):
                           capture_output=True, text=True, timeout=300, env=env)
     err = proc.stderr.strip()
     assert proc.returncode == 2 and "Traceback" not in err, err[-2000:]
-    assert len(err.splitlines()) == 1 and err == (f"fedcontrast: error: RAY_AUTH_MODE=token, but the token file {tmp_path / 'token'} "
-                                    "(RAY_AUTH_TOKEN_PATH) is empty: copy the cluster's token there (`ray get-auth-token` "
-                                    "on its head), or unset RAY_AUTH_MODE for a local Ray")
+    assert len(err.splitlines()) == 1
+    assert err == (f"fedcontrast: error: RAY_AUTH_MODE=token, but the token file {tmp_path / 'token'} "
+                   "(RAY_AUTH_TOKEN_PATH) is empty: copy the cluster's token there (`ray get-auth-token` "
+                   "on its head), or unset RAY_AUTH_MODE for a local Ray")

@@ -41,7 +41,10 @@ def test_separable_blobs_are_classified():
 
 def test_random_labels_give_chance_accuracy():
     g = torch.Generator().manual_seed(3)
-    make = lambda n: ArrayDataset(torch.randn(n, 1, 4, 4, generator=g), torch.randint(0, 10, (n,), generator=g), 10)
+
+    def make(n):
+        return ArrayDataset(torch.randn(n, 1, 4, 4, generator=g), torch.randint(0, 10, (n,), generator=g), 10)
+
     result = linear_probe(flatten, make(1000), make(2000), CPU, epochs=30)
     # Test accuracy of 2000 random labels: 0.1 ± 0.007 (one standard deviation).
     assert abs(result["probe_accuracy"] - 0.1) < 0.04

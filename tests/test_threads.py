@@ -78,7 +78,8 @@ def test_a_launchers_share_reaches_its_party_as_a_share(cores, monkeypatch):
 def test_the_line(cores):
     cores(2)
     assert describe(choose_threads()) == "threads: 2 (of 2 cores this process may use)"
-    assert describe(choose_threads(parties=4)) == "threads: 1 per party (4 parties share the 2 cores this process may use)"
+    assert (describe(choose_threads(parties=4))
+            == "threads: 1 per party (4 parties share the 2 cores this process may use)")
     assert describe(choose_threads(3)) == "threads: 3 (set; 2 cores this process may use)"
     assert "\n" not in describe(choose_threads(parties=4))
 

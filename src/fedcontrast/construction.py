@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .algorithms import Algorithm, RunFacts, get_algorithm, secure_summable
+from .algorithms import Algorithm, RunFacts, get_algorithm, import_plugins, secure_summable
 from .config import RunConfig, site_names
 from .data import ArrayDataset, DataSplits, load_dataset, partition_indices
 from .data.splits import site_test_indices, stratified_holdout  # tests import site_test_indices from here too
@@ -46,10 +46,17 @@ def run_facts(config: RunConfig, public_size: int = 0) -> RunFacts:
                     under_dp=privacy is not None)
 
 
+def algorithm_class(config: RunConfig) -> type[Algorithm]:
+    """The plugin class the run names, once the run's plugin modules (``config.plugins``) are imported."""
+    import_plugins(config.plugins)
+    return get_algorithm(config.algorithm)
+
+
 def build_algorithm(config: RunConfig, *, public_size: int = 0) -> Algorithm:
     """The configured plugin, built once with the run's facts (:func:`run_facts`; ``public_size``: the
-    public set's size, for callers whose use depends on it — else see :func:`build_algorithm_with_public`).
-    Settings for other algorithms are validated too, so typos surface."""
+    public set's size, for callers whose use depends on it — else see :func:`build_algorithm_with_public`),
+    the run's plugin modules imported first. Settings for other algorithms are validated too, so typos surface."""
+    import_plugins(config.plugins)
     for name, settings in config.hyperparameters.items():
         get_algorithm(name).from_settings(settings)
     facts = run_facts(config, public_size)

@@ -42,7 +42,8 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * getattr(torch, self.dtype).itemsize
+        dtype: torch.dtype = getattr(torch, self.dtype)
+        return math.prod(self.shape) * dtype.itemsize
 
 
 class InvalidUploadError(FedContrastError):

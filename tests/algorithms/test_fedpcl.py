@@ -51,7 +51,8 @@ def test_prototype_loss_closed_form_and_loop():
     y = torch.tensor([0, 1, 2, 0, 1, 2])
     expected = sum(-math.log(math.exp(float(z[i] @ p[y[i]]) / 0.1) /
                              sum(math.exp(float(z[i] @ p[c]) / 0.1) for c in range(3))) for i in range(6)) / 6
-    assert prototype_contrastive_loss(z, y, p, torch.ones(3), temperature=0.1).item() == pytest.approx(expected, rel=1e-9)
+    assert (prototype_contrastive_loss(z, y, p, torch.ones(3), temperature=0.1).item()
+            == pytest.approx(expected, rel=1e-9))
 
 
 def test_site_with_no_sample_still_gets_every_prototype():

@@ -5,8 +5,14 @@ import pytest
 import torch
 
 from fedcontrast.algorithms import InvalidUploadError, get_algorithm, validate_uploads, weight_tensors
-from fedcontrast.algorithms.fedssc import (CLASS_COUNTS, CLASS_MEANS, CLASS_PRESENT, CLASS_REPS,
-                                           mu_glob_schedule, sample_class_representations)
+from fedcontrast.algorithms.fedssc import (
+    CLASS_COUNTS,
+    CLASS_MEANS,
+    CLASS_PRESENT,
+    CLASS_REPS,
+    mu_glob_schedule,
+    sample_class_representations,
+)
 from fedcontrast.config import TrainingConfig
 
 
@@ -95,7 +101,6 @@ def test_under_dp_sgd_the_class_sums_take_every_sample_through_the_final_model(m
     from fedcontrast.algorithms.moon import represent_all
     from fedcontrast.config import PrivacyConfig
     from fedcontrast.privacy import SitePrivacy
-
     from fedcontrast.privacy.dp_sgd import make_dp_compatible
 
     site = make_site(training=TrainingConfig(local_epochs=2, batch_size=16), n=96)

@@ -6,8 +6,15 @@ import torch
 import torch.nn.functional as F
 
 from fedcontrast.algorithms import InvalidUploadError, RunFacts, ServerContext, get_algorithm, validate_uploads
-from fedcontrast.algorithms.flesd import (FINGERPRINT, REPRESENTATIONS, SIMILARITY, PublicDataMismatch, distill,
-                                          public_fingerprint, quantise)
+from fedcontrast.algorithms.flesd import (
+    FINGERPRINT,
+    REPRESENTATIONS,
+    SIMILARITY,
+    PublicDataMismatch,
+    distill,
+    public_fingerprint,
+    quantise,
+)
 from fedcontrast.config import TrainingConfig
 from fedcontrast.losses import ensemble_similarity, esd_loss
 
@@ -182,7 +189,8 @@ def test_sites_with_other_encoder_architectures_federate(tmp_path):
     federation = Federation(config)
     rows = federation.run_round(1)
     resnet_state = federation.sites[1].state["flesd.local_model"]
-    assert any("layer1" in k for k in resnet_state) and not any("layer1" in k for k in federation.sites[0].state["flesd.local_model"])
+    assert any("layer1" in k for k in resnet_state)
+    assert not any("layer1" in k for k in federation.sites[0].state["flesd.local_model"])
     first = {k: v.clone() for k, v in resnet_state.items()}
     rows += federation.run_round(2)
     second = federation.sites[1].state["flesd.local_model"]

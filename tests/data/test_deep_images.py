@@ -4,10 +4,11 @@ read at Pillow's 8 bits and said so, formats and bit depths in the schema's repo
 MR from the sample files pydicom's wheel ships, never downloaded) with the rescale slope/intercept
 and the window the schema (or the file) gives."""
 
-import numpy as np
-import pytest
 import struct
 import zlib
+
+import numpy as np
+import pytest
 from PIL import Image
 
 from fedcontrast.config import DataSchema

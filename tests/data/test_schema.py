@@ -11,8 +11,14 @@ from PIL import Image
 from fedcontrast.config import DataSchema, PublicDataConfig, RunConfig
 from fedcontrast.construction import load_splits, partition, site_test_indices
 from fedcontrast.data.folders import write_site_folders
-from fedcontrast.data.schema import (folder_fingerprint, infer_schema, load_public_folder, load_site_splits,
-                                     summarise_folder, with_statistics)
+from fedcontrast.data.schema import (
+    folder_fingerprint,
+    infer_schema,
+    load_public_folder,
+    load_site_splits,
+    summarise_folder,
+    with_statistics,
+)
 from fedcontrast.errors import ConfigError, DataError
 
 SCHEMA = DataSchema(input_shape=(1, 16, 16), classes=("a", "b", "c", "d"))
@@ -147,7 +153,8 @@ def test_written_site_folders_are_the_simulators_shards(tmp_path):
     schema = DataSchema((1, 32, 32), tuple(str(c) for c in range(10)))
     for name, part in zip(config.sites, parts):
         own = load_site_splits(folders[name], schema, test_fraction=0.2, split_seed=0)
-        assert torch.equal(torch.bincount(own.train.y, minlength=10), torch.bincount(splits.train.y[part], minlength=10))
+        assert torch.equal(torch.bincount(own.train.y, minlength=10),
+                           torch.bincount(splits.train.y[part], minlength=10))
         present = set(own.train.y.unique().tolist())
         assert set(own.test.y.unique().tolist()) <= present  # held out with its own distribution
     public = list((tmp_path / "public").rglob("*.png"))

@@ -163,14 +163,13 @@ def test_a_federation_on_flower_across_hosts(lab, deployed, algorithm):
 def test_an_unregistered_key_is_refused_and_named(lab, deployed):
     folder, _ = deployed("moon")
     lab.fedcontrast("hosp3", "flower", "site-key", "--name", "rogue")
-    started = time.monotonic()
     proc = start_supernode(lab, "hosp3", folder.name, PORTS["moon"], key="rogue.key",
                            extra=["--retry-refused", "0", "--port", "9095"])
     assert proc.wait(timeout=60) != 0
     log = (lab.disk("hosp3") / f"{folder.name}_hosp3.log").read_text(errors="replace")
     assert "refused this site's key rogue.key (SHA256:" in log and "has not registered it" in log
     assert "Traceback" not in log
-    assert time.monotonic() - started < 60
+    assert "trying again in" not in log  # --retry-refused 0: named at its first refusal, not asked again
 
 
 def test_a_site_that_is_gone_is_named_within_the_round_timeout(lab, deployed):
@@ -178,14 +177,12 @@ def test_a_site_that_is_gone_is_named_within_the_round_timeout(lab, deployed):
     os.killpg(nodes["hosp3"].pid, signal.SIGKILL)  # the site's machine goes down: wrapper, worker, SuperNode
     nodes["hosp3"].wait(timeout=30)
     set_aside(folder)
-    started = time.monotonic()
     done = run(lab, folder, "--round-timeout", "20", "--start-timeout", "20", timeout=200)
-    elapsed = time.monotonic() - started
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-2000:]
     assert "hosp3" in out and ("within 20 s" in out or "heartbeat" in out), out[-2000:]
     assert "hosp1" not in out.split("error:")[-1]  # only the site that is gone is named
-    assert elapsed < 20 + 20 + 40  # start-up wait + one round's timeout + Flower's start of the run
+    assert not (folder / "run" / "rounds.jsonl").exists()  # stopped at its first wait for the site: no round ran
     assert json.loads((folder / "run" / "outcome.json").read_text())["status"] == "failed"
 
 

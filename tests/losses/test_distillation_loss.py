@@ -7,19 +7,19 @@ import pytest
 import torch
 
 from fedcontrast.losses import ensemble_similarity, esd_loss, similarity_matrix
+from tests.losses.reference import cosine
 
 
 def reference_esd_loss(query, query_index, anchors, anchor_index, target, tau_s):
     """mean_i KL(p_T(·|i) ‖ p_S(·|i)) over anchors of other public samples, one query and anchor at a time."""
     query, anchors, target = (np.asarray(a, dtype=np.float64) for a in (query, anchors, target))
-    cos = lambda a, b: float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
     kls = []
     for i in range(len(query)):
         js = [j for j in range(len(anchors)) if int(anchor_index[j]) != int(query_index[i])]
         if not js:
             continue
         t = [float(target[int(query_index[i]), int(anchor_index[j])]) for j in js]
-        s = [cos(query[i], anchors[j]) / tau_s for j in js]
+        s = [cosine(query[i], anchors[j]) / tau_s for j in js]
         zt = sum(math.exp(v) for v in t)
         zs = sum(math.exp(v) for v in s)
         kl = 0.0
@@ -177,7 +177,8 @@ def test_query_with_every_anchor_masked_contributes_nothing():
 def test_no_anchor_left_gives_zero_with_a_gradient(queue):
     query = torch.randn(2, 4, requires_grad=True)
     qi = torch.tensor([1, 1])
-    loss = esd_loss(query, qi, torch.randn(queue, 4), torch.full((queue,), 1), torch.zeros(3, 3), student_temperature=0.5)
+    loss = esd_loss(query, qi, torch.randn(queue, 4), torch.full((queue,), 1), torch.zeros(3, 3),
+                    student_temperature=0.5)
     assert loss.item() == 0.0
     loss.backward()
     assert query.grad is not None and torch.equal(query.grad, torch.zeros_like(query))

@@ -7,17 +7,17 @@ import pytest
 import torch
 
 from fedcontrast.losses import global_class_contrastive_loss
+from tests.losses.reference import cosine
 
 
 def reference(z, labels, reps, present, tau):
     z, reps = np.asarray(z, dtype=np.float64), np.asarray(reps, dtype=np.float64)
-    cos = lambda a, b: float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
     terms = []
     for i in range(len(z)):
         if not present[labels[i]]:
             continue
-        denominator = sum(math.exp(cos(z[i], reps[c]) / tau) for c in range(len(reps)) if present[c])
-        terms.append(-math.log(math.exp(cos(z[i], reps[labels[i]]) / tau) / denominator))
+        denominator = sum(math.exp(cosine(z[i], reps[c]) / tau) for c in range(len(reps)) if present[c])
+        terms.append(-math.log(math.exp(cosine(z[i], reps[labels[i]]) / tau) / denominator))
     return sum(terms) / len(terms) if terms else 0.0
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fedcontrast.losses import info_nce, moon_contrastive_loss
+from tests.losses.reference import cosine
 
 
 def reference_moon_loss(z, z_glob, z_prev, tau):
@@ -14,9 +15,8 @@ def reference_moon_loss(z, z_glob, z_prev, tau):
     z, z_glob, z_prev = (np.asarray(a, dtype=np.float64) for a in (z, z_glob, z_prev))
     total = 0.0
     for i in range(len(z)):
-        cos = lambda a, b: float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
-        pos = math.exp(cos(z[i], z_glob[i]) / tau)
-        neg = math.exp(cos(z[i], z_prev[i]) / tau)
+        pos = math.exp(cosine(z[i], z_glob[i]) / tau)
+        neg = math.exp(cosine(z[i], z_prev[i]) / tau)
         total += -math.log(pos / (pos + neg))
     return total / len(z)
 

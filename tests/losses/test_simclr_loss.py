@@ -7,18 +7,18 @@ import pytest
 import torch
 
 from fedcontrast.losses import nt_xent
+from tests.losses.reference import cosine
 
 
 def reference_nt_xent(z1, z2, tau):
     """Chen et al. 2020 eq. 1 / Algorithm 1, one anchor at a time, in float64 numpy."""
     z = np.concatenate([np.asarray(z1, dtype=np.float64), np.asarray(z2, dtype=np.float64)])
     n = len(z1)
-    cos = lambda a, b: float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
     total = 0.0
     for i in range(2 * n):
         positive = (i + n) % (2 * n)
-        denominator = sum(math.exp(cos(z[i], z[k]) / tau) for k in range(2 * n) if k != i)
-        total += -math.log(math.exp(cos(z[i], z[positive]) / tau) / denominator)
+        denominator = sum(math.exp(cosine(z[i], z[k]) / tau) for k in range(2 * n) if k != i)
+        total += -math.log(math.exp(cosine(z[i], z[positive]) / tau) / denominator)
     return total / (2 * n)
 
 

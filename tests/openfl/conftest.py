@@ -1,9 +1,13 @@
 """Fixtures for federations of real OS processes (fx aggregator / fx collaborator) over mutual TLS.
 
-The PKI is made once per session with the fx commands (it is the slow part) and copied into every
-test's workspace; each federation test gets a fresh workspace, port and ``fx plan initialize``.
+The PKI is made once per test run with the fx commands (it is the slow part; the xdist workers share
+it) and copied into every test's workspace; each federation test gets a fresh workspace, port and
+``fx plan initialize``.
 """
 
+import fcntl
+import json
+import os
 import shutil
 import socket
 import subprocess
@@ -17,7 +21,7 @@ import yaml
 from fedcontrast.algorithms import registry
 from fedcontrast.config import RunConfig
 from fedcontrast.openfl.launch import failure_reason, initialize_plan, start, stop_all
-from fedcontrast.openfl.pki import certify_workspace, fx_executable, make_dev_pki
+from fedcontrast.openfl.pki import certify_workspace, dev_pki_commands
 from fedcontrast.openfl.plan import create_workspace
 from tests.plans import small_config  # noqa: F401  (the openfl tests import it from here)
 
@@ -30,20 +34,55 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+FX_IN_ONE_PROCESS = """
+import json, sys
+from openfl.interface.cli import entry
+for args in json.loads(sys.argv[1]):
+    sys.argv = ["fx", *args]
+    try:
+        entry()
+    except SystemExit as done:  # fx exits after each command; 0 is success
+        if done.code:
+            raise
+"""
+
+
+def run_fx(workspace: Path, commands: list[list[str]]) -> None:
+    """The ``fx`` command lines (``fx`` left out) in ``workspace``, in order, in one Python process: the
+    same fx code as one ``fx`` per line, but OpenFL is imported once, not once per line (the slow part)."""
+    done = subprocess.run([sys.executable, "-c", FX_IN_ONE_PROCESS, json.dumps(commands)], cwd=workspace,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    assert done.returncode == 0, f"fx {commands} in {workspace}: {(done.stdout + done.stderr)[-3000:]}"
+
+
+def make_pki(root: Path) -> None:
+    """``root/main/cert``: the CA of :func:`make_dev_pki` and the fx certificates of aggregator, site_0,
+    site_1, site_2 and intruder; ``root/other/cert/client``: site_1's, from a second CA of the same name."""
+    main = create_workspace(root / "main", small_config())
+    certify_workspace(main)
+    run_fx(main, [command[1:] for command in dev_pki_commands(["site_0", "site_1", "site_2", "intruder"])])
+    other = create_workspace(root / "other", small_config())
+    certify_workspace(other, "main")  # another CA of the same name as main's (a forgery, as TLS sees it)
+    run_fx(other, [["collaborator", "generate-cert-request", "-n", "site_1", "--silent", "--skip-package"],
+                   ["collaborator", "certify", "-n", "site_1", "--silent"]])
+
+
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory):
     """cert/ of a CA with aggregator, site_0, site_1, site_2 and intruder certificates, plus a client
-    certificate for site_1 signed by a second, unrelated CA."""
-    root = tmp_path_factory.mktemp("pki")
-    main = create_workspace(root / "main", small_config())
-    make_dev_pki(main, ["site_0", "site_1", "site_2", "intruder"], log=lambda m: None)
-    other = create_workspace(root / "other", small_config())
-    certify_workspace(other, "main")  # another CA of the same name as main's (a forgery, as TLS sees it)
-    fx = fx_executable()
-    for args in (["collaborator", "generate-cert-request", "-n", "site_1", "--silent", "--skip-package"],
-                 ["collaborator", "certify", "-n", "site_1", "--silent"]):
-        subprocess.run([fx, *args], cwd=other, check=True, capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
-    return {"cert": main / "cert", "other_ca_client": other / "cert" / "client"}
+    certificate for site_1 signed by a second, unrelated CA. Made once per test run: under pytest-xdist,
+    the first worker to ask makes it (under a lock) in the folder the workers share; tests only read it."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's folder (each worker's own is popen-gwN inside it)
+    root = shared / "pki"
+    with open(shared / "pki.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "made").exists():
+            shutil.rmtree(root, ignore_errors=True)  # a worker that failed half-way
+            make_pki(root)
+            (root / "made").touch()
+    return {"cert": root / "main" / "cert", "other_ca_client": root / "other" / "cert" / "client"}
 
 
 def workspace_factory(root: Path, pki: dict):

@@ -3,7 +3,6 @@ one round only: the later rounds close as soon as every site still attending has
 dropped site connects again and takes part from the next round (issue 37)."""
 
 import logging
-import time
 
 from fedcontrast.openfl.attendance import AttendanceRounds
 from fedcontrast.openfl.launch import read_rounds, start, stop_all
@@ -87,7 +86,7 @@ def test_a_site_missing_the_last_round_is_not_announced_as_dropped(caplog):
     assert agg.ended == [(0, ["site_1"])] and "dropped from later rounds" not in caplog.text
 
 
-ROUND_TIMEOUT = 12
+ROUND_TIMEOUT = 30  # seconds: round 1 waits it out for site_2; site_0's and site_1's own round must fit in it
 
 
 def test_a_site_never_started_costs_only_the_first_round(make_workspace):
@@ -99,7 +98,6 @@ def test_a_site_never_started_costs_only_the_first_round(make_workspace):
     procs.update({s: start(ws, ["collaborator", "start", "-n", s], f"{s}.log") for s in ("site_0", "site_1")})
     try:
         assert procs["aggregator"].wait(timeout=FEDERATION_TIMEOUT) == 0
-        ended = time.time()
         for site in ("site_0", "site_1"):
             assert procs[site].wait(timeout=60) == 0
     finally:
@@ -111,11 +109,9 @@ def test_a_site_never_started_costs_only_the_first_round(make_workspace):
     assert f"round 1: no answer from site_2 within {ROUND_TIMEOUT} s; aggregated without them" in log
     assert "site site_2 dropped from later rounds after missing round 1's timeout; it rejoins when it connects" in log
     assert "no answer from site_2 within" not in log.split("dropped from later rounds", 1)[1]  # never waited again
-    # round 2 and the evaluation round close as soon as site_0 and site_1 reported: each well
-    # below the timeout it waited before (when each took ROUND_TIMEOUT s or more)
-    times = [r["trained_at"] for r in records] + [ended]
-    gaps = [b - a for a, b in zip(times, times[1:])]
-    assert all(gap < ROUND_TIMEOUT for gap in gaps), gaps
+    # round 2 and the evaluation round close as soon as site_0 and site_1 reported: the round timeout (whose
+    # watchdog says so each time it closes a round, as it did for every round before) closed round 1 only
+    assert log.count(" no answer from ") == 1 and "did not complete within" not in log
     # Issue 37: the run's end names every party's outputs (it used to be OpenFL's ✔️ OK alone), and the
     # finished federation restarted says so at once (it used to serve nothing for a minute, then ✔️ OK)
     said = " ".join(log.split())
@@ -130,7 +126,6 @@ def test_a_site_never_started_costs_only_the_first_round(make_workspace):
                 f"local_state/site_report/{site}/{run}/ (rounds.csv, rounds.jsonl, accuracy.png, final_model.pt; "
                 f"`fedcontrast report {ws}` prints its rows), log {ws / 'logs' / f'{site}.log'}") in said, said[-2000:]
         assert (ws / "local_state" / "site_report" / site / run / "final_model.pt").is_file()
-    started = time.monotonic()
     proc = start(ws, ["aggregator", "start"], "restarted.log")
     try:
         assert proc.wait(timeout=45) == 0
@@ -141,4 +136,6 @@ def test_a_site_never_started_costs_only_the_first_round(make_workspace):
     assert (f"nothing to run; final model save/final_model.pt, round records save/rounds.jsonl (`fedcontrast report "
             f"{ws}` prints them") in said
     assert "to run it again, create a new workspace (`fedcontrast workspace create`, then `fx plan initialize`)" in said
-    assert "Traceback" not in said and time.monotonic() - started < 40
+    assert "Traceback" not in said
+    # told at once: it ended in its recovery, before serving (it used to serve nothing for a minute)
+    assert "Starting Aggregator gRPC Server" in log and "Starting Aggregator gRPC Server" not in said

@@ -2,7 +2,8 @@
 network namespace) with its own directory standing for its own disk, running exactly the documented
 commands (docs/cross-silo.md). The hospitals hold non-IID image folders made from the
 embedded digits; the operator holds no private data. Only the documented files travel between the
-parties' directories (:meth:`CrossSiloLab.send`).
+parties' directories (:meth:`CrossSiloLab.send`). Later experiments of the federation reuse the
+lab and its PKI: each costs its own run, not another set-up.
 
 Needs root and iproute2 (CI runs as root); skipped with the reason otherwise.
 """
@@ -17,10 +18,10 @@ import time
 import pytest
 import yaml
 
-from fedcontrast.openfl.pki import issue_for_key, write_certificate
 from fedcontrast.lab.deployment import OPERATOR, CrossSiloLab, executable
 from fedcontrast.lab.netns import netns_unavailable
 from fedcontrast.openfl.loader import SiteDataLoader
+from fedcontrast.openfl.pki import issue_for_key, write_certificate
 from fedcontrast.site.report import read_rows, score_final_model
 
 pytestmark = pytest.mark.skipif(netns_unavailable() is not None, reason=str(netns_unavailable()))
@@ -29,11 +30,13 @@ SITES = ["hosp1", "hosp2", "hosp3"]
 COMMON = ["--rounds", "2", "--local-epochs", "1", "--min-samples", "5", "--round-timeout", "180"]
 OPTIONS = {
     "moon": ["--secure-aggregation"],
-    "fedpcl": ["--public-data", "public", "--set", "fedpcl.pretrain_epochs=2", "--set", "fedpcl.projection_hidden=[32]"],
+    "fedpcl": ["--public-data", "public", "--set", "fedpcl.pretrain_epochs=2",
+               "--set", "fedpcl.projection_hidden=[32]"],
     "flesd": ["--public-data", "public", "--set", "flesd.distill_epochs=2", "--set", "flesd.probe_epochs=20",
               "--set", "flesd.quantize=int8"],
 }
-PORTS = {"moon": 50601, "fedpcl": 50603, "flesd": 50604, "kill": 50605, "tls": 50606}
+PORTS = {"moon": 50601, "fedpcl": 50603, "flesd": 50604, "kill": 50605, "tls": 50606, "restart": 50611}
+DOWN_S = 33  # the restarted aggregator stays down longer than the 30 × 1 s a site used to retry
 RUN_TIMEOUT = 240
 
 
@@ -68,7 +71,8 @@ def check_what_the_site_takes_home(lab, exp, site, records, monkeypatch):
     assert [r["round"] for r in rows] == [0, 1, 2]
     for record in records:
         assert rows[record["round"]]["accuracy"] == pytest.approx(record["sites"][site]["evaluation"]["accuracy"])
-    assert all(r["training"] and r["bytes_sent"] > 0 and r["bytes_received"] > 0 for r in rows[1:])  # rounds 1, 2 (0: initial)
+    assert all(r["training"] and r["bytes_sent"] > 0 and r["bytes_received"] > 0
+               for r in rows[1:])  # rounds 1, 2 (0: initial)
     assert (folder / "accuracy.png").stat().st_size > 0 and (folder / "final_model.json").is_file()
     assert f"{site}, round 2/2 (final model): held-out accuracy {rows[-1]['accuracy']:.4f}" in lab.log(exp, site)
     loader_settings = yaml.safe_load((ws / "plan" / "plan.yaml").read_text())["data_loader"]["settings"]
@@ -162,17 +166,16 @@ def test_collaborator_killed_at_start_up_stops_the_aggregator_naming_it(lab, dep
     first = deployed("moon")
     exp = lab.deploy("fed_kill", algorithm="fedavg", port=PORTS["kill"], reuse=first,
                      options=["--rounds", "2", "--local-epochs", "1", "--min-samples", "5", "--round-timeout", "10"])
-    started = time.monotonic()
     lab.start(exp)
     victim = exp.processes["hosp3"]
     time.sleep(1.0)  # still importing: it never reaches the aggregator
     os.killpg(victim.pid, signal.SIGKILL)
-    codes = lab.wait(exp, 10 + 90)
-    elapsed = time.monotonic() - started
+    codes = lab.wait(exp, 240)  # only against a hang: it ends once round 1's timeout has passed
     log = lab.log(exp, OPERATOR)
     assert codes[OPERATOR] == 3, log[-3000:]
-    assert elapsed < 10 + 60  # the round's clock starts when its first task is handed out
-    assert "did not complete within 10 s" in log and "no answer from" in log and "hosp3" in log.split("no answer from")[-1]
+    # stopped by round 1's timeout (its clock starts when its first task is handed out), not by a later one
+    assert "round 1 did not complete within 10 s" in log and "no answer from" in log
+    assert "hosp3" in log.split("no answer from")[-1]
     for site in ("hosp1", "hosp2"):  # told to stop, and say why in one sentence: the aggregator's, over the network
         assert codes[site] != 0
         said = [line for line in lab.log(exp, site).splitlines() if line.startswith("fedcontrast collaborator: error:")]
@@ -225,8 +228,9 @@ def test_tls_mistakes_are_named_on_both_sides(lab, deployed):
 
         reissue(ws, "hosp3")  # and a client that does not check its own certificate first
         client = ws / "cert" / "client"
-        argv = [executable("python"), "-c", HANDSHAKE, str(ws / "cert" / "cert_chain.crt"), str(client / "col_hosp3.key"),
-                str(client / "col_hosp3.crt"), f"{lab.net.fqdn(OPERATOR)}:{PORTS['tls']}"]
+        argv = [executable("python"), "-c", HANDSHAKE, str(ws / "cert" / "cert_chain.crt"),
+                str(client / "col_hosp3.key"), str(client / "col_hosp3.crt"),
+                f"{lab.net.fqdn(OPERATOR)}:{PORTS['tls']}"]
         words = (f"refused a TLS connection from {lab.net.address('hosp3')} ({lab.net.fqdn('hosp3')}) (port")
         deadline = time.monotonic() + 60  # the aggregator may still be starting: try again until it answers
         while True:
@@ -240,6 +244,50 @@ def test_tls_mistakes_are_named_on_both_sides(lab, deployed):
     finally:
         os.killpg(exp.processes[OPERATOR].pid, signal.SIGKILL)
         exp.processes[OPERATOR].wait()
+
+
+def test_across_namespaces_the_same_sites_finish_after_the_aggregator_is_down_for_40_s(lab, deployed):
+    """The plan's ``wait_for_aggregator`` (tests/openfl/test_aggregator_restart.py) across hosts: a
+    default plan but for 2 rounds, whose aggregator is killed with SIGKILL at the start of the second round
+    and restarted ``DOWN_S`` s later; the very same site processes finish it."""
+    exp = lab.deploy("fed_restart", algorithm="fedavg", port=PORTS["restart"], reuse=deployed("moon"),
+                     options=["--rounds", "2", "--local-epochs", "1", "--min-samples", "5"])
+    # Sites differ in what they release (issue 21 point 1): hosp2 withholds its metrics, and the restarted
+    # aggregator replays a round of mixed results — it used to end in float(None) at round 0, every time.
+    (exp.workspace(lab, "hosp2") / "site_policy.yaml").write_text(
+        "share_training_metrics: false\nshare_evaluation_metrics: false\n")
+    lab.start(exp)
+    deadline = time.monotonic() + RUN_TIMEOUT + DOWN_S
+    while not all("Round: 1 Received Tasks" in lab.log(exp, s) for s in SITES):  # round 2 has started
+        assert time.monotonic() < deadline, "timed out waiting for round 2 to start"
+        time.sleep(0.2)
+    first = exp.processes[OPERATOR]
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    time.sleep(DOWN_S)
+    site_procs = {s: exp.processes[s] for s in SITES}
+    assert all(p.poll() is None for p in site_procs.values()), "a site gave up while the aggregator was down"
+    lab.start_aggregator(exp)
+    codes = lab.wait(exp, max(1.0, deadline - time.monotonic()))
+    assert all(code == 0 for code in codes.values()), (codes, lab.log(exp, OPERATOR)[-3000:])
+    assert all(exp.processes[s] is site_procs[s] for s in SITES)  # not restarted
+    records = exp.records(lab)
+    assert [r["round"] for r in records] == [1, 2]
+    for record in records:  # each metric over the sites that released it; who withheld what, recorded
+        assert "hosp2" in record["withheld"] and not {"hosp1", "hosp3"} & set(record.get("withheld", {}))
+        released = [record["sites"][s]["evaluation"] for s in ("hosp1", "hosp3")]
+        assert record["site_accuracy"] == pytest.approx(sum(e["accuracy"] * e["samples"] for e in released)
+                                                        / sum(e["samples"] for e in released))
+    assert "NoneType" not in lab.log(exp, OPERATOR)
+    address = f"{lab.net.fqdn(OPERATOR)}:{PORTS['restart']}"
+    for site in SITES:
+        said = " ".join(re.sub(r"\s\S+\.py:\d+\s", " ", lab.log(exp, site)).split())
+        # a refused connection ("not listening") or one that fails otherwise ("cannot reach"): either names it
+        assert (f"the aggregator at {address} is not listening" in said
+                or f"cannot reach the aggregator at {address}" in said), said[-3000:]
+        assert "trying again for up to 10 min (the plan's wait_for_aggregator)" in said
+        assert "Round: 2 Received Tasks" in said.split(f"reached the aggregator at {address} again after", 1)[1]
+        assert lab.log(exp, site).count("Requesting tasks") <= 6  # once a minute at most, not 20 a second
 
 
 def test_private_keys_never_left_the_machine_that_made_them(lab, deployed):

@@ -5,10 +5,10 @@ revocation record — never a UnicodeDecodeError traceback."""
 import pytest
 
 from fedcontrast.cli import main
-from fedcontrast.openfl.enrolment import revocations
 from fedcontrast.errors import ConfigError
-from fedcontrast.openfl.plan import create_workspace
+from fedcontrast.openfl.enrolment import revocations
 from fedcontrast.openfl.guard import guard_collaborator_start
+from fedcontrast.openfl.plan import create_workspace
 
 from .conftest import small_config
 

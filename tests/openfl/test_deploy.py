@@ -19,9 +19,9 @@ from fedcontrast.cli import main
 from fedcontrast.config import DataSchema, RunConfig
 from fedcontrast.data.schema import folder_fingerprint
 from fedcontrast.deploy.common import DeploymentError, secrets_in
+from fedcontrast.errors import DataError
 from fedcontrast.openfl.institution_flows import join, package_config, verify_site_certificate
 from fedcontrast.openfl.operator_flows import request_site, sign_request
-from fedcontrast.errors import DataError
 from fedcontrast.openfl.plan import create_workspace
 
 CLASSES = ("neg", "pos")
@@ -83,8 +83,8 @@ def test_join_checks_the_public_folder_against_the_plan(tmp_path):
     with pytest.raises(DeploymentError, match="pass --public FOLDER"):
         join(archive, name="hosp1", data=data, into=tmp_path / "site")
     other = images(tmp_path / "other", {"neg": 2, "pos": 2}, seed=6)
-    with pytest.raises(DeploymentError, match=rf"{other} has fingerprint {folder_fingerprint(other)[:16]}… but the plan "
-                                              rf"expects {folder_fingerprint(public)[:16]}…"):
+    with pytest.raises(DeploymentError, match=rf"{other} has fingerprint {folder_fingerprint(other)[:16]}… but the "
+                                              rf"plan expects {folder_fingerprint(public)[:16]}…"):
         join(archive, name="hosp1", data=data, public=other, into=tmp_path / "site")
     assert package_config(archive).public_data.sha256 == folder_fingerprint(public)
 
@@ -134,10 +134,12 @@ def test_site_certificate_must_fit_its_key_and_the_federations_ca(tmp_path):
     key, cert = issue(ca, "hosp1")
     verify_site_certificate(site_workspace(tmp_path / "ok", ca[1], key, cert), "hosp1")
     _, someone_elses = issue(ca, "hosp1")  # signed for another request: another key
-    with pytest.raises(DeploymentError, match=r"col_hosp1.crt \(CN=hosp1\) does not belong to the private key .*col_hosp1.key"):
+    with pytest.raises(DeploymentError,
+                       match=r"col_hosp1.crt \(CN=hosp1\) does not belong to the private key .*col_hosp1.key"):
         verify_site_certificate(site_workspace(tmp_path / "other_key", ca[1], key, someone_elses), "hosp1")
     _, foreign = issue(make_ca("another CA"), "hosp1", key=key)
-    with pytest.raises(DeploymentError, match=r"col_hosp1.crt \(CN=hosp1\) is issued by .*, not by the federation's CA in .*cert_chain.crt"):
+    with pytest.raises(DeploymentError, match=r"col_hosp1.crt \(CN=hosp1\) is issued by .*, not by the federation's "
+                                              r"CA in .*cert_chain.crt"):
         verify_site_certificate(site_workspace(tmp_path / "other_ca", ca[1], key, foreign), "hosp1")
 
 
@@ -217,7 +219,8 @@ def test_fedpcl_backbones_are_pretrained_on_the_public_folder_and_hashed(tmp_pat
     import hashlib
 
     assert settings["backbone_files"] == ["save/backbones/backbone_0_simple_cnn.pt"]
-    assert settings["backbone_sha256"] == [hashlib.sha256((ws / settings["backbone_files"][0]).read_bytes()).hexdigest()]
+    assert settings["backbone_sha256"] == [
+        hashlib.sha256((ws / settings["backbone_files"][0]).read_bytes()).hexdigest()]
     assert run.public_data.sha256 == folder_fingerprint(public) and (ws / "public").resolve() == public.resolve()
     assert run.data_schema.mean is not None  # measured on the public folder: every party normalises alike
     from fedcontrast.algorithms.fedpcl import check_backbone_files
@@ -359,8 +362,8 @@ def test_a_revoked_key_is_never_signed_again_under_any_name(tmp_path, capsys):
     revoked = fingerprint(key.public_key())
     assert record["public_key"] == revoked
     said = (re.escape(f"refused to sign col_hosp1_to_agg_cert_request.zip: its public key {revoked} is the key of "
-                      "hosp1's certificate revoked on ") + r"\d{4}-\d\d-\d\d \(key lost with the laptop\), and a revoked "
-            r"key is never signed again")
+                      "hosp1's certificate revoked on ")
+            + r"\d{4}-\d\d-\d\d \(key lost with the laptop\), and a revoked key is never signed again")
     capsys.readouterr()
     assert main(["ca", "sign", str(ws), str(first), "--site", "hosp1", "--yes"]) == 2
     err = capsys.readouterr().err.strip()
@@ -379,8 +382,8 @@ def test_a_revoked_key_is_never_signed_again_under_any_name(tmp_path, capsys):
 
 
 def test_a_site_does_not_install_a_certificate_issued_for_another_name(tmp_path):
-    from fedcontrast.openfl.institution_flows import import_certificate
     from fedcontrast.openfl.doctor import FAIL, check_certificate
+    from fedcontrast.openfl.institution_flows import import_certificate
 
     ca = make_ca("federation CA")
     key, own = issue(ca, "hosp1")

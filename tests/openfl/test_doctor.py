@@ -46,14 +46,15 @@ def test_a_running_aggregator_with_the_federations_certificate_passes(tmp_path, 
     finally:
         server.close()
     assert code == 0
-    assert lines[2] == (f"OK    aggregator: localhost:{server.port} (the plan's agg_addr:agg_port) presents a certificate "
-                        "for localhost signed by the federation's CA and accepts this site's certificate")
+    assert lines[2] == (f"OK    aggregator: localhost:{server.port} (the plan's agg_addr:agg_port) presents a "
+                        "certificate for localhost signed by the federation's CA and accepts this site's certificate")
 
 
 def test_a_certificate_from_another_ca_fails_with_the_cause(tmp_path, pki, capsys):
     ws = site_workspace(tmp_path, pki)
     for suffix in ("crt", "key"):
-        shutil.copyfile(pki["other_ca_client"] / f"col_site_1.{suffix}", ws / "cert" / "client" / f"col_site_1.{suffix}")
+        shutil.copyfile(pki["other_ca_client"] / f"col_site_1.{suffix}",
+                        ws / "cert" / "client" / f"col_site_1.{suffix}")
     code, lines, err = doctor(ws, capsys, "--name", "site_1")
     assert code == 1
     failed = [line for line in lines if line.startswith("FAIL")]

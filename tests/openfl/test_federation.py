@@ -14,11 +14,18 @@ import pytest
 import torch
 
 from fedcontrast.algorithms.base import WEIGHT_PREFIX
-from fedcontrast.openfl.fx import read_workspace_config
 from fedcontrast.evaluation import evaluate_classifier
 from fedcontrast.models import build_model
-from fedcontrast.openfl.launch import (FederationFailed, export_results, read_rounds, run_federation, start, stop_all,
-                                       threads_per_collaborator)
+from fedcontrast.openfl.fx import read_workspace_config
+from fedcontrast.openfl.launch import (
+    FederationFailed,
+    export_results,
+    read_rounds,
+    run_federation,
+    start,
+    stop_all,
+    threads_per_collaborator,
+)
 from fedcontrast.sim import Federation
 
 from .conftest import FEDERATION_TIMEOUT, small_config
@@ -183,8 +190,8 @@ def test_flesd_federation_similarities_up_distilled_weights_down(make_workspace,
 def test_representation_dp_under_fx_each_site_records_the_audited_epsilon(make_workspace):
     # FedPCL with DP on its prototypes through fx: each site's accountant history is kept on the
     # site's disk, and its ε equals what the audit predicts for that site from the plan alone.
-    from fedcontrast.privacy import epsilon, history_of
     from fedcontrast.audit.report import audit_plan, load_plan
+    from fedcontrast.privacy import epsilon, history_of
 
     config = small_config(algorithm="fedpcl", public_fraction=0.1,
                           hyperparameters={"fedpcl": {"pretrain_epochs": 3}},

@@ -79,8 +79,8 @@ def enrolled_server(cert_dir, sites):
     operator holds ``cert_dir``."""
     from types import SimpleNamespace
 
-    from fedcontrast.openfl.enrolment import EnrolledCertificates
     from fedcontrast.openfl.components import SafeAggregator
+    from fedcontrast.openfl.enrolment import EnrolledCertificates
 
     aggregator = SafeAggregator.__new__(SafeAggregator)
     aggregator.authorized_cols, aggregator.single_col_cert_common_name = list(sites), ""
@@ -151,9 +151,9 @@ def test_the_aggregator_admits_a_name_only_with_the_certificate_signed_for_it(tm
 def test_a_revoked_certificate_is_refused_from_the_next_call_on(tmp_path):
     import grpc
 
-    from fedcontrast.openfl.enrolment import EnrolledCertificates, revoke_certificate
     from fedcontrast.errors import ConfigError
     from fedcontrast.openfl.collaborator import explain_rpc_error
+    from fedcontrast.openfl.enrolment import EnrolledCertificates, revoke_certificate
 
     from .test_tls_diagnostics import issue, make_ca, write
 
@@ -167,8 +167,8 @@ def test_a_revoked_certificate_is_refused_from_the_next_call_on(tmp_path):
     record = revoke_certificate(cert, "hosp1", "key lost with a laptop")  # `fedcontrast ca revoke`, aggregator running
     reason = connect(server, "hosp1", signed)
     assert reason == (f"refused hosp1: the certificate it presented (CN=hosp1, serial {signed.serial_number:x}, "
-                      f"SHA-256 {sha256(signed)[:16]}…) was revoked on {record['revoked_at']} (key lost with a laptop); the "
-                      "site needs a newly signed certificate")
+                      f"SHA-256 {sha256(signed)[:16]}…) was revoked on {record['revoked_at']} "
+                      "(key lost with a laptop); the site needs a newly signed certificate")
     class Unauthenticated(grpc.RpcError):
         def code(self):
             return grpc.StatusCode.UNAUTHENTICATED
@@ -194,8 +194,8 @@ def test_revocation_survives_the_loss_of_its_record(tmp_path, caplog):
     """Issue 34: deleting cert/revoked.jsonl does not re-admit a revoked certificate: the certificate kept in
     cert/revoked/ still refuses it (naming the missing record), and with that gone too, the aggregator admits
     only certificates its CA signed and still holds."""
-    from fedcontrast.openfl.enrolment import revoke_certificate
     from fedcontrast.openfl import aggregator as components
+    from fedcontrast.openfl.enrolment import revoke_certificate
 
     from .test_tls_diagnostics import issue, make_ca, write
 

@@ -44,9 +44,10 @@ with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2) as c:
 
 
 def echo_via_lab(lab: NetnsLab, client: str, server: str, payload: str, cwd: Path,
-                 wait_s: float = 5) -> str:
+                 wait_s: float = 60) -> str:
     """Sends ``payload`` from ``client``'s namespace to ``server``'s echo server by FQDN, retrying
-    until it answers or ``wait_s`` passes; returns what came back (last error output if nothing)."""
+    until it answers (``wait_s``: only against a server that never does); returns what came back (last
+    error output if nothing)."""
     deadline = time.monotonic() + wait_s
     while True:
         done = lab.run(client, [sys.executable, "-c", ECHO_CLIENT, lab.fqdn(server), str(PORT), payload],

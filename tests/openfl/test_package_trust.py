@@ -18,21 +18,21 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import NameOID
 
+from fedcontrast.audit.format import format_report
+from fedcontrast.audit.report import audit_plan
 from fedcontrast.cli import main
 from fedcontrast.deploy.common import DeploymentError, secrets_in
+from fedcontrast.deploy.templates import template_problems
+from fedcontrast.deploy.trust import PackageRefused, check_workspace, key_material, requirement_problems
+from fedcontrast.errors import SiteRefusal
+from fedcontrast.openfl.guard import guard_installed
 from fedcontrast.openfl.institution_flows import join
 from fedcontrast.openfl.operator_flows import export_workspace
 from fedcontrast.openfl.plan import build_plan, create_workspace
-from fedcontrast.audit.report import audit_plan
-from fedcontrast.audit.format import format_report
 from fedcontrast.privacy.policy import POLICY_ENV, POLICY_FILE, SitePolicy, check_policy, site_policy_path
-from fedcontrast.errors import SiteRefusal
-from fedcontrast.openfl.guard import guard_installed
 from fedcontrast.site.checks import enforce_site_policy
-from fedcontrast.deploy.templates import template_problems
-from fedcontrast.deploy.trust import PackageRefused, check_workspace, key_material, requirement_problems
-
 from tests.plans import small_config
+
 from .test_deploy import deployment, images
 
 EVIL = '''
@@ -130,7 +130,8 @@ def test_key_material_is_found_whatever_the_file_is_called(tmp_path):
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "hosp1")])
     now = dt.datetime.now(dt.timezone.utc)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(1).not_valid_before(now).not_valid_after(now + dt.timedelta(days=1)).sign(key, hashes.SHA256()))
+            .serial_number(1).not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+            .sign(key, hashes.SHA256()))
     p12 = pkcs12.serialize_key_and_certificates(b"x", key, cert, None, serialization.BestAvailableEncryption(b"pw"))
     assert key_material(pem) == "a PEM private key"
     assert key_material(der) == "a DER private key"
@@ -223,7 +224,8 @@ def test_raw_fx_collaborator_start_refuses_the_operators_code_before_importing_i
     assert "data_loader.template names 'src.evil.EvilLoader'" in err and len(err.splitlines()) == 1
     assert not (ws / "EVIL_RAN").exists()
     # other programs in the environment are untouched by the guard
-    assert subprocess.run([sys.executable, "-c", "print('ok')"], cwd=ws, capture_output=True, text=True).stdout == "ok\n"
+    other = subprocess.run([sys.executable, "-c", "print('ok')"], cwd=ws, capture_output=True, text=True)
+    assert other.stdout == "ok\n"
 
 
 def test_the_audit_names_the_code_every_party_runs(tmp_path):

@@ -7,8 +7,8 @@ import yaml
 
 from fedcontrast.algorithms import available_algorithms
 from fedcontrast.config import RunConfig
-from fedcontrast.openfl.fx import collaborator_names, read_workspace_config
 from fedcontrast.errors import ConfigError
+from fedcontrast.openfl.fx import collaborator_names, read_workspace_config
 from fedcontrast.openfl.plan import build_plan, create_workspace, plan_templates
 
 ROOT = Path(__file__).resolve().parents[2]

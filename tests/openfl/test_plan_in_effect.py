@@ -10,14 +10,14 @@ import yaml
 from fedcontrast.cli import main
 from fedcontrast.config import RunConfig
 from fedcontrast.deploy.workspace import check_plan_consistency, load_plan_file
-from fedcontrast.openfl.guard import fx_plan_path
 from fedcontrast.errors import ConfigError
+from fedcontrast.openfl.guard import fx_plan_path
 from fedcontrast.openfl.loader import SiteDataLoader
 from fedcontrast.openfl.plan import build_plan, create_workspace, dump_yaml
+from fedcontrast.openfl.protocol import CollaboratorStopped
 from fedcontrast.openfl.runner import PluginTaskRunner
 from fedcontrast.openfl.startup_checks import check_aggregator_plan, check_settings_in_effect
 from fedcontrast.privacy.policy import POLICY_ENV
-from fedcontrast.openfl.protocol import CollaboratorStopped
 
 from .conftest import run_collaborator, small_config
 

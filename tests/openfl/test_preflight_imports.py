@@ -15,7 +15,7 @@ from fedcontrast.audit import report as audit
 
 assert workspace.shard_index("shard:1", 2) == 1
 policy = checks.enforce_site_policy(RunConfig(), {"use_tls": True, "require_client_auth": True},
-                                       {"in_channels": 1, "image_size": 8, "num_classes": 10}, "shard:0", cwd=sys.argv[1])
+                                    {"in_channels": 1, "image_size": 8, "num_classes": 10}, "shard:0", cwd=sys.argv[1])
 assert policy is None
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("openfl", "sklearn", "scipy", "pandas", "grpc"))
 print(" ".join(loaded))

@@ -96,7 +96,8 @@ def get_tasks(channel):
 
 def test_tls_client_without_certificate_is_refused_by_the_aggregator(aggregator):
     root = (aggregator["ws"] / "cert" / "cert_chain.crt").read_bytes()
-    channel = grpc.secure_channel(f"127.0.0.1:{aggregator['port']}", grpc.ssl_channel_credentials(root_certificates=root),
+    channel = grpc.secure_channel(f"127.0.0.1:{aggregator['port']}",
+                                  grpc.ssl_channel_credentials(root_certificates=root),
                                   options=[("grpc.ssl_target_name_override", "localhost")])
     assert get_tasks(channel) == grpc.StatusCode.UNAVAILABLE
     # and the aggregator says so, in one sentence naming where it came from
@@ -256,17 +257,17 @@ def test_inflated_sample_count_is_excluded_and_the_federation_goes_on(make_works
     records = read_rounds(ws)
     assert [r["round"] for r in records] == [1, 2, 3]
     assert [list(r.get("rejected", {})) for r in records] == [[], ["site_1"], []]
-    assert "site 'site_1' claimed 1e+09 samples, more than the plan's max_samples 2000" in records[1]["rejected"]["site_1"]
+    assert ("site 'site_1' claimed 1e+09 samples, more than the plan's max_samples 2000"
+            in records[1]["rejected"]["site_1"])
 
 
 def test_exception_in_aggregator_task_stops_the_federation(make_workspace, test_plugins):
     ws = make_workspace(small_config(algorithm="broken_aggregator"))
-    started = time.monotonic()
     with pytest.raises(FederationFailed) as info:
         run_federation(ws, timeout=FEDERATION_TIMEOUT)
     assert "deliberate failure in the aggregator task" in str(info.value)
     assert "round 1 could not be aggregated" in str(info.value)
-    assert time.monotonic() - started < FEDERATION_TIMEOUT / 2  # stopped, did not hang
+    assert str(info.value).startswith("the aggregator exited with code ")  # it stopped itself, did not hang
     for site in ("site_0", "site_1"):  # every site is told why, in the aggregator's words (issue 21)
         assert ("fedcontrast collaborator: error: the aggregator stopped the federation: round 1 could not be "
                 "aggregated: RuntimeError: deliberate failure in the aggregator task"
@@ -275,11 +276,12 @@ def test_exception_in_aggregator_task_stops_the_federation(make_workspace, test_
 
 def test_a_failing_task_ends_the_federation_at_once_naming_the_site(make_workspace, test_plugins):
     ws = make_workspace(small_config(algorithm="failing_task", rounds=3))
-    started = time.monotonic()
     with pytest.raises(FederationFailed) as info:
         run_federation(ws, timeout=FEDERATION_TIMEOUT)
     assert "collaborator site_1 reported that its task 'train' failed in round 2" in str(info.value)
-    assert time.monotonic() - started < 120  # told at once: no round timeout to wait for
+    # told at once: the aggregator stopped on the site's report, not on a round timeout
+    assert str(info.value).startswith("the aggregator exited with code ")
+    assert "did not complete within" not in (ws / "logs" / "aggregator.log").read_text()
     log = (ws / "logs" / "site_1.log").read_text()
     assert ("fedcontrast collaborator: error: task 'train' of round 2 failed: RuntimeError: deliberate failure "
             "in site_1's task (traceback in logs/site_1_error.txt)") in log

@@ -55,8 +55,8 @@ def test_score_before_the_final_round_says_there_is_no_final_model_yet(tmp_path,
     ws, folder = site_workspace(tmp_path, finished=False)
     code, out, err = report(capsys, ws, "--score")
     assert code == 2 and out == ""
-    assert err.strip() == (f"fedcontrast: error: {folder} holds no final model yet (the last model it scored is the one "
-                           "after round 1 of 2): "
+    assert err.strip() == (f"fedcontrast: error: {folder} holds no final model yet (the last model it scored is the "
+                           "one after round 1 of 2): "
                            "a site takes the final model home in the federation's final round; score it once the "
                            "federation has finished")
 

@@ -43,7 +43,8 @@ def test_secure_federation_equals_the_simulators_secure_run_and_the_plain_mean(m
     assert "aggregated the secure sum of site_0, site_1" in log
     for site in ("site_0", "site_1"):
         site_log = (ws / "logs" / f"{site}.log").read_text()
-        assert "took part in the secure sum" in site_log and "were checked against the federation's CA only" not in site_log
+        assert "took part in the secure sum" in site_log
+        assert "were checked against the federation's CA only" not in site_log
 
 
 def test_a_site_that_never_answers_is_dropped_from_the_secure_sum_and_named(make_workspace):
@@ -57,7 +58,8 @@ def test_a_site_that_never_answers_is_dropped_from_the_secure_sum_and_named(make
     assert "site site_2 dropped from later rounds after missing round 1's timeout" in log
     assert log.count("no advert message from site_2") == 1 and "no answer from site_2" not in log
     assert log.count("aggregated the secure sum of site_0, site_1") == 2
-    assert records[1]["trained_at"] - records[0]["trained_at"] < 20  # it waited 20 s more before
+    # the one deadline it missed was round 1's: round 2's sum did not wait for it (it waited 20 s more before)
+    assert "round 1: no advert message from site_2 within 20 s" in log
 
 
 def test_a_site_with_a_nan_upload_withdraws_at_the_site_and_the_round_goes_on(make_workspace, test_plugins):

@@ -13,8 +13,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from fedcontrast.cli import main
-from fedcontrast.openfl.pki import fx_executable, issue_for_key, write_certificate
 from fedcontrast.lab.deployment import executable
+from fedcontrast.openfl.pki import fx_executable, issue_for_key, write_certificate
 from fedcontrast.openfl.plan import create_workspace
 
 from .conftest import free_port, small_config
@@ -32,7 +32,8 @@ def site_ws(tmp_path, pki):
     ws = create_workspace(tmp_path / "ws", small_config(), port=free_port(), log=lambda m: None)
     (ws / "cert" / "client").mkdir(parents=True)
     for suffix in ("crt", "key"):
-        shutil.copyfile(pki["cert"] / "client" / f"col_site_0.{suffix}", ws / "cert" / "client" / f"col_site_0.{suffix}")
+        shutil.copyfile(pki["cert"] / "client" / f"col_site_0.{suffix}",
+                        ws / "cert" / "client" / f"col_site_0.{suffix}")
     shutil.copyfile(pki["cert"] / "cert_chain.crt", ws / "cert" / "cert_chain.crt")
     return ws
 
@@ -191,9 +192,8 @@ def test_every_check_the_collaborator_would_make_runs_before_site_start_says_it_
     assert message.startswith(f"this site's policy {site_ws / POLICY_FILE} refuses the plan before any data is read")
     (site_ws / POLICY_FILE).unlink()
     # a public folder whose files differ from the plan's fingerprint: the doctor's (and so site start's) check
-    from fedcontrast.openfl.fx import read_workspace_config
     from fedcontrast.openfl.doctor import FAIL, OK, check_shared
-
+    from fedcontrast.openfl.fx import read_workspace_config
     from tests.openfl.test_deploy import deployment, images
 
     public = images(tmp_path / "public", {"neg": 2, "pos": 2}, seed=5)

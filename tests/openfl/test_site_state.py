@@ -13,8 +13,8 @@ from fedcontrast.config import RunConfig
 from fedcontrast.errors import CheckpointError
 from fedcontrast.openfl.loader import SiteDataLoader
 from fedcontrast.openfl.packing import GLOBAL_PACKED
-from fedcontrast.openfl.runner import PluginTaskRunner
 from fedcontrast.openfl.protocol import CollaboratorStopped
+from fedcontrast.openfl.runner import PluginTaskRunner
 
 CONFIG = RunConfig(algorithm="moon", dataset="synthetic", image_size=16, clients=2, rounds=3, min_samples=5,
                    projection_dim=32, public_fraction=0.2, training={"local_epochs": 1, "batch_size": 32})

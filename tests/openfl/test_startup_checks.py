@@ -20,8 +20,8 @@ from fedcontrast.errors import ConfigError
 from fedcontrast.openfl.components import SafeCollaborator
 from fedcontrast.openfl.packing import GLOBAL_PACKED, packed_size
 from fedcontrast.openfl.plan import build_plan, create_workspace
-from fedcontrast.openfl.startup_checks import check_aggregator_plan, check_initial_model, check_tensor_db
 from fedcontrast.openfl.protocol import CollaboratorStopped
+from fedcontrast.openfl.startup_checks import check_aggregator_plan, check_initial_model, check_tensor_db
 
 from .conftest import small_config
 from .test_tls_diagnostics import issue, make_ca, write

@@ -104,8 +104,10 @@ def test_a_peer_that_closes_during_the_handshake_and_a_wrong_server_name():
     assert not log.feed("E0000 00:00:1795415181.728946   7 ssl_transport_security.cc:2113] No match found for server "
                         "name: other.host")
     (closed_level, closed, _), (_, name, _) = log.messages
-    assert closed_level == logging.INFO and closed.startswith("refused a TLS connection from ::1 (port 47632): it closed")
-    assert "it asked for the aggregator by the name other.host, which this aggregator's certificate does not name" in name
+    assert closed_level == logging.INFO
+    assert closed.startswith("refused a TLS connection from ::1 (port 47632): it closed")
+    assert ("it asked for the aggregator by the name other.host, which this aggregator's certificate does not name"
+            in name)
 
 
 def test_repeats_are_counted_not_repeated():

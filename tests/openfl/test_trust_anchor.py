@@ -9,9 +9,9 @@ import pytest
 from fedcontrast.cli import main
 from fedcontrast.deploy.anchor import PIN_FILE, fingerprint_of_chain, pin_ca, read_pin, shown
 from fedcontrast.deploy.common import DeploymentError
+from fedcontrast.openfl.doctor import FAIL, check_certificate
 from fedcontrast.openfl.institution_flows import import_certificate, join
 from fedcontrast.openfl.plan import build_plan
-from fedcontrast.openfl.doctor import FAIL, check_certificate
 
 from .test_deploy import deployment, images, issue, make_ca, pem, site_workspace
 from .test_package_trust import write_package
@@ -46,9 +46,9 @@ def test_import_cert_refuses_a_chain_from_another_ca_in_one_sentence(tmp_path, c
     theirs = shown(fingerprint_of_chain(pem(other[1]), "x")[0])
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert err == (f"fedcontrast: error: the CA chain in agg_to_col_hosp1_signed_cert.zip is from another CA "
-                   f"(CN=other federation CA, {theirs}) than the federation's CA this site pinned at join (CN=federation "
-                   f"CA, {ours}, in {ws / 'cert' / PIN_FILE}): not installed; a site trusts only the CA it confirmed at "
-                   "join — ask the operator for the package signed by the federation's CA")
+                   f"(CN=other federation CA, {theirs}) than the federation's CA this site pinned at join "
+                   f"(CN=federation CA, {ours}, in {ws / 'cert' / PIN_FILE}): not installed; a site trusts only the CA "
+                   "it confirmed at join — ask the operator for the package signed by the federation's CA")
     assert (ws / "cert" / "cert_chain.crt").read_bytes() == chain_before  # nothing replaced
     assert not (ws / "cert" / "client" / "col_hosp1.crt").exists()
     # the federation's chain with a foreign CA appended (every certificate of the file is a root to gRPC)
@@ -88,9 +88,9 @@ def test_join_pins_the_ca_it_confirmed_and_refuses_another(tmp_path, capsys):
     ours = shown(fingerprint_of_chain(pem(ca[1]), "x")[0])
     package = write_package(tmp_path / "fed.zip", build_plan(deployment()), {"cert/cert_chain.crt": pem(other[1])})
     data = images(tmp_path / "data", {"neg": 3, "pos": 3})
-    with pytest.raises(DeploymentError, match=r"fed.zip is refused, nothing was unpacked: its CA \(CN=other federation "
-                                              r"CA, SHA256:[0-9a-f]{64}\) is not the federation's CA whose fingerprint you "
-                                              "were given"):
+    with pytest.raises(DeploymentError, match=r"fed.zip is refused, nothing was unpacked: its CA \(CN=other "
+                                              r"federation CA, SHA256:[0-9a-f]{64}\) is not the federation's CA whose "
+                                              "fingerprint you were given"):
         join(package, name="hosp1", data=data, into=tmp_path / "site", ca_fingerprint=ours)
     assert not (tmp_path / "site" / "fed").exists()
     assert main(["site", "join", str(package), "--name", "hosp1", "--data", str(data), "--into",

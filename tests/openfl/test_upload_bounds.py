@@ -2,6 +2,7 @@
 in memory or stores it in its tensor database, and the sender is named."""
 
 import threading
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -22,8 +23,9 @@ from .conftest import free_port, small_config
 MiB = 1 << 20
 
 
-@pytest.mark.parametrize("algorithm, larger, wider", [("fedavg", {}, {"num_classes": 20}),  # weights: a wider classifier
-                                                      ("flesd", {"public_fraction": 0.2}, {})])  # more public images
+@pytest.mark.parametrize("algorithm, larger, wider", [
+    ("fedavg", {}, {"num_classes": 20}),  # weights: a wider classifier
+    ("flesd", {"public_fraction": 0.2}, {})])  # more public images
 def test_the_bound_is_the_plugins_declared_upload_plus_a_margin(algorithm, larger, wider):
     config = small_config(algorithm=algorithm)
     shape = build_plan(config)["aggregator"]["settings"]["model_shape"]
@@ -138,8 +140,8 @@ def server():
 def upload(nbytes, aggregator=None):
     header = aggregator_pb2.MessageHeader(sender="site_0", receiver=getattr(aggregator, "uuid", "agg"),
                                           federation_uuid=getattr(aggregator, "federation_uuid", "fed"))
-    proto = aggregator_pb2.TaskResults(header=header, round_number=0, task_name="train", data_size=10,
-                                       tensors=[base_pb2.NamedTensor(name="fedcontrast.global", data_bytes=b"\1" * nbytes)])
+    tensor = base_pb2.NamedTensor(name="fedcontrast.global", data_bytes=b"\1" * nbytes)
+    proto = aggregator_pb2.TaskResults(header=header, round_number=0, task_name="train", data_size=10, tensors=[tensor])
     return utils.proto_to_datastream(proto)  # 2 MiB chunks, as OpenFL's client sends them
 
 
@@ -152,7 +154,8 @@ def test_an_oversized_upload_is_refused_while_it_streams_in(server):
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     details = info.value.details()
     assert details.startswith("the client at ") and "'s upload of more than 4194" in details
-    assert f"exceeds the {3 * MiB} bytes that the plan's declared upload allows; refused before it was stored" in details
+    assert (f"exceeds the {3 * MiB} bytes that the plan's declared upload allows; refused before it was stored"
+            in details)
     assert len(fake.stored) == 1  # nothing of it reached the aggregator (nor its tensor database)
     assert fake.failures == [details]  # the federation stops, naming the sender
     message, retry = explain_rpc_error(info.value, "localhost:1")
@@ -191,18 +194,17 @@ def test_an_oversized_upload_in_a_federation_stops_it_at_once_and_every_site_say
     procs = {"aggregator": start(ws, ["aggregator", "start"], "aggregator.log")}
     for name in ("site_0", "site_1"):
         procs[name] = start(ws, ["collaborator", "start", "-n", name], f"{name}.log")
-    ended = {}
+    ended: set[str] = set()
     try:
-        while len(ended) < len(procs) and time.monotonic() < started + FEDERATION_TIMEOUT:
-            ended.update({party: time.monotonic() for party, proc in procs.items()
-                          if party not in ended and proc.poll() is not None})
+        while len(ended) < len(procs) and time.monotonic() < started + FEDERATION_TIMEOUT:  # only against a hang
+            ended.update(party for party, proc in procs.items() if proc.poll() is not None)
             time.sleep(0.2)
     finally:
         stop_all(procs)
     codes = {party: proc.poll() for party, proc in procs.items()}
-    assert set(ended) == set(procs), codes
-    # told and gone at once: the aggregator does not wait for the refused site to ask for its next task
-    assert ended["aggregator"] - ended["site_1"] < 30
+    assert ended == set(procs), codes
+    # told and gone at once: the aggregator does not wait for the refused site to ask for its next task (its
+    # refusal is its stop notice: test_a_refused_upload_is_its_senders_stop_notice, below)
     logs = {party: " ".join((ws / "logs" / f"{party}.log").read_text(errors="replace").split()) for party in procs}
     shape = build_plan(small_config())["aggregator"]["settings"]["model_shape"]
     bound = upload_limit(small_config(algorithm="fedavg"), shape)  # the test plugin declares FedAvg's upload
@@ -213,3 +215,40 @@ def test_an_oversized_upload_in_a_federation_stops_it_at_once_and_every_site_say
     assert codes["site_0"] != 0
     assert f"fedcontrast collaborator: error: the aggregator stopped the federation: {reason}" in logs["site_0"]
     assert logs["site_0"].count("the aggregator stopped the federation") == 1  # once, not retried
+
+
+class Refusing(FakeAggregator):
+    """An aggregator of two sites with SafeAggregator's refusal of an upload and its stop path."""
+
+    authorized_cols = ["site_0", "site_1"]
+    stop_notice = SafeAggregator.stop_notice
+    all_quit_jobs_sent = SafeAggregator.all_quit_jobs_sent
+
+    def __init__(self):
+        super().__init__(MiB)
+        self.failure, self.quit_job_sent_to, self.absent, self.quit_since = None, [], set(), None
+
+    def _fail(self, reason):
+        self.failure = reason
+
+    def _time_to_quit(self):
+        return self.failure is not None
+
+
+def test_a_refused_upload_is_its_senders_stop_notice(monkeypatch):
+    """The aggregator ends once every other site is told why, without waiting for the refused sender
+    to ask again (it ends on its refusal): on a clock that does not move, the 60 s an untold site is
+    waited for never pass."""
+    from fedcontrast.openfl.protocol import FAILURE_EXIT_CODE, STOP_GRACE_S
+
+    slept: list[float] = []
+    monkeypatch.setattr("fedcontrast.openfl.aggregator.time", SimpleNamespace(monotonic=lambda: 0.0,
+                                                                              sleep=slept.append))
+    aggregator = Refusing()
+    over_tls = SimpleNamespace(auth_context=lambda: {"x509_common_name": [b"site_1"]})  # its client certificate
+    aggregator.refuse_upload("site_1", 2 * MiB, over_tls)
+    assert aggregator.quit_job_sent_to == ["site_1"] and not aggregator.all_quit_jobs_sent()  # site_0 is not told yet
+    aggregator.stop_notice("site_0")  # its next call
+    with pytest.raises(SystemExit) as ended:
+        aggregator.all_quit_jobs_sent()
+    assert ended.value.code == FAILURE_EXIT_CODE and slept == [STOP_GRACE_S]  # the reason served a moment longer

@@ -113,8 +113,8 @@ def test_the_round_record_and_log_say_who_withheld_and_that_the_aggregator_has_n
     with caplog.at_level(logging.INFO):
         report.write_record(1)
     [record] = read_records(tmp_path)
-    evaluation = ["evaluate_accuracy", "evaluate_loss", "evaluate_samples", "evaluate_val_accuracy", "evaluate_val_loss",
-                  "evaluate_val_samples"]  # on its held-out split and on its validation part
+    evaluation = ["evaluate_accuracy", "evaluate_loss", "evaluate_samples",  # on its held-out split
+                  "evaluate_val_accuracy", "evaluate_val_loss", "evaluate_val_samples"]  # and on its validation part
     assert record["withheld"] == {"site_0": evaluation, "site_1": [*evaluation, "train_loss"]}
     assert record["no_global_accuracy"] == NO_TEST_DATA and "site_accuracy" not in record
     assert ("round 1/2: accuracy at the sites on their own held-out data: n/a; site_0, site_1 withheld their "

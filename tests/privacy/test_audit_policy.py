@@ -6,16 +6,16 @@ import math
 import pytest
 import yaml
 
+from fedcontrast.audit.report import audit_plan
 from fedcontrast.cli import main
 from fedcontrast.config import RunConfig
 from fedcontrast.construction import build_algorithm
 from fedcontrast.errors import ConfigError
 from fedcontrast.openfl.loader import SiteDataLoader
 from fedcontrast.openfl.plan import build_plan, create_workspace
-from fedcontrast.privacy import planned_epsilon
-from fedcontrast.audit.report import audit_plan
-from fedcontrast.privacy.policy import POLICY_ENV, SitePolicy, check_policy
 from fedcontrast.openfl.protocol import CollaboratorStopped
+from fedcontrast.privacy import planned_epsilon
+from fedcontrast.privacy.policy import POLICY_ENV, SitePolicy, check_policy
 
 REPS = {"representations": {"noise_multiplier": 2.0, "clip": 1.0}}
 DP_SGD = {"dp_sgd": {"noise_multiplier": 1.0, "max_grad_norm": 1.0}}

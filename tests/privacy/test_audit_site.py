@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fedcontrast.audit.report import audit_plan, load_plan
 from fedcontrast.cli import main
 from fedcontrast.config import DataSchema, RunConfig
 from fedcontrast.data.schema import load_site_splits
 from fedcontrast.errors import ConfigError
 from fedcontrast.openfl.plan import DATA_YAML_HEADER, create_workspace
-from fedcontrast.audit.report import audit_plan, load_plan
 from fedcontrast.privacy.policy import SitePolicy
 
 CLASSES = ("a", "b", "c")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fedcontrast.algorithms import available_algorithms
+from fedcontrast.audit.report import audit_plan
 from fedcontrast.cli import main
 from fedcontrast.config import PrivacyConfig, RunConfig
 from fedcontrast.openfl.loader import SiteDataLoader
@@ -16,7 +17,6 @@ from fedcontrast.openfl.packing import GLOBAL_PACKED
 from fedcontrast.openfl.plan import build_plan, create_workspace
 from fedcontrast.openfl.runner import WEIGHT_METRIC, PluginTaskRunner
 from fedcontrast.privacy import SitePrivacy
-from fedcontrast.audit.report import audit_plan
 from fedcontrast.privacy.policy import POLICY_ENV, SitePolicy, check_policy, compared_guarantee
 from fedcontrast.privacy.representations import gaussian_noise
 from fedcontrast.sim import Federation
@@ -76,7 +76,8 @@ def test_fedpcls_conditional_epsilon_does_not_pass_a_max_epsilon_policy_unless_a
     strict = SitePolicy(max_epsilon=100.0)  # ε ≈ 1: the number alone would pass
     assert report.sites[0].epsilon_total < 100.0
     violations = check_policy(report, strict)
-    assert violations and "is a conditional guarantee" in violations[0] and "accept_conditional_guarantees" in violations[0]
+    assert violations
+    assert "is a conditional guarantee" in violations[0] and "accept_conditional_guarantees" in violations[0]
     assert "treated as unbounded" in compared_guarantee(report, strict)
     lenient = SitePolicy(max_epsilon=100.0, accept_conditional_guarantees=True)
     assert check_policy(report, lenient) == []

@@ -163,9 +163,9 @@ def test_plans_that_need_individual_uploads_are_refused_in_one_sentence():
 
 
 def test_the_audit_says_who_sees_what_and_a_site_policy_can_require_secure_aggregation():
-    from fedcontrast.config import RunConfig
-    from fedcontrast.audit.report import audit_plan
     from fedcontrast.audit.format import format_report
+    from fedcontrast.audit.report import audit_plan
+    from fedcontrast.config import RunConfig
     from fedcontrast.privacy.policy import SitePolicy, check_policy
 
     def audited(config):
@@ -326,7 +326,8 @@ def test_the_consistency_bytes_a_site_signs_are_bound_over_the_sorted_survivor_s
         site = SecAggSite(names[0], names, 3, 7, ed25519.Ed25519PrivateKey.generate(), session=b"plan")
         site.sign_survivors(survivors)
         for signer in names:
-            assert site._consistency_bytes(signer) == bound("consistency", b"plan", 7, 3, signer, site.graph_seed, sorted(survivors))
+            assert site._consistency_bytes(signer) == bound("consistency", b"plan", 7, 3, signer, site.graph_seed,
+                                                            sorted(survivors))
 
 
 @pytest.mark.parametrize("dtype", [np.uint32, np.uint64])

@@ -110,10 +110,12 @@ def test_fedpcl_with_global_local_sets_gives_the_same_downlink_under_secure_aggr
     uploads = {s: {LOCAL_PROTOTYPES: m, COUNTS: n.long()} for s, (m, n) in class_uploads(3, unit=True).items()}
     server = ServerContext(model=None, round_num=0, seed=0, device=torch.device("cpu"), num_classes=C, sites=SITES)
     plain = algorithm.aggregate(uploads, WEIGHTS, server)
-    paper = get_algorithm("fedpcl").from_settings({"prototype_weighting": weighting}).aggregate(uploads, WEIGHTS, server)
+    paper = (get_algorithm("fedpcl").from_settings({"prototype_weighting": weighting})
+             .aggregate(uploads, WEIGHTS, server))
     assert torch.equal(plain.global_tensors[GLOBAL_PROTOTYPES], paper.global_tensors[GLOBAL_PROTOTYPES])
     sets = plain.global_tensors[LOCAL_SETS]
-    assert sets.shape == (len(SITES), C, D) and all(torch.equal(s, plain.global_tensors[GLOBAL_PROTOTYPES]) for s in sets)
+    assert sets.shape == (len(SITES), C, D)
+    assert all(torch.equal(s, plain.global_tensors[GLOBAL_PROTOTYPES]) for s in sets)
     assert not torch.equal(sets, paper.global_tensors[LOCAL_SETS])  # the paper sends each site's own prototypes
     secure, _ = secure_aggregate(algorithm, uploads, WEIGHTS, SETTINGS, 0, server)
     tol = tolerance(largest=1.0, smallest_count=10.0)
@@ -145,7 +147,8 @@ def test_flesd_ensemble_under_secure_aggregation_is_the_plain_one():
     plain = algorithm.aggregate(uploads, WEIGHTS, server)
     secure, _ = secure_aggregate(algorithm, uploads, WEIGHTS, SETTINGS, 0, server)
     tau = algorithm.hp.target_temperature
-    expected = sum(uploads[s][REPRESENTATIONS].double() @ uploads[s][REPRESENTATIONS].double().T for s in SITES) / 3 / tau
+    expected = sum(uploads[s][REPRESENTATIONS].double() @ uploads[s][REPRESENTATIONS].double().T
+                   for s in SITES) / 3 / tau
     tol = tolerance(largest=1.0) / tau  # the sum of the sites' M_k, over |S| = 3 and τ_T
     assert tol < 1.3e-6  # mostly float32's own step at |M| up to 1/τ_T = 10 (9.5e-7); the ring's is ~1e-8
     torch.testing.assert_close(targets[0].double(), expected, atol=1e-5, rtol=0)
@@ -164,7 +167,8 @@ def test_each_secure_terms_declaration_matches_the_terms():
                                     ("flesd", {}, {REPRESENTATIONS: F.normalize(torch.randn(40, D), dim=1)})]:
         algorithm = get_algorithm(name).from_settings(settings, RunFacts(public_size=40))
         terms = algorithm.secure_terms(uploads, 200.0, 10.0)
-        assert {s.name: s.shape for s in algorithm.secure_specs(net, C)} == {k: tuple(v.shape) for k, v in terms.items()}
+        assert ({s.name: s.shape for s in algorithm.secure_specs(net, C)}
+                == {k: tuple(v.shape) for k, v in terms.items()})
         assert all(float(v.abs().max()) <= 10.0 * 200.0 for v in terms.values()), name  # within clip·weight
 
 

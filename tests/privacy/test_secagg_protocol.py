@@ -21,7 +21,6 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from scipy import stats
 
 from fedcontrast.privacy.secagg import Quantizer, SecureAggregationError, fingerprint
-from fedcontrast.privacy.secagg_relay import SecAggRelay
 from fedcontrast.privacy.secagg_protocol import (
     PHASES,
     PinnedKeys,
@@ -31,6 +30,7 @@ from fedcontrast.privacy.secagg_protocol import (
     steps_for,
     withdrawal,
 )
+from fedcontrast.privacy.secagg_relay import SecAggRelay
 
 PEM = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
 SESSION = session_digest({"algorithm": "fedavg", "rounds": 3}, ["x"], "run-1")
@@ -395,8 +395,9 @@ def test_an_unpinned_peer_is_refused_when_the_policy_requires_secure_aggregation
 @pytest.mark.parametrize("replayed_from", ["another round", "another run"])
 def test_an_advert_replayed_from_another_round_or_run_is_refused(replayed_from):
     keys = make_keys([f"site_{i}" for i in range(3)])
-    old = Lab(3, threshold=2, keys=keys, round_num=0 if replayed_from == "another round" else 4,
-              session=SESSION if replayed_from == "another round" else session_digest({"algorithm": "fedavg"}, [], "run-0"))
+    another_round = replayed_from == "another round"
+    old = Lab(3, threshold=2, keys=keys, round_num=0 if another_round else 4,
+              session=SESSION if another_round else session_digest({"algorithm": "fedavg"}, [], "run-0"))
     old.send_adverts()
     stale = json.loads(old.relay.answer("site_0", old.round, "adverts"))["adverts"]["site_1"]  # genuine, signed
     lab = Lab(3, threshold=2, keys=keys, round_num=4)
@@ -405,7 +406,8 @@ def test_an_advert_replayed_from_another_round_or_run_is_refused(replayed_from):
     answer["adverts"]["site_1"] = stale
     lab.answer = lambda site, kind: json.dumps(answer).encode()
     lab.step("advert", "adverts", "boxes", sites=["site_0"])
-    assert "site site_1's key-agreement keys for round 4 do not carry its signature over this session" in lab.errors["site_0"]
+    assert ("site site_1's key-agreement keys for round 4 do not carry its signature over this session"
+            in lab.errors["site_0"])
 
 
 def test_consistency_signatures_replayed_from_another_round_are_not_counted():

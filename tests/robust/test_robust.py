@@ -6,13 +6,25 @@ import numpy as np
 import pytest
 import torch
 
-from fedcontrast.algorithms import Downlink
 from fedcontrast.aggregation import weighted_average
+from fedcontrast.algorithms import Downlink
 from fedcontrast.config import RobustnessConfig
 from fedcontrast.errors import FedContrastError
-from fedcontrast.robust import (Move, UploadScreen, abnormal_move, all_rejected_hint, clip_update, coordinate_median,
-                                robust_average, trimmed_count, trimmed_mean, update_cosines, update_norm,
-                                update_spreads, upload_digest)
+from fedcontrast.robust import (
+    Move,
+    UploadScreen,
+    abnormal_move,
+    all_rejected_hint,
+    clip_update,
+    coordinate_median,
+    robust_average,
+    trimmed_count,
+    trimmed_mean,
+    update_cosines,
+    update_norm,
+    update_spreads,
+    upload_digest,
+)
 
 
 def _uploads(k, seed=0, shape=(3, 4)):

@@ -82,7 +82,6 @@ def test_the_checkpoint_holds_no_rows_and_each_round_adds_one_line_beside_it(tmp
 def test_the_digests_a_resume_reads_beside_the_checkpoint_are_those_the_screen_held(tmp_path, tiny_config):
     from fedcontrast.sim import Federation
     from fedcontrast.sim.checkpoint import checkpoint_rows
-
     from fedcontrast.sim.ray_executor import Threads
 
     config = tiny_config.replace(rounds=3, clients=3)

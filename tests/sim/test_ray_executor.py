@@ -36,7 +36,8 @@ def test_a_cluster_without_room_for_one_site_and_a_bad_address_are_one_sentence(
 
 def test_without_ray_installed_the_executor_is_refused_in_one_sentence(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
-    with pytest.raises(ConfigError, match=r"executor ray needs Ray, which is not installed: pip install -e \"\.\[ray\]\""):
+    with pytest.raises(ConfigError,
+                       match=r"executor ray needs Ray, which is not installed: pip install -e \"\.\[ray\]\""):
         RayExecutor(config("fedavg", "ray"))
 
 

@@ -15,11 +15,19 @@ from .base import (
     load_weights,
     nbytes,
     validate_uploads,
+    weight_specs,
     weight_tensors,
 )
 from .capabilities import PersonalEvaluation, SecureSum, SharedFiles, UploadChecks, secure_summable
 from .facts import RunFacts
-from .registry import ENTRY_POINT_GROUP, available_algorithms, get_algorithm, register_algorithm
+from .registry import (
+    ENTRY_POINT_GROUP,
+    available_algorithms,
+    get_algorithm,
+    import_plugin,
+    import_plugins,
+    register_algorithm,
+)
 
 # Built-ins: one registration line each (the decorator in each module).
 from . import fedavg, fedpcl, fedprox, fedsiam, fedssc, flesd, moon, simclr  # noqa: E402  isort:skip
@@ -28,5 +36,5 @@ _BUILTIN_MODULES = (fedavg, fedpcl, fedprox, fedsiam, fedssc, flesd, moon, simcl
 
 __all__ = ["ENTRY_POINT_GROUP", "Algorithm", "Downlink", "InvalidUploadError", "PersonalEvaluation", "RunFacts",
            "SecureSum", "ServerContext", "SharedFiles", "SiteContext", "TaskResult", "TensorSpec", "UploadChecks",
-           "available_algorithms", "get_algorithm", "load_weights", "nbytes", "register_algorithm", "secure_summable",
-           "validate_uploads", "weight_tensors"]
+           "available_algorithms", "get_algorithm", "import_plugin", "import_plugins", "load_weights", "nbytes",
+           "register_algorithm", "secure_summable", "validate_uploads", "weight_specs", "weight_tensors"]

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABCMeta, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from ..aggregation import weighted_average
-from ..config import TrainingConfig
+from ..config import PrivacyConfig, TrainingConfig
 from ..errors import ConfigError
 from ..evaluation import evaluate_classifier
 from ..models import ContrastiveNet
@@ -53,6 +53,9 @@ from ..tensors import (
     weight_tensors,
 )
 from .facts import RunFacts
+
+if TYPE_CHECKING:
+    from ..privacy.site import SitePrivacy
 
 DP_KINDS = ("dp_sgd", "representations")
 
@@ -107,7 +110,7 @@ class SiteContext:
     public: Any = None  # the public data set, when the run has one
     index: int = 0  # the site's position in the federation (site_3 → 3)
     scratch: dict[str, Any] = field(default_factory=dict)  # this task only; never persisted
-    privacy: Any = None  # fedcontrast.privacy.SitePrivacy when the plan turns DP on; set by the engine
+    privacy: SitePrivacy | None = None  # when the plan turns DP on; set by the engine
 
     def class_sums(self, num_classes: int, dim: int) -> ClassSums:
         """An accumulator of per-class sums of this site's samples: private (clipped, noised on
@@ -245,16 +248,17 @@ class Algorithm(metaclass=_BuiltOnce):
         """Raise ConfigError when the hyper-parameters cannot work with ``training``; engines call
         it once before the first round."""
 
-    def validate_privacy(self, privacy: Any) -> None:
-        """Raise ConfigError when the hyper-parameters cannot work with the plan's privacy section
-        (a :class:`~fedcontrast.config.PrivacyConfig`); called at plan time, after the DP kinds."""
+    def validate_privacy(self, privacy: PrivacyConfig) -> None:
+        """Raise ConfigError when the hyper-parameters cannot work with the plan's privacy section;
+        called at plan time, after the DP kinds."""
 
     # --- site side ---
     def run_task(self, task: str, site: SiteContext, received: Mapping[str, torch.Tensor]) -> TaskResult:
         """Run collaborator task ``task`` (one of ``tasks``): calls ``task_<task>(site, received)``."""
         if task not in self.tasks:
             raise ConfigError(f"{self.name} has no collaborator task {task!r}; tasks: {', '.join(self.tasks)}")
-        return getattr(self, f"task_{task}")(site, received)
+        run: Callable[[SiteContext, Mapping[str, torch.Tensor]], TaskResult] = getattr(self, f"task_{task}")
+        return run(site, received)
 
     def evaluate_at_site(self, site: SiteContext, received: Mapping[str, torch.Tensor], test: Any) -> dict[str, float]:
         """What a site measures, on its own held-out split ``test``, of what it ``received`` this round

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -27,12 +27,15 @@ from ..errors import ConfigError, DataError
 from ..evaluation import PROTOTYPE_METRICS, distribution_weighted_accuracy, nearest_prototype
 from ..losses import check_temperature, fedpcl_loss
 from ..models import MODEL_NAMES, ContrastiveNet
-from ..models.backbones import backbone_set
+from ..models.backbones import FrozenBackbones, backbone_set
 from .base import Downlink, InvalidUploadError, ServerContext, SiteContext, TaskResult, TensorSpec
 from .capabilities import PersonalEvaluation, SecureSum, SharedFiles, UploadChecks
 from .facts import RunFacts
 from .registry import register_algorithm
 from .training import batch_indices, optimizer_step, site_generator
+
+if TYPE_CHECKING:
+    from ..data import ArrayDataset
 
 LOCAL_PROTOTYPES = "fedpcl.local_prototypes"  # upload (C, d): mean normalised z per class (zero rows if absent)
 COUNTS = "fedpcl.counts"  # upload (C,): samples per class
@@ -43,7 +46,7 @@ HEAD = "fedpcl.projection_head"  # site state: the personal projection network (
 LOCAL_SET_RULES = ("individual", "global")
 
 
-def _as_tuple(value: Any) -> tuple:
+def _as_tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value) if isinstance(value, (list, tuple)) else (value,)
 
 
@@ -90,7 +93,7 @@ class FedPCLHyperparameters:
             raise ValueError(f"local_sets must be one of {', '.join(LOCAL_SET_RULES)}, got {self.local_sets!r}")
 
 
-def check_backbone_files(files, hashes, *, base_dir: str | Path = ".") -> None:
+def check_backbone_files(files: Sequence[str], hashes: Sequence[str], *, base_dir: str | Path = ".") -> None:
     """Every backbone file exists (relative paths from ``base_dir``) and, when ``hashes`` are given,
     has exactly that SHA-256: sites of one federation must share the operator's frozen backbones."""
     for k, name in enumerate(files):
@@ -127,8 +130,9 @@ class FedPCL(SecureSum, UploadChecks, SharedFiles, PersonalEvaluation):
     Hyperparameters = FedPCLHyperparameters
     tasks = ("train", "prototypes")
     dp_kinds = frozenset({"representations"})
+    hp: FedPCLHyperparameters
 
-    def __init__(self, hp=None, facts: RunFacts | None = None) -> None:
+    def __init__(self, hp: FedPCLHyperparameters | None = None, facts: RunFacts | None = None) -> None:
         super().__init__(hp, facts)
         # Frozen backbones and no augmentation: a data set's features never change, so they are
         # computed once per process (keyed by the data tensor) instead of every round.
@@ -139,7 +143,7 @@ class FedPCL(SecureSum, UploadChecks, SharedFiles, PersonalEvaluation):
         # individual: each site's own prototypes travel, not only their sum
         return self.hp.local_sets == "global"
 
-    def features(self, data, public, device: torch.device) -> torch.Tensor:
+    def features(self, data: ArrayDataset, public: ArrayDataset | None, device: torch.device) -> torch.Tensor:
         key = id(data.x)
         if key not in self._features:
             self._features[key] = self.backbones(data, public).to(device).features(data.x.to(device))
@@ -147,7 +151,8 @@ class FedPCL(SecureSum, UploadChecks, SharedFiles, PersonalEvaluation):
 
     # --- deployment -----------------------------------------------------------------------------
     @classmethod
-    def share_files(cls, settings, workspace, *, public, seed, log=print):
+    def share_files(cls, settings: dict[str, Any], workspace: Path, *, public: Callable[[], Any], seed: int,
+                    log: Callable[[str], None] = print) -> dict[str, Any]:
         """The frozen backbones every site must share: the given ``backbone_files`` copied, or — without
         them — pre-trained here on the public data set, into ``save/backbones/``, pinned by SHA-256."""
         import shutil
@@ -179,12 +184,12 @@ class FedPCL(SecureSum, UploadChecks, SharedFiles, PersonalEvaluation):
         return {**settings, "backbone_files": [f.relative_to(workspace).as_posix() for f in files],
                 "backbone_sha256": [hashlib.sha256(f.read_bytes()).hexdigest() for f in files]}
 
-    def check_shared_files(self, workspace=".") -> None:
+    def check_shared_files(self, workspace: str | Path = ".") -> None:
         if self.hp.backbone_files:
             check_backbone_files(self.hp.backbone_files, self.hp.backbone_sha256, base_dir=workspace)
 
     # --- the site's networks --------------------------------------------------------------------
-    def backbones(self, data, public):
+    def backbones(self, data: ArrayDataset, public: ArrayDataset | None) -> FrozenBackbones:
         if self.hp.backbone_sha256:
             check_backbone_files(self.hp.backbone_files, self.hp.backbone_sha256)
         return backbone_set(self.hp.backbones, self.hp.backbone_files, public, in_channels=data.x.shape[1],
@@ -201,7 +206,7 @@ class FedPCL(SecureSum, UploadChecks, SharedFiles, PersonalEvaluation):
             head.load_state_dict(site.state[HEAD])
         return head.to(site.device)
 
-    def _embed(self, site: SiteContext, received: Mapping[str, torch.Tensor]):
+    def _embed(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, nn.Module]:
         features = self.features(site.data, site.public, site.device)
         head = self.head(site, features.shape[1], received[GLOBAL_PROTOTYPES].shape[1])
         return features, head
@@ -272,7 +277,8 @@ class FedPCL(SecureSum, UploadChecks, SharedFiles, PersonalEvaluation):
         self.check_mean_norms(site, protos, counts, unit=True, what="a prototype",
                               bound="a mean of unit vectors can have")
 
-    def aggregate(self, uploads, weights, server: ServerContext) -> Downlink:
+    def aggregate(self, uploads: Mapping[str, Mapping[str, torch.Tensor]], weights: Mapping[str, float],
+                  server: ServerContext) -> Downlink:
         protos = {s: u[LOCAL_PROTOTYPES] for s, u in uploads.items()}
         counts = {s: u[COUNTS] for s, u in uploads.items()}
         g, present = global_prototypes(protos, counts, weighting=self.hp.prototype_weighting)
@@ -291,10 +297,11 @@ class FedPCL(SecureSum, UploadChecks, SharedFiles, PersonalEvaluation):
                         metrics={"classes_with_prototype": float(present.sum())})
 
     # secure aggregation (local_sets: global): n_ic·P_i^c, n_ic and 1[n_ic > 0] per class
-    def secure_terms(self, uploads, weight: float, clip: float) -> dict[str, torch.Tensor]:
+    def secure_terms(self, uploads: Mapping[str, torch.Tensor], weight: float, clip: float) -> dict[str, torch.Tensor]:
         return class_mean_terms(uploads[LOCAL_PROTOTYPES], uploads[COUNTS], weight, clip, holders=True)
 
-    def aggregate_secure(self, sums, server: ServerContext, dtypes) -> Downlink:
+    def aggregate_secure(self, sums: Mapping[str, torch.Tensor], server: ServerContext,
+                         dtypes: Mapping[str, torch.dtype]) -> Downlink:
         g, present = pooled_class_means(sums, weighting=self.hp.prototype_weighting, dtype=dtypes[LOCAL_PROTOTYPES])
         return self._downlink(g, present, len(server.sites) or max(self.facts.num_sites, 1))
 
@@ -316,7 +323,8 @@ class FedPCL(SecureSum, UploadChecks, SharedFiles, PersonalEvaluation):
     def evaluate(self, downlink: Downlink, server: ServerContext, test: Any) -> dict[str, float]:
         return {}  # no global model: see evaluate_site (personalised accuracy)
 
-    def _predict(self, site: SiteContext, received: Mapping[str, torch.Tensor], data: Any):
+    def _predict(self, site: SiteContext, received: Mapping[str, torch.Tensor],
+                 data: ArrayDataset) -> tuple[torch.Tensor, torch.Tensor]:
         """Predictions of the site's personal model on ``data``: by the nearest global prototype and
         by the nearest of its own (filled) local prototypes (``hp.nearest``). ``→ (N,), (N,)``."""
         features = self.features(data, site.public, site.device)

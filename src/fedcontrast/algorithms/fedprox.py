@@ -13,7 +13,7 @@ from ..losses import proximal_term
 from .base import SiteContext
 from .fedavg import FedAvg
 from .registry import register_algorithm
-from .training import ExtraLoss
+from .training import ExtraLoss, ExtraTerm
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class FedProx(FedAvg):
     name = "fedprox"
     task_metrics = {"train": ("loss", "ce", "accuracy", "proximal")}
     Hyperparameters = FedProxHyperparameters
+    hp: FedProxHyperparameters
     # Opacus's per-sample gradients leave out the proximal term (it acts on the parameters, not
     # through a module's forward), so DP-SGD would silently train plain FedAvg.
     dp_kinds = frozenset()
@@ -41,7 +42,7 @@ class FedProx(FedAvg):
         global_params = [p.detach().clone() for p in params]  # w_glob, loaded just before
         mu = self.hp.mu
 
-        def extra(x, idx, z, logits, epoch):
+        def extra(x: torch.Tensor, idx: torch.Tensor, z: torch.Tensor, logits: torch.Tensor, epoch: int) -> ExtraTerm:
             term = proximal_term(params, global_params, mu=mu)
             return term, {"proximal": term.detach()}
 

@@ -86,7 +86,8 @@ def load_predictor(head: nn.Module, tensors: Mapping[str, torch.Tensor]) -> None
 
 
 def siamese_objective(local: ContrastiveNet, local_head: nn.Module, global_copy: ContrastiveNet, global_head: nn.Module,
-                      x: torch.Tensor, y: torch.Tensor, z_prev: torch.Tensor, mu: float):
+                      x: torch.Tensor, y: torch.Tensor, z_prev: torch.Tensor,
+                      mu: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One batch of FedSiam-DA's local loss ``CE(w_k) + μ (L_hist + L_stop)`` (paper eq. 11).
 
     ``local``/``global_copy`` return ``(z, logits)``; ``z_prev`` is the local model's representation
@@ -110,6 +111,7 @@ class FedSiamDA(Algorithm):
     task_metrics = {"train": ("loss", "ce", "stop", "hist", "accuracy")}
     evaluation_metrics = ("accuracy", "loss", "local_accuracy", "local_loss")
     Hyperparameters = FedSiamHyperparameters
+    hp: FedSiamHyperparameters
     evaluates_local_models = True
 
     @property

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ..aggregation import CLASS_COUNT, CLASS_SUM, class_mean_terms, global_prototypes, pooled_class_means
+from ..config import PrivacyConfig
 from ..errors import ConfigError
 from ..losses import check_temperature, global_class_contrastive_loss
 from ..models import ContrastiveNet
@@ -27,7 +28,7 @@ from .base import (
 from .capabilities import UploadChecks
 from .moon import Moon, represent_all
 from .registry import register_algorithm
-from .training import ExtraLoss
+from .training import ExtraLoss, ExtraTerm
 
 CLASS_MEANS = "fedssc.class_means"  # upload (C, d): mean z of each class sent, zero rows otherwise
 CLASS_COUNTS = "fedssc.class_counts"  # upload (C,): samples behind each mean, 0 = not sent
@@ -124,6 +125,7 @@ class FedSSC(UploadChecks, Moon):
     secure_variant = ("fedssc.class_reps: pooled", "draws k sites' own class means at random (class_reps: sampled)")
     task_metrics = {"train": ("loss", "ce", "accuracy", "contrastive", "global_contrastive")}
     Hyperparameters = FedSSCHyperparameters
+    hp: FedSSCHyperparameters
     dp_kinds = frozenset({"dp_sgd", "representations"})
 
     @property
@@ -141,7 +143,7 @@ class FedSSC(UploadChecks, Moon):
         return mu_glob_schedule(round_num - 1, start=hp.mu_glob_start, end=hp.mu_glob_end,
                                 warmup_rounds=hp.warmup_rounds, schedule=hp.schedule)
 
-    def validate_privacy(self, privacy) -> None:
+    def validate_privacy(self, privacy: PrivacyConfig) -> None:
         if privacy.dp_sgd is not None and self.hp.class_means == "last_epoch":
             raise ConfigError("fedssc.class_means: last_epoch does not compose with DP-SGD (which samples of the "
                               "last epoch entered the sums depends on DP-SGD's hidden Poisson draws); use final_model "
@@ -163,7 +165,7 @@ class FedSSC(UploadChecks, Moon):
         labels_all = site.data.y.to(site.device)
         last_epoch = site.training.local_epochs - 1 if self.class_mean_source(site) == "last_epoch" else None
 
-        def extra(x, idx, z, logits, epoch):
+        def extra(x: torch.Tensor, idx: torch.Tensor, z: torch.Tensor, logits: torch.Tensor, epoch: int) -> ExtraTerm:
             term, parts = moon(x, idx, z, logits, epoch)
             labels = labels_all[idx]
             if use_glob:
@@ -209,7 +211,8 @@ class FedSSC(UploadChecks, Moon):
         self.check_mean_norms(site, means, counts, unit=False, what="a class mean",
                               bound="clipped representations allow")
 
-    def aggregate(self, uploads, weights, server: ServerContext) -> Downlink:
+    def aggregate(self, uploads: Mapping[str, Mapping[str, torch.Tensor]], weights: Mapping[str, float],
+                  server: ServerContext) -> Downlink:
         weights_only = {s: {k: v for k, v in u.items() if k.startswith(WEIGHT_PREFIX)} for s, u in uploads.items()}
         means = {s: u[CLASS_MEANS] for s, u in uploads.items()}
         counts = {s: u[CLASS_COUNTS] for s, u in uploads.items()}
@@ -226,11 +229,12 @@ class FedSSC(UploadChecks, Moon):
                         metrics={"classes_shared": float(present.sum())})
 
     # secure aggregation (class_reps: pooled): weights as FedAvg's; n_kc·mean_kc and n_kc per class
-    def secure_terms(self, uploads, weight: float, clip: float) -> dict[str, torch.Tensor]:
+    def secure_terms(self, uploads: Mapping[str, torch.Tensor], weight: float, clip: float) -> dict[str, torch.Tensor]:
         terms = super().secure_terms({k: v for k, v in uploads.items() if k.startswith(WEIGHT_PREFIX)}, weight, clip)
         return {**terms, **class_mean_terms(uploads[CLASS_MEANS], uploads[CLASS_COUNTS], weight, clip)}
 
-    def aggregate_secure(self, sums, server: ServerContext, dtypes) -> Downlink:
+    def aggregate_secure(self, sums: Mapping[str, torch.Tensor], server: ServerContext,
+                         dtypes: Mapping[str, torch.dtype]) -> Downlink:
         weights = self.secure_mean(sums, {k: v for k, v in dtypes.items() if k.startswith(WEIGHT_PREFIX)})
         return self._downlink(weights, *pooled_class_means(sums, dtype=dtypes[CLASS_MEANS]))
 

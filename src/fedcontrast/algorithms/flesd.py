@@ -141,6 +141,7 @@ class Flesd(SecureSum, UploadChecks):
 
     name = "flesd"
     Hyperparameters = FlesdHyperparameters
+    hp: FlesdHyperparameters
     tasks = ("train", "similarity")
     task_metrics = {"train": ("loss", "steps"), "similarity": ("public_samples",)}
     evaluation_metrics = ("accuracy", "probe_accuracy", "probe_train_accuracy")
@@ -282,7 +283,8 @@ class Flesd(SecureSum, UploadChecks):
             raise ConfigError("flesd needs the public data set on the aggregator: set public_fraction > 0")
         return Downlink({**weight_tensors(server.model), FINGERPRINT: public_fingerprint(server.public)})
 
-    def aggregate(self, uploads, weights, server: ServerContext) -> Downlink:
+    def aggregate(self, uploads: Mapping[str, Mapping[str, torch.Tensor]], weights: Mapping[str, float],
+                  server: ServerContext) -> Downlink:
         target = ensemble_similarity([self.site_matrix(uploads[s], server.device) for s in sorted(uploads)],
                                      target_temperature=self.hp.target_temperature)
         return self.distilled(target, server, len(uploads))
@@ -302,11 +304,12 @@ class Flesd(SecureSum, UploadChecks):
     def secure_scale(self, max_samples: float) -> float:
         return 1.0
 
-    def secure_terms(self, uploads, weight: float, clip: float) -> dict[str, torch.Tensor]:
+    def secure_terms(self, uploads: Mapping[str, torch.Tensor], weight: float, clip: float) -> dict[str, torch.Tensor]:
         m = self.site_matrix(uploads, next(iter(uploads.values())).device).to(torch.float64).clamp(-clip, clip)
         return {SIMILARITY_SUM: m, SITES: torch.ones(1, dtype=torch.float64, device=m.device)}
 
-    def aggregate_secure(self, sums, server: ServerContext, dtypes) -> Downlink:
+    def aggregate_secure(self, sums: Mapping[str, torch.Tensor], server: ServerContext,
+                         dtypes: Mapping[str, torch.dtype]) -> Downlink:
         answered = round(float(sums[SITES].reshape(())))
         if answered < 1:
             raise InvalidUploadError("the secure sum counts no site's similarities; nothing to distil")

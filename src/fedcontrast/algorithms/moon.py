@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -15,10 +15,10 @@ from ..config import TrainingConfig
 from ..errors import ConfigError
 from ..losses import check_temperature, moon_loss_from_difference, moon_reference_difference
 from ..models import ContrastiveNet
-from .base import WEIGHT_PREFIX, SiteContext, load_weights
+from .base import WEIGHT_PREFIX, SiteContext, TaskResult, load_weights
 from .fedavg import FedAvg
 from .registry import register_algorithm
-from .training import ExtraLoss
+from .training import ExtraLoss, ExtraTerm
 
 PREVIOUS_WEIGHTS = "moon.previous_weights"  # key in the site's persistent state
 
@@ -52,7 +52,7 @@ def frozen_copy(model: ContrastiveNet, slot: str | None = None) -> ContrastiveNe
         frozen = copy.deepcopy(model).eval()
         frozen.requires_grad_(False)
         return frozen
-    cache = getattr(_FROZEN, "models", None)
+    cache: dict[Hashable, ContrastiveNet] | None = getattr(_FROZEN, "models", None)
     if cache is None:
         cache = _FROZEN.models = {}
     state = model.state_dict()
@@ -89,7 +89,8 @@ class Moon(FedAvg):
     @property
     def moon_weight(self) -> float:
         """μ of ``CE + μ · l_con``."""
-        return self.hp.mu
+        hp: MoonHyperparameters = self.hp  # FedSSC, whose settings differ, has its own moon_weight
+        return hp.mu
 
     def validate_training(self, training: TrainingConfig) -> None:
         if self.hp.cache_reference_representations is True and training.augmentation != "none":
@@ -119,11 +120,13 @@ class Moon(FedAvg):
             else:
                 diff_all = moon_reference_difference(z_glob_all, represent_all(prev_model, x_all))
 
-            def extra(x, idx, z, logits, epoch):
+            def extra(x: torch.Tensor, idx: torch.Tensor, z: torch.Tensor, logits: torch.Tensor,
+                      epoch: int) -> ExtraTerm:
                 con = moon_loss_from_difference(z, diff_all[idx], temperature=tau)
                 return mu * con, {"contrastive": con.detach()}
         else:
-            def extra(x, idx, z, logits, epoch):
+            def extra(x: torch.Tensor, idx: torch.Tensor, z: torch.Tensor, logits: torch.Tensor,
+                      epoch: int) -> ExtraTerm:
                 with torch.no_grad():
                     z_glob = global_model.represent(x)  # (B, d)
                     diff = (torch.zeros_like(z_glob) if previous is None
@@ -133,7 +136,7 @@ class Moon(FedAvg):
 
         return extra
 
-    def task_train(self, site: SiteContext, received: Mapping[str, torch.Tensor]):
+    def task_train(self, site: SiteContext, received: Mapping[str, torch.Tensor]) -> TaskResult:
         result = super().task_train(site, received)
         site.state[PREVIOUS_WEIGHTS] = {k: v.clone() for k, v in result.uploads.items() if k.startswith(WEIGHT_PREFIX)}
         return result

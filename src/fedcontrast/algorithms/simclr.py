@@ -23,7 +23,7 @@ from .registry import register_algorithm
 from .training import batch_indices, optimizer_step, site_generator
 
 
-def _pair(value: Any) -> tuple:
+def _pair(value: Any) -> tuple[Any, ...]:
     return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
@@ -101,6 +101,7 @@ class FedAvgSimCLR(Algorithm):
 
     name = "fedavg_simclr"
     Hyperparameters = SimCLRHyperparameters
+    hp: SimCLRHyperparameters
     task_metrics = {"train": ("loss", "steps")}
     evaluation_metrics = ("accuracy", "probe_accuracy", "probe_train_accuracy")
 
@@ -110,7 +111,8 @@ class FedAvgSimCLR(Algorithm):
                                generator=site_generator(site.seed), device=site.device)
         return TaskResult(weight_tensors(site.model), float(len(site.data)), metrics)
 
-    def aggregate(self, uploads, weights, server: ServerContext) -> Downlink:
+    def aggregate(self, uploads: Mapping[str, Mapping[str, torch.Tensor]], weights: Mapping[str, float],
+                  server: ServerContext) -> Downlink:
         return Downlink(self.average_weights(uploads, weights))
 
     def evaluate_at_site(self, site: SiteContext, received: Mapping[str, torch.Tensor], test: Any) -> dict[str, float]:

@@ -6,9 +6,9 @@ work on the hot path. An algorithm adds its own term through ``extra_loss``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -16,9 +16,13 @@ from torch import nn
 
 from ..config import TrainingConfig
 
+if TYPE_CHECKING:
+    from ..data import ArrayDataset
+    from ..privacy.site import SitePrivacy
+
 # extra_loss(x, idx, z, logits, epoch) -> (term added to the loss, {component name: detached raw value})
-ExtraLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int],
-                     tuple[torch.Tensor, dict[str, torch.Tensor]]]
+ExtraTerm = tuple[torch.Tensor, dict[str, torch.Tensor]]
+ExtraLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], ExtraTerm]
 
 
 @dataclass
@@ -69,8 +73,9 @@ def batch_indices(n: int, batch_size: int, generator: torch.Generator) -> list[t
     return batches
 
 
-def train_supervised(model: nn.Module, data, cfg: TrainingConfig, *, generator: torch.Generator,
-                     device: torch.device, extra_loss: ExtraLoss | None = None, private: Any = None) -> TrainStats:
+def train_supervised(model: nn.Module, data: ArrayDataset, cfg: TrainingConfig, *, generator: torch.Generator,
+                     device: torch.device, extra_loss: ExtraLoss | None = None,
+                     private: SitePrivacy | None = None) -> TrainStats:
     """``cfg.local_epochs`` epochs of SGD on cross-entropy (+ ``extra_loss``) over ``data``.
 
     ``private``: the site's privacy object (``site.privacy``); when it turns DP-SGD on, training runs
@@ -93,9 +98,9 @@ def train_supervised(model: nn.Module, data, cfg: TrainingConfig, *, generator: 
             session.close()
 
 
-def _train(model: nn.Module, optimizer, data, cfg: TrainingConfig, *, generator: torch.Generator,
-           device: torch.device, extra_loss: ExtraLoss | None, epoch_batches,
-           private_steps: bool = False) -> TrainStats:
+def _train(model: nn.Module, optimizer: torch.optim.Optimizer, data: ArrayDataset, cfg: TrainingConfig, *,
+           generator: torch.Generator, device: torch.device, extra_loss: ExtraLoss | None,
+           epoch_batches: Callable[[], Iterable[torch.Tensor]], private_steps: bool = False) -> TrainStats:
     x_all, y_all = data.x.to(device), data.y.to(device)
     loss_sum = torch.zeros((), device=device)  # summed on device: no sync per step
     ce_sum = torch.zeros((), device=device)

@@ -73,6 +73,9 @@ def format_report(report: AuditReport) -> str:
         else:
             lines.append("  the plan builds only installed components (no code travels in a package): fedcontrast's "
                          "aggregator, collaborator, data loader, task runner, assigner, aggregation")
+        if report.plugins:
+            lines.append(f"  plugin modules every party imports before it builds the algorithm (plugins:, installed "
+                         f"on each host): {', '.join(report.plugins)}")
     lines += ["", ("aggregation: secure — the aggregator sees the uploads above only inside sums of at least "
                    f"{report.secure_sum_sites} sites (pairwise and self masks; Shamir t = {report.secure_sum_sites})"
                    if report.secure_sum_sites is not None else
@@ -96,6 +99,18 @@ def format_report(report: AuditReport) -> str:
             state = "EXPIRED" if c.days_left < 0 else f"{c.days_left} days left"
             lines.append(f"  {c.path:40s} {c.subject:40s} expires {c.not_after} ({state})")
     return "\n".join(lines) + "\n"
+
+
+def format_plugins(plugins: list[str], policy: SitePolicy) -> list[str]:
+    """The plan's plugin modules and whether ``policy`` allows a site to import them; empty when the
+    plan names none."""
+    if not plugins:
+        return []
+    unlisted = [p for p in plugins if p not in policy.plugins]
+    listed = f"the policy's plugins: {', '.join(policy.plugins) or '(none)'}"
+    verdict = (f"allowed ({listed})" if not unlisted else
+               f"NOT ALLOWED: {', '.join(unlisted)} not listed ({listed}); a site refuses the plan before importing it")
+    return [f"plugins the plan imports: {', '.join(plugins)}: {verdict}"]
 
 
 def roster_facts(policy: SitePolicy) -> dict[str, Any] | None:

@@ -76,6 +76,7 @@ class AuditReport:
     here: list[str] = field(default_factory=list)  # the sites whose data is on this machine (counted from it)
     code: list[Any] = field(default_factory=list)  # provenance.CodeLine: the code every party runs (pinned, here)
     foreign_code: list[str] = field(default_factory=list)  # plan components that are not installed code
+    plugins: list[str] = field(default_factory=list)  # the plan's plugin modules, which every party imports
     # Secure aggregation: the fewest sites inside any sum the aggregator unmasks (None: it sees each upload)
     secure_sum_sites: int | None = None
     secure_terms: list[TensorLine] = field(default_factory=list)  # what each site masks into the sum (ring words)
@@ -373,8 +374,8 @@ def audit_plan(plan: dict[str, Any], *, source: str, workspace: Path | None = No
     from ..deploy.templates import template_problems
 
     hostile = _hostile_reach(config, algorithm)
-    return AuditReport(code=code, foreign_code=template_problems(plan, "the plan"), source=source,
-                       algorithm=config.algorithm, tasks=tuple(algorithm.tasks), rounds=rounds,
+    return AuditReport(code=code, foreign_code=template_problems(plan, "the plan"), plugins=list(config.plugins),
+                       source=source, algorithm=config.algorithm, tasks=tuple(algorithm.tasks), rounds=rounds,
                        delta=config.privacy.delta if config.privacy else None,
                        accountant=config.privacy.accountant if config.privacy else None,
                        mechanisms=mechanism_lines or ["none"], guarantee=guarantee, tensors=tensors, sites=lines,

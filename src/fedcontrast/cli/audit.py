@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..privacy.policy import SitePolicy
 
 
 def cmd_public_fingerprint(args: argparse.Namespace) -> int:
@@ -18,9 +22,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from ..audit.format import format_report, format_roster, roster_facts
+    from ..audit.format import format_plugins, format_report, format_roster, roster_facts
     from ..audit.report import audit_plan, load_plan
-    from ..privacy.policy import SitePolicy, check_policy, compared_guarantee
+    from ..config import RunConfig
+    from ..privacy.policy import SitePolicy, check_policy, compared_guarantee, plugin_violation
 
     policy = SitePolicy.from_yaml(args.policy) if args.policy else None
     target = Path(args.target)
@@ -30,11 +35,15 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
         if folder_kind(target) is not None:
             flower = audit_plan_of(target, args.site)
+    plan, workspace = (flower["plan"], flower["workspace"]) if flower is not None else load_plan(args.target)
+    plugins = list(RunConfig.from_dict(plan["task_runner"]["settings"]["run_config"]).plugins)
+    unlisted = plugin_violation(plugins, policy)
+    if policy is not None and unlisted is not None:  # not imported here, as a site would not: nothing else audited
+        return _refused_plugins(args, plugins, policy, unlisted)
     if flower is not None:
-        report = audit_plan(flower["plan"], source=flower["source"], workspace=flower["workspace"], policy=policy,
+        report = audit_plan(plan, source=flower["source"], workspace=workspace, policy=policy,
                             sites=flower.get("sites"), site=flower.get("site"), cert_dir=flower["cert_dir"])
     else:
-        plan, workspace = load_plan(args.target)
         report = audit_plan(plan, source=str(args.target), workspace=workspace, policy=policy, site=args.site)
     # At a site, its policy bounds its own ε: the others' data (and ε) are not known there.
     violations = check_policy(report, policy, sites=report.here or None) if policy else []
@@ -49,6 +58,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
                   + f" ({compared})")
             for v in violations:
                 print(f"  VIOLATION: {v}")
+            for line in format_plugins(report.plugins, policy) if policy else []:
+                print(line)
             for line in format_roster(policy) if policy else []:
                 print(line)
     if violations:
@@ -56,6 +67,24 @@ def cmd_audit(args: argparse.Namespace) -> int:
                                                                   if len(violations) > 1 else ""), file=sys.stderr)
         return 1
     return 0
+
+
+def _refused_plugins(args: argparse.Namespace, plugins: list[str], policy: SitePolicy, violation: str) -> int:
+    """The audit of a plan that imports a plugin module ``policy`` does not list: the plugins and the
+    refusal only (the rest of the audit needs the plugin, which is not imported), exit 1."""
+    import json
+
+    from ..audit.format import format_plugins
+
+    if args.json:
+        print(json.dumps({"source": str(args.target), "plugins": plugins, "policy": args.policy,
+                          "violations": [violation], "audited": False}, indent=2))
+    else:
+        print("\n".join([f"plan: {args.target}", *format_plugins(plugins, policy), "",
+                         f"policy {args.policy}: 1 violation(s) (nothing else audited: the plan's plugins are not "
+                         "imported here)", f"  VIOLATION: {violation}"]))
+    print(f"fedcontrast: policy violated: {violation}", file=sys.stderr)
+    return 1
 
 
 def _add_public(sub: argparse._SubParsersAction) -> None:

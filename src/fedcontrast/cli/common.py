@@ -4,10 +4,14 @@ of the deployment flags, ports."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig, load_yaml
 from ..config.datasets import DATASETS
+from ..config.run import is_plugin_file
 from ..errors import ConfigError
 from ..yamlio import loads_yaml
 
@@ -66,6 +70,24 @@ def _add_run_flags(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) ->
                    help="δ the ε of --dp-sgd/--dp-representations is reported at (privacy.delta, default 1e-5)")
 
 
+def _add_plugin_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="MODULE",
+                   help="import this module before the settings are read, so that the algorithm it registers can be "
+                        "named: a module name importable from here (the current folder or PYTHONPATH) or a .py file; "
+                        "repeatable (docs/plugins.md)")
+
+
+def import_flag_plugins(args: argparse.Namespace) -> None:
+    """Import the ``--plugin`` modules; a module name (here and in the settings' ``plugins``) is found in
+    the current folder too, as ``python -m`` finds it. One sentence for a module that is missing, fails
+    to import or registers nothing."""
+    from ..algorithms import import_plugins
+
+    if not {"", os.getcwd()} & set(sys.path):
+        sys.path.append(os.getcwd())  # last: a file here never hides an installed module
+    import_plugins(getattr(args, "plugins", []))  # `flower init` shares the deployment's flags, not this one
+
+
 def _add_schema_flags(p: argparse.ArgumentParser) -> None:
     """The sites' data schema and public folder of a deployment (``workspace create``, ``flower init``)."""
     p.add_argument("--input-shape", help="the sites' images as CHANNELSxHEIGHTxWIDTH, e.g. 1x32x32 (the operator "
@@ -118,6 +140,15 @@ def _parse_setting(text: str, default_algorithm: str | None) -> tuple[str, str, 
     return algorithm, key, loads_yaml(value, f"--set {text!r}")
 
 
+def _plugin_list(value: Any) -> list[str]:
+    """A copy of the settings' ``plugins`` (empty when left out); anything but a list of texts is refused."""
+    if value is None:
+        return []
+    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        raise ConfigError(f"plugins must be a list of module names or .py files, got {value!r}")
+    return list(value)
+
+
 def _mapping(value: Any, name: str) -> dict[str, Any]:
     """A copy of the YAML section ``name`` (empty when left out); anything but a mapping is refused."""
     if value is None:
@@ -138,6 +169,10 @@ def config_from_args(args: argparse.Namespace, *, default_algorithm_for_set: boo
         if getattr(args, key, None) is not None:
             training[key] = getattr(args, key)
     data["training"] = training
+    plugins = [*_plugin_list(data.get("plugins")), *getattr(args, "plugins", [])]
+    if plugins:  # a file by its absolute path: found again by a resume from elsewhere, and by Ray's workers
+        data["plugins"] = list(dict.fromkeys(str(Path(p).expanduser().resolve()) if is_plugin_file(p) else p
+                                             for p in plugins))
     hyper = {k: _mapping(v, f"hyperparameters.{k}") for k, v in _mapping(data.get("hyperparameters"),
                                                                           "hyperparameters").items()}
     default_alg = data.get("algorithm", RunConfig.algorithm) if default_algorithm_for_set else None

@@ -11,12 +11,14 @@ from typing import Any
 from ..config import RunConfig
 from ..errors import ConfigError
 from .common import (
+    _add_plugin_flag,
     _add_run_flags,
     _add_schema_flags,
     _free_port,
     _numbers,
     check_port,
     config_from_args,
+    import_flag_plugins,
     parse_classes,
     parse_input_shape,
 )
@@ -25,11 +27,16 @@ from .common import (
 def deployment_config(args: argparse.Namespace) -> tuple[RunConfig, Path | None]:
     """The run configuration of ``workspace create``: the flags, plus the data schema (from
     ``--input-shape``/``--classes``, or read off ``--data-root``), the sites and the public folder
-    (fingerprinted; the schema's normalisation is measured on it unless ``--mean``/``--std``)."""
+    (fingerprinted; the schema's normalisation is measured on it unless ``--mean``/``--std``). A plugin
+    given as a file is recorded by its module name: every party imports it by name."""
     from ..config import DataSchema, PublicDataConfig
+    from ..config.run import is_plugin_file
 
+    import_flag_plugins(args)
     config = config_from_args(args)
     changes: dict[str, Any] = {}
+    if any(is_plugin_file(p) for p in config.plugins):
+        changes["plugins"] = tuple(dict.fromkeys(Path(p).stem if is_plugin_file(p) else p for p in config.plugins))
     if args.sites:
         changes["sites"] = tuple(n.strip() for n in args.sites.split(",") if n.strip())
     schema = None
@@ -92,6 +99,9 @@ def cmd_workspace_create(args: argparse.Namespace) -> int:
     names = site_names(config)
     print(f"workspace {ws}: {config.algorithm}, {len(names)} sites ({', '.join(names)}), {config.rounds} rounds, "
           f"TLS {'off' if args.no_tls else 'on (mutual)'}, aggregator {args.address}")
+    if config.plugins:
+        print(f"plugins: every party (the aggregator, each site, fx on this machine) imports "
+              f"{', '.join(config.plugins)} by name: install it on every host, or put its folder on PYTHONPATH")
     if config.data_schema is not None:
         s = config.data_schema
         print(f"data schema: {s.in_channels}×{s.image_size}×{s.image_size} images, {s.num_classes} classes "
@@ -253,6 +263,7 @@ def _add_workspace(sub: argparse._SubParsersAction) -> None:
     wsub = p.add_subparsers(dest="workspace_command", required=True)
     w = wsub.add_parser("create", help="write an OpenFL workspace (plan, collaborators, data) for any plugin")
     _add_run_flags(w, skip=("clients",))
+    _add_plugin_flag(w)
     w.add_argument("--collaborators", type=int, help="number of sites (default: those named by --sites)")
     w.add_argument("--sites", help="the institutions' names, comma-separated (lower case), e.g. hosp1,hosp2,hosp3")
     _add_schema_flags(w)

@@ -7,12 +7,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import ConfigError
-from .common import _add_executor_flags, _add_run_flags, config_from_args
+from .common import _add_executor_flags, _add_plugin_flag, _add_run_flags, config_from_args, import_flag_plugins
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from ..sim.simulator import print_progress, run_simulation
 
+    import_flag_plugins(args)
     config = config_from_args(args)
     run_dir = Path(args.runs_dir) / (args.name or config.default_name())
     header = (f"fedcontrast simulate: {config.algorithm} on {config.dataset}, {config.clients} sites, "
@@ -169,6 +170,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="run a federation in one process")
     _add_run_flags(p)
+    _add_plugin_flag(p)
     _add_executor_flags(p)
     p.add_argument("--name", help="run name (default: from the settings)")
     p.add_argument("--runs-dir", default="runs")

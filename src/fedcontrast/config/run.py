@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +82,10 @@ class RunConfig:
     secure_aggregation: SecureAggregationConfig | None = None
     # the data set's own settings (config/datasets.py: fedprox_synthetic's alpha, beta, …); left out when none
     dataset_settings: dict[str, Any] = field(default_factory=dict)
+    # modules every process of the run imports before it builds the algorithm, so that their
+    # @register_algorithm takes effect (docs/plugins.md): module names, or (simulator only) paths to .py
+    # files; left out when none
+    plugins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "privacy", _typed_section(PrivacyConfig, self.privacy, "privacy"))
@@ -92,7 +98,11 @@ class RunConfig:
         object.__setattr__(self, "secure_aggregation", _typed_section(SecureAggregationConfig, self.secure_aggregation,
                                                                       "secure_aggregation"))
         object.__setattr__(self, "sites", _tuple(self.sites))
+        object.__setattr__(self, "plugins", _tuple(self.plugins))
         _check_types(self)
+        for plugin in self.plugins:
+            problem = plugin_problem(plugin)
+            _check(problem is None, f"plugins: {problem}")
         _check(isinstance(self.sites, tuple) and all(isinstance(n, str) and SITE_NAME.match(n) for n in self.sites),
                f"sites must be lower-case names (letters, digits, '_', '.', '-'), got {list(self.sites)!r}")
         _check(len(set(self.sites)) == len(self.sites), f"sites names a site twice: {list(self.sites)}")
@@ -183,6 +193,8 @@ class RunConfig:
             data.pop("secure_aggregation")
         if not self.dataset_settings:  # none: left out (plans and config.yaml as before)
             data.pop("dataset_settings")
+        if not self.plugins:  # none: left out too
+            data.pop("plugins")
         return data
 
     @classmethod
@@ -245,6 +257,32 @@ class RunConfig:
                     if own is not None and hasattr(own, "alpha") else
                     f"{self.algorithm}-{self.dataset}-k{self.clients}-s{self.seed}")
         return f"{self.algorithm}-{self.dataset}-k{self.clients}-{self.partition}{self.beta:g}-s{self.seed}"
+
+
+def is_plugin_file(plugin: str) -> bool:
+    """A plugin given as a path to a Python file (``my_plugin.py``, ``plugins/mine.py``), not a module name."""
+    return plugin.endswith(".py") or "/" in plugin or os.sep in plugin
+
+
+def plugin_problem(plugin: str) -> str | None:
+    """Why ``plugin`` names no plugin module (one sentence), or None: a dotted module name or a path to a
+    ``.py`` file, never a module of Python's standard library nor a program's ``__main__``."""
+    if not isinstance(plugin, str) or not plugin.strip():
+        return f"a plugin is a module name (my_plugin, mypkg.algorithms) or a .py file, got {plugin!r}"
+    name = Path(plugin).stem if is_plugin_file(plugin) else plugin
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        rule = "letters, digits and '_', not starting with a digit"
+        return (f"the plugin file {plugin!r} is not named as a Python module ({rule}): rename it"
+                if is_plugin_file(plugin) else
+                f"{plugin!r} is not a Python module name ({rule}, dot-separated; e.g. my_plugin)")
+    if "__main__" in parts:
+        return f"{plugin!r} is a program's entry point (__main__), not a plugin module"
+    if parts[0] in sys.stdlib_module_names:
+        return (f"the plugin file {plugin!r} would be imported as {name!r}, a module of Python's standard library: "
+                "rename the file" if is_plugin_file(plugin) else
+                f"{plugin!r} is a module of Python's standard library, not a plugin")
+    return None
 
 
 def site_names(config: RunConfig) -> list[str]:

@@ -138,11 +138,10 @@ def pin_shared_files(config: RunConfig, ws: Path, *, log=print) -> RunConfig:
     """The plugin's files that every site must hold identically (e.g. FedPCL's frozen backbones),
     made or copied into the workspace's ``save/`` (which the workspace package ships) and pinned in
     the plan by their SHA-256 (the :class:`~fedcontrast.algorithms.SharedFiles` capability)."""
-    from ..algorithms import get_algorithm
     from ..algorithms.capabilities import share_files
-    from ..construction import load_public
+    from ..construction import algorithm_class, load_public
 
-    cls = get_algorithm(config.algorithm)
+    cls = algorithm_class(config)
     settings = dict(config.hyperparameters.get(config.algorithm, {}))
     pinned = share_files(cls, settings, ws, public=lambda: load_public(config, base_dir=ws), seed=config.seed, log=log)
     if pinned == settings:

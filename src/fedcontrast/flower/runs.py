@@ -6,7 +6,7 @@ metrics rows, the run's label) and ``progress.json`` (rounds done of how many, t
 digest) beside its records. ``fedcontrast flower run`` reads ``progress.json`` before it starts
 anything: a folder that holds an earlier run is refused in one sentence, unless ``--resume`` asks to
 continue it (or to re-report it, when it finished). A resumed run carries the same label to the
-sites, so each finds its own state again (:meth:`~fedcontrast.flower.site_app.SiteRuntime.state_path`).
+sites, so each finds its own state again (:meth:`~fedcontrast.flower.site_app.SiteRuntime.store`).
 """
 
 from __future__ import annotations

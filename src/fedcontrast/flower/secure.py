@@ -150,7 +150,7 @@ def secure_round(server: Any, round_num: int, adverts: dict[str, bytes], site_ke
         messages = {s: server.message(s, SECAGG_MESSAGE, {
             "task": ConfigRecord({"round": round_num, "phase": phase}),
             "secagg": ConfigRecord({"payload": relay.answer(s, round_num, answer)})}, round_num) for s in members}
-        replies = server.exchange(messages, server.round_timeout,
+        replies = server.ask(messages, server.round_timeout,
                                   f"round {round_num}'s secure aggregation ({phase})", drop=True)
         for site, reply in replies.items():
             relay.receive(site, round_num, phase, bytes(reply.content["secagg"]["payload"]))

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..algorithms import get_algorithm
+from ..algorithms import Downlink
 from ..config import RunConfig, site_names
-from ..construction import data_shape, load_public
+from ..construction import algorithm_class, data_shape, load_public
 from ..devices import resolve_device
 from ..errors import FedContrastError
 from ..outputs import (
@@ -41,14 +41,15 @@ from ..outputs import (
 )
 from ..privacy.releases import describe_withheld
 from ..privacy.secagg_relay import relay_for
-from ..rounds import AggregatorRound
+from ..rounds import AggregatorRound, RoundOutcome
+from ..rounds.transport import Replies, run_round, run_rounds
 from ..threads import apply_threads
 from . import runs
 from .attendance import Attendance
 from .console import say
 from .records import CONFIG_KEY, flwr_app, from_array_record, plan_pins, to_array_record
 from .replies import _reason, _refused, pull_replies  # noqa: F401 (_reason: re-exported)
-from .server_records import ROUNDS_FILE, SECURE_SAMPLES, RoundRecords, _count, nbytes
+from .server_records import SECURE_SAMPLES, RoundRecords, _count, nbytes
 from .standby import Standby
 from .trace import trace
 
@@ -88,7 +89,7 @@ class FlowerServer(RoundRecords):  # its records of each round: flower/server_re
         self.standby = Standby(grid, self.node_of, round_timeout)  # flower/standby.py: no idle SuperNode
         self.shared = shared or {}
         self.device = resolve_device(config.device)
-        public = load_public(config, base_dir=base_dir) if get_algorithm(config.algorithm).requires_public else None
+        public = load_public(config, base_dir=base_dir) if algorithm_class(config).requires_public else None
         self.core = AggregatorRound(config, data_shape(config), public=public, device=self.device)  # fedcontrast.rounds
         self.algorithm, self.server, self.specs = self.core.algorithm, self.core.server, self.core.specs
         self.screen, self.sum_layout = self.core.screen, self.core.sum_layout
@@ -117,7 +118,7 @@ class FlowerServer(RoundRecords):  # its records of each round: flower/server_re
         return app.Message(app.RecordDict(records), dst_node_id=self.node_of[site], message_type=kind,
                            group_id=str(round_num))
 
-    def exchange(self, messages: dict[str, Any], timeout: float, what: str, *,
+    def ask(self, messages: dict[str, Any], timeout: float, what: str, *,
                  drop: bool = False) -> dict[str, Any]:
         """Sends one message per site and waits up to ``timeout`` seconds for every reply. A site that
         fails or stays silent stops the run, named with its reason — unless ``drop`` and ``min_sites``
@@ -196,7 +197,7 @@ class FlowerServer(RoundRecords):  # its records of each round: flower/server_re
         content = {"task": app.ConfigRecord({"run": self.run_label})}
         if self.shared:
             content["shared"] = app.ConfigRecord(dict(self.shared))
-        replies = self.exchange({s: self.message(s, "query", dict(content), 0) for s in sites}, self.round_timeout,
+        replies = self.ask({s: self.message(s, "query", dict(content), 0) for s in sites}, self.round_timeout,
                                 what, drop=True)
         for site, reply in replies.items():
             claimed = str(reply.content["site"]["site"])
@@ -221,22 +222,12 @@ class FlowerServer(RoundRecords):  # its records of each round: flower/server_re
         start = time.perf_counter()
         if self.start_round:
             say(f"resuming run {self.run_label} after round {self.start_round} of {self.config.rounds}")
-        for round_num in range(self.start_round + 1, self.config.rounds + 1):  # rounds count from 1
-            r0 = time.perf_counter()
-            try:
-                self.run_round(round_num)
-            finally:  # a round that stops the run (on_rejected: stop) is recorded first
-                write_metrics_csv(self.out / "metrics.csv", self.rows)
-            self.round_seconds += time.perf_counter() - r0
-            self.timed_rounds += 1
-            trace("server", "save")
-            runs.save(self.out, self.config, self.run_label, round_num, self.downlink, self.core.state_dict(),
-                      self.rows, timing={"round_seconds": self.round_seconds, "rounds": self.timed_rounds})
-            trace("server", "saved")
-            acc = [r for r in self.rows if r["site"] == GLOBAL_SITE and r["round"] == round_num - 1]
-            say(f"round {round_num}/{self.config.rounds} done in {time.perf_counter() - r0:.1f} s"
-                + (f"; sites' held-out accuracy of the model after round {round_num - 1}: {acc[0]['accuracy']:.4f}"
-                   + one_site(sites_evaluated(self.rows, round_num - 1)) if acc else ""))
+        self.round_start = time.perf_counter()
+        try:  # the round's loop (fedcontrast.rounds): this server is the transport; _RunRecords records each round
+            self.downlink = run_rounds(self.core, self, _RunRecords(self), self.downlink, self.start_round + 1,
+                                       self.config.rounds)
+        finally:  # a round that stops the run (on_rejected: stop) or fails is recorded first
+            write_metrics_csv(self.out / "metrics.csv", self.rows)
         self.final_evaluation()
         write_metrics_csv(self.out / "metrics.csv", self.rows)
         summary = build_summary(self.rows, config=self.config.to_dict(), wall_time_s=time.perf_counter() - t0,
@@ -260,61 +251,56 @@ class FlowerServer(RoundRecords):  # its records of each round: flower/server_re
         return summary
 
     def run_round(self, round_num: int) -> None:
+        """Round ``round_num`` alone, recorded as :meth:`run` records each (without the checkpoint)."""
+        replies, outcome = run_round(self.core, self, round_num, self.downlink)
+        self.record(round_num, replies, outcome)
+        if outcome.stop:  # on_rejected: stop — aggregated without them, recorded; the run stops here
+            raise outcome.stopped(round_num)
+
+    # --- the transport (fedcontrast.rounds.transport.SiteTransport; its secure sum: server_records.py) ---
+    def exchange(self, round_num: int, downlink: Downlink) -> Replies:
+        """Round ``round_num``'s training message to every site attending, with what it receives of
+        ``downlink``; their replies: uploads and weights (but under secure aggregation, where each
+        site sends its keys and the sum comes by the protocol), and their released metrics and
+        evaluations of what they received, as rows of ``metrics.csv``."""
         app = flwr_app()
         task = app.ConfigRecord({"round": round_num, "run": self.run_label})
         sites, self.back = self.attending(f"round {round_num}")
-        down = {s: nbytes(self.downlink.for_site(s)) for s in sites}  # each site's downlink payload
-        messages = {s: self.message(s, "train", {"task": task, "received": to_array_record(self.downlink.for_site(s))},
+        down = {s: nbytes(downlink.for_site(s)) for s in sites}  # each site's downlink payload
+        messages = {s: self.message(s, "train", {"task": task, "received": to_array_record(downlink.for_site(s))},
                                     round_num) for s in sites}
-        replies = self.exchange(messages, self.round_timeout, f"round {round_num}", drop=True)
-        uploads, weights = {}, {}
+        answered = self.ask(messages, self.round_timeout, f"round {round_num}", drop=True)
+        replies = Replies(messages=answered)
         evaluations: dict[str, dict[str, float]] = {}
         released: dict[str, dict[str, dict[str, float]]] = {}
-        first_rows: dict[str, dict[str, Any]] = {}  # each site's first row of the round (its bytes)
-        for site in replies:
-            outcome = replies[site].content["outcome"]
+        self.first_rows = {}
+        for site in answered:
+            outcome = answered[site].content["outcome"]
             released[site] = json.loads(str(outcome["metrics"]))
             evaluations[site] = json.loads(str(outcome["evaluation"]))
-            if self.relay is None:  # else its keys, not its uploads: they are summed securely below
-                weights[site] = float(outcome["weight"])
-                uploads[site] = from_array_record(replies[site].content["uploads"], self.device)
+            if self.relay is None:  # else its keys, not its uploads: they are summed securely (secure_sum)
+                replies.weights[site] = float(outcome["weight"])
+                replies.uploads[site] = from_array_record(answered[site].content["uploads"], self.device)
             # samples: the count the site released (under secure aggregation it is inside the sum: None);
             # bytes: the payloads of the round's messages, on the site's first task's row (as the simulator's
-            # downloaded bytes): its uploads (its secure-aggregation messages, filled in below), its downlink
-            samples = None if self.relay is not None else _count(weights[site])
+            # downloaded bytes): its uploads (its secure-aggregation messages, filled in by record), its downlink
+            samples = None if self.relay is not None else _count(replies.weights[site])
             for t, (task_name, metrics) in enumerate(released[site].items() or [(self.algorithm.tasks[0], {})]):
                 row = metric_row(round_num, site, task_name, samples, metrics,
-                                 nbytes(uploads.get(site, {})) if t == 0 else 0, down[site] if t == 0 else 0)
+                                 nbytes(replies.uploads.get(site, {})) if t == 0 else 0, down[site] if t == 0 else 0)
                 self.rows.append(row)
-                first_rows.setdefault(site, row)
+                self.first_rows.setdefault(site, row)
         self.withheld[round_num] = self.withheld_by(released, evaluations)
         if self.withheld[round_num]:
             say(f"round {round_num}: {describe_withheld(self.withheld[round_num])}")
         self.evaluation_rows(round_num, evaluations)
-        previous = self.downlink.global_tensors
-        if self.relay is not None:
-            self._secure_round(round_num, replies, evaluations, previous)
-            for site, row in first_rows.items():  # what each site sent for the secure sum
-                row["bytes_uploaded"] = int(self.relay.bytes_from.get(site, 0))
-            return
+        self.round_evaluations = evaluations
         trace("server", "aggregate")
-        result = self.core.aggregate(round_num, uploads, weights, previous)  # validation, screen, blame: the core's
-        trace("server", "aggregated")
-        self.downlink = result.downlink
-        if result.note:
-            say(f"round {round_num} aggregated without rejected upload(s): {result.note}")
-        self.rows.extend(metric_row(round_num, s, "rejected", 0, {}) for s in result.excluded)
-        absent = {s: f"round {round_num}: {why}" for s, why in self.absent.items()}  # silent: not rejected
-        result.excluded = dict(sorted({**result.excluded, **absent}.items()))
-        from ..jsonl import append_jsonl
+        return replies
 
-        append_jsonl(self.out / ROUNDS_FILE, {  # the round's record, whole on disk (as the OpenFL engine's)
-            "round": round_num, "run": self.run_label, "time": time.time(),
-            "sites": {s: {"weight": weights[s], "training": json.loads(str(replies[s].content["outcome"]["metrics"])),
-                          "evaluation_of_received": evaluations[s]} for s in replies},
-            "excluded": result.excluded, **self.attendance.record(self.back), **self._withheld_record(round_num)})
-        if result.stop:  # on_rejected: stop — aggregated without them, recorded; the run stops here
-            raise result.stopped(round_num)
+    def prepare(self, round_num: int, downlink: Downlink) -> None:
+        trace("server", "aggregated")
+        self.downlink = downlink
 
     def final_evaluation(self) -> None:
         """The final model goes to every site, which scores it and keeps it (``site_report/``)."""
@@ -325,12 +311,39 @@ class FlowerServer(RoundRecords):  # its records of each round: flower/server_re
         messages = {s: self.message(s, "evaluate",
                                     {"task": task, "received": to_array_record(self.downlink.for_site(s))},
                                     rounds + 1) for s in sites}
-        replies = self.exchange(messages, self.round_timeout, "final evaluation", drop=True)
+        replies = self.ask(messages, self.round_timeout, "final evaluation", drop=True)
         evaluations = {s: json.loads(str(r.content["outcome"]["evaluation"])) for s, r in replies.items()}
         self.withheld[rounds + 1] = self.withheld_by({}, evaluations)  # the final model's evaluation
         if self.withheld[rounds + 1]:
             say(f"final evaluation: {describe_withheld(self.withheld[rounds + 1])}")
         self.evaluation_rows(rounds + 1, evaluations)
+
+
+class _RunRecords:
+    """What :meth:`FlowerServer.run` keeps of each round: the round's records, then ``metrics.csv``,
+    the checkpoint a ``--resume`` continues from (not after a round that stops the run) and the
+    round's line on the console."""
+
+    def __init__(self, server: FlowerServer) -> None:
+        self.server = server
+
+    def record(self, round_num: int, replies: Replies, outcome: RoundOutcome) -> None:
+        server = self.server
+        server.record(round_num, replies, outcome)
+        if outcome.stop:
+            return
+        write_metrics_csv(server.out / "metrics.csv", server.rows)
+        server.round_seconds += time.perf_counter() - server.round_start
+        server.timed_rounds += 1
+        trace("server", "save")
+        runs.save(server.out, server.config, server.run_label, round_num, server.downlink, server.core.state_dict(),
+                  server.rows, timing={"round_seconds": server.round_seconds, "rounds": server.timed_rounds})
+        trace("server", "saved")
+        acc = [r for r in server.rows if r["site"] == GLOBAL_SITE and r["round"] == round_num - 1]
+        say(f"round {round_num}/{server.config.rounds} done in {time.perf_counter() - server.round_start:.1f} s"
+            + (f"; sites' held-out accuracy of the model after round {round_num - 1}: {acc[0]['accuracy']:.4f}"
+               + one_site(sites_evaluated(server.rows, round_num - 1)) if acc else ""))
+        server.round_start = time.perf_counter()
 
 
 def server_app():

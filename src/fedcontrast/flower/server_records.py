@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..outputs import GLOBAL_SITE, metric_row
 from ..privacy.releases import evaluation_metric_names, withheld_metrics
+from ..rounds.records import weighted_site_mean
+from ..rounds.transport import Replies, SecureSum
+from .console import say
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -22,7 +25,7 @@ if TYPE_CHECKING:
     from ..algorithms import Algorithm, Downlink
     from ..config import RunConfig
     from ..privacy.secagg_relay import SecAggRelay
-    from ..rounds import AggregatorRound
+    from ..rounds import AggregatorRound, RoundOutcome
     from .attendance import Attendance
 
 ROUNDS_FILE = "rounds.jsonl"  # one record per round: each site's weight, released metrics, exclusions
@@ -57,28 +60,49 @@ class RoundRecords:
     absent: dict[str, str]
     rows: list[dict[str, Any]]
     withheld: dict[int, dict[str, list[str]]]
+    round_evaluations: dict[str, dict[str, float]]  # the current round's, as the sites sent them
+    first_rows: dict[str, dict[str, Any]]  # each site's first row of the current round (its bytes)
 
-    def _secure_round(self, round_num: int, replies: dict[str, Any], evaluations: dict, previous: dict) -> None:
-        """The downlink from the sites' secure sum (flower/secure.py): the ServerApp sees no upload alone."""
-        from ..jsonl import append_jsonl
+    def secure_sum(self, round_num: int, replies: Replies, uploads: dict[str, Any]) -> SecureSum:
+        """The sum of the answering sites' terms, by the protocol's messages (flower/secure.py): the
+        ServerApp sees no upload alone. Sites silent or dropped this round, withdrawn or blamed are
+        left out, each with its reason."""
         from .secure import secure_round
 
-        adverts = {s: bytes(r.content["secagg"]["payload"]) for s, r in replies.items()}
+        adverts = {s: bytes(r.content["secagg"]["payload"]) for s, r in replies.messages.items()}
         total = secure_round(self, round_num, adverts, self.site_keys)
         relay = self.relay
         assert relay is not None  # a secure round: the run has a relay
         gone = {s: f"round {round_num}: {why}" for s, why in self.absent.items()}
-        result = self.core.aggregate_secure(round_num, total, previous,
-                                            rejected={**gone, **relay.withdrawn, **relay.blamed},
-                                            survivors=len(relay.survivors))
-        self.downlink = result.downlink
+        return SecureSum(total, len(relay.survivors), {**gone, **relay.withdrawn, **relay.blamed})
+
+    def record(self, round_num: int, replies: Replies, outcome: RoundOutcome) -> None:
+        """The round's record in ``rounds.jsonl`` (whole on disk, as the OpenFL engine's): each site's
+        released training metrics and evaluation of what it received (its weight, but under secure
+        aggregation), who was left out and why, who was dropped or is back, what was withheld."""
+        from ..jsonl import append_jsonl
+
+        evaluations = self.round_evaluations
+        training = {s: json.loads(str(r.content["outcome"]["metrics"])) for s, r in replies.messages.items()}
+        if self.relay is not None:
+            relay = self.relay
+            for site, row in self.first_rows.items():  # what each site sent for the secure sum
+                row["bytes_uploaded"] = int(relay.bytes_from.get(site, 0))
+            head = {"secure_sum_of": relay.survivors, "secure_bytes": dict(relay.bytes_from)}
+            sites = {s: {"training": training[s], "evaluation_of_received": evaluations[s]} for s in training}
+            tail = {"samples": SECURE_SAMPLES}  # why no site's count is in this record, nor in metrics.csv
+        else:
+            if outcome.note:
+                say(f"round {round_num} aggregated without rejected upload(s): {outcome.note}")
+            self.rows.extend(metric_row(round_num, s, "rejected", 0, {}) for s in outcome.excluded)
+            absent = {s: f"round {round_num}: {why}" for s, why in self.absent.items()}  # silent: not rejected
+            outcome.excluded = dict(sorted({**outcome.excluded, **absent}.items()))
+            head, tail = {}, {}
+            sites = {s: {"weight": replies.weights[s], "training": training[s],
+                         "evaluation_of_received": evaluations[s]} for s in training}
         append_jsonl(self.out / ROUNDS_FILE, {
-            "round": round_num, "run": self.run_label, "time": time.time(), "secure_sum_of": relay.survivors,
-            "secure_bytes": dict(relay.bytes_from),
-            "sites": {s: {"training": json.loads(str(replies[s].content["outcome"]["metrics"])),
-                          "evaluation_of_received": evaluations[s]} for s in replies},
-            "samples": SECURE_SAMPLES,  # why no site's count is in this record, nor in metrics.csv
-            "excluded": result.excluded, **self.attendance.record(self.back), **self._withheld_record(round_num)})
+            "round": round_num, "run": self.run_label, "time": time.time(), **head, "sites": sites, **tail,
+            "excluded": outcome.excluded, **self.attendance.record(self.back), **self._withheld_record(round_num)})
 
     def withheld_by(self, released: dict[str, dict[str, dict[str, float]]],
                     evaluations: dict[str, dict[str, float]]) -> dict[str, list[str]]:
@@ -105,7 +129,7 @@ class RoundRecords:
         after = round_num - 1
         if after == 0:
             return
-        total, weighted, val_total, val_weighted = 0.0, 0.0, 0.0, 0.0
+        released: list[dict[str, float]] = []  # the sites' evaluations, in the federation's order
         for site in self.sites:
             measured = evaluations.get(site) or {}
             if not measured:
@@ -113,14 +137,11 @@ class RoundRecords:
             samples = float(measured.get("samples", 0.0))
             self.rows.append(metric_row(after, site, "evaluate", int(samples),
                                         {k: v for k, v in measured.items() if k != "samples"}))
-            if "accuracy" in measured and samples > 0:
-                total += samples
-                weighted += samples * float(measured["accuracy"])
-            val_samples = float(measured.get("val_samples", 0.0))  # the part of its training data it holds out
-            if "val_accuracy" in measured and val_samples > 0:
-                val_total += val_samples
-                val_weighted += val_samples * float(measured["val_accuracy"])
-        if total > 0:
-            validation = {"val_accuracy": val_weighted / val_total} if val_total > 0 else {}
+            released.append(measured)
+        mean = weighted_site_mean(released)
+        if mean is not None:
+            accuracy, total = mean
+            validation = weighted_site_mean(released, "val_accuracy", "val_samples")  # their training data held out
+            held_out = {"val_accuracy": validation[0]} if validation is not None else {}
             self.rows.append(metric_row(after, GLOBAL_SITE, "evaluate", int(total),
-                                        {"accuracy": weighted / total, **validation, **self.downlink.metrics}))
+                                        {"accuracy": accuracy, **held_out, **self.downlink.metrics}))

@@ -26,7 +26,6 @@ against the plan's SHA-256 pins.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
@@ -36,7 +35,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..algorithms import SiteContext
 from ..algorithms.capabilities import check_shared_files
 from ..atomic import atomic_write_bytes
 from ..config import RunConfig, site_names
@@ -44,19 +42,16 @@ from ..construction import (
     build_algorithm_with_public,
     data_shape,
     initial_model,
-    site_privacy,
-    task_seed,
 )
 from ..devices import resolve_device
 from ..errors import FedContrastError, SiteRefusal
-from ..rounds import evaluate_site, run_site_task
+from ..rounds import DiskStateStore, SiteSession
 from ..site.report import REPORT_DIR, SiteReport
 from ..threads import apply_threads
 from .records import plan_pins
 
 logger = logging.getLogger("fedcontrast.flower.site")
 
-EVALUATION_STREAM = 1 << 16  # the seed stream of the evaluation (as the OpenFL engine's)
 _RUNTIMES: dict[tuple[int, str], SiteRuntime] = {}  # one per (run, site) in a long-lived ClientApp process
 
 
@@ -103,6 +98,9 @@ class SiteRuntime:
         self.algorithm = build_algorithm_with_public(config, self.data.public)
         check_shared_files(self.algorithm, self.workdir)
         self.index = site_names(config).index(self.name)  # one of the plan's sites (checked above)
+        data = self.data
+        self.session = SiteSession(self.name, self.index, config, self.algorithm, self.model, self.device,
+                                   self.releases, data.train, data.test, data.validation, data.public)
         self.network, self.data_path = network, str(Path(settings["data"]).resolve())
         self._report: SiteReport | None = None  # this run's, made once its label is known (:attr:`report`)
 
@@ -137,45 +135,31 @@ class SiteRuntime:
             target.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(target, data)
 
-    def state_path(self) -> Path:
-        """A copy of the site's state in this run, on its own disk (the SuperNode's context.state holds
-        it too; a restarted SuperNode has lost that): one file per run, so a new run starts afresh, and
-        a resumed run (a new Flower run carrying the operator's run label) finds its own again."""
-        return self.workdir / "local_state" / f"{self.name}.run{self.label()}.pt"
+    def store(self, latest: bytes | None = None) -> DiskStateStore:
+        """The site's state in this run, on its own disk (the SuperNode's context.state holds it too,
+        ``latest``; a restarted SuperNode has lost that): ``local_state/<name>.run<label>.pt``, one file
+        per run, so a new run starts afresh, and a resumed run (a new Flower run carrying the operator's
+        run label) finds its own again, and redoes the round it was stopped in from the state that round
+        began with, as an OpenFL collaborator does (:class:`~fedcontrast.rounds.DiskStateStore`)."""
+        return DiskStateStore(self.workdir / "local_state", f"{self.name}.run{self.label()}", self.device, latest)
 
     # --- the round ----------------------------------------------------------------------------------
-    def context(self, round_num: int, seed: int, state: dict[str, Any], privacy: Any = None) -> SiteContext:
-        return SiteContext(name=self.name, data=self.data.train, model=self.model,
-                           training=self.config.training_at(round_num), round_num=round_num, seed=seed,
-                           device=self.device, state=state, public=self.data.public, index=self.index, privacy=privacy)
-
-    def evaluate(self, round_num: int, received: dict[str, torch.Tensor], state: dict[str, Any],
-                 nbytes: int) -> dict[str, float]:
+    def evaluate(self, round_num: int, received: dict[str, torch.Tensor], store: DiskStateStore) -> dict[str, float]:
         """What it received at the start of ``round_num`` (the model after round ``round_num - 1``; the
         final model when ``round_num`` is ``rounds + 1``, the evaluation after the last round) on its
         own held-out split: its report's row ``round_num - 1``, now complete."""
-        site = self.context(round_num, task_seed(self.config, round_num, self.index, EVALUATION_STREAM), state)
         test = self.data.test
         assert test is not None  # a site's data: its training and held-out splits
-        measured = evaluate_site(self.algorithm, site, received, test, self.report, config=self.config,  # the core's
-                                 shape=self.shape, validation=self.data.validation)
+        measured = self.session.evaluate(round_num, received, store, self.report, shape=self.shape)
         return {**measured, "samples": float(len(test))} if self.releases.evaluation_metrics else {}
 
-    def train(self, round_num: int, received: dict[str, torch.Tensor], state: dict[str, Any], nbytes: int):
-        """The plugin's tasks of ``round_num``: (uploads, weight, released metrics per task, state)."""
-        uploads: dict[str, torch.Tensor] = {}
-        metrics: dict[str, dict[str, float]] = {}
-        weight = 0.0
-        for t, task in enumerate(self.algorithm.tasks):
-            site = self.context(round_num, task_seed(self.config, round_num, self.index, t), state,
-                                site_privacy(self.config, state, round_num, noise_seed=None))
-            done = run_site_task(self.algorithm, site, task, received, self.releases)  # fedcontrast.rounds
-            weight = done.weight
-            metrics[task] = done.released
-            uploads.update(done.uploads)
-            state = site.state
-            self.report.trained(round_num, task, done.result.metrics, nbytes, done.bytes_sent, done.epsilon)
-        return uploads, float(weight), metrics, state
+    def train(self, round_num: int, received: dict[str, torch.Tensor], store: DiskStateStore, nbytes: int):
+        """The plugin's tasks of ``round_num``, from the state the round first started from; the state
+        after them is saved. Returns (uploads, weight, released metrics per task)."""
+        tasks = self.session.run_round(round_num, received, store, finished=lambda done: self.report.trained(
+            round_num, done.task, done.result.metrics, nbytes, done.bytes_sent, done.epsilon))
+        uploads = {name: value for done in tasks for name, value in done.uploads.items()}
+        return uploads, float(tasks[-1].weight), {done.task: done.released for done in tasks}
 
 
 def runtime(run_id: int, run_config: str, settings: dict[str, str], shared: dict[str, bytes]) -> SiteRuntime:
@@ -219,36 +203,6 @@ def answer(**request: Any) -> tuple[dict[str, Any], bytes | None]:
         return reply, None
 
 
-def _state_in(data: bytes | None, site: SiteRuntime) -> dict[str, Any]:
-    if data is None and site.state_path().exists():  # a restarted SuperNode: the copy on the site's disk
-        data = site.state_path().read_bytes()
-    return torch.load(io.BytesIO(data), map_location=site.device, weights_only=True) if data else {}
-
-
-def _round_start(site: SiteRuntime, round_num: int, state: dict[str, Any]) -> dict[str, Any]:
-    """The site's state as round ``round_num`` first started: kept on its disk the first time, and
-    used again when the round is asked for again (a resumed run redoes the round it was stopped in,
-    from the state that round began with, as an OpenFL collaborator does)."""
-    path = site.state_path().with_name(f"{site.state_path().stem}.start.pt")
-    if path.exists():
-        kept = torch.load(path, map_location=site.device, weights_only=True)
-        if kept.get("round") == round_num:
-            return kept["state"]
-    buffer = io.BytesIO()
-    torch.save({"round": round_num, "state": state}, buffer)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, buffer.getvalue())
-    return state
-
-
-def _state_out(state: dict[str, Any], site: SiteRuntime) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    site.state_path().parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(site.state_path(), buffer.getvalue())
-    return buffer.getvalue()
-
-
 def _tensors(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.array(v, copy=True)).to(device) for k, v in arrays.items()}
 
@@ -274,19 +228,19 @@ def handle(kind: str, run_id: int, run_config: str, settings: dict[str, str], co
     round_num = int(content["task"]["round"])
     received = _tensors(content["received"], site.device)
     nbytes = sum(v.numel() * v.element_size() for v in received.values())
-    current = _state_in(state, site)
-    evaluation = site.evaluate(round_num, received, current, nbytes)
+    store = site.store(state)
+    evaluation = site.evaluate(round_num, received, store)
     if kind == "evaluate":
         return {"outcome": {"site": site.name, "evaluation": json.dumps(evaluation)}}, None
-    current = _round_start(site, round_num, current)
-    uploads, weight, metrics, current = site.train(round_num, received, current, nbytes)
+    uploads, weight, metrics = site.train(round_num, received, store, nbytes)
+    saved = store.path.read_bytes()  # the SuperNode's context.state: the copy on the site's disk, byte for byte
     if site.config.secure_aggregation is not None:  # its keys instead of its uploads; its count is inside the sum
         from .secure import begin_site_round
 
         advert = begin_site_round(site, round_num, uploads, weight, settings)
         return ({"secagg": {"payload": advert},
                  "outcome": {"site": site.name, "metrics": json.dumps(metrics), "evaluation": json.dumps(evaluation)}},
-                _state_out(current, site))
+                saved)
     return ({"uploads": _arrays(uploads),
              "outcome": {"site": site.name, "weight": weight, "metrics": json.dumps(metrics),
-                         "evaluation": json.dumps(evaluation)}}, _state_out(current, site))
+                         "evaluation": json.dumps(evaluation)}}, saved)

@@ -8,6 +8,7 @@ representation) and one negative (the previous local model's).
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +50,16 @@ def moon_reference_difference(z_glob: torch.Tensor, z_prev: torch.Tensor) -> tor
     return F.normalize(z_prev, dim=1) - F.normalize(z_glob, dim=1)
 
 
+class _MoonContext(Protocol):
+    """What the fused MOON loss keeps on autograd's ``ctx`` between its forward and backward."""
+
+    temperature: float
+    saved_tensors: tuple[torch.Tensor, ...]
+    needs_input_grad: tuple[bool, ...]
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None: ...
+
+
 class _MoonLossFromDifference(torch.autograd.Function):
     """``mean_i softplus(u_i · d_i / τ)`` with ``u = z/‖z‖``, forward and analytic backward fused.
 
@@ -58,7 +69,7 @@ class _MoonLossFromDifference(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, z: torch.Tensor, d: torch.Tensor, temperature: float) -> torch.Tensor:
+    def forward(ctx: _MoonContext, z: torch.Tensor, d: torch.Tensor, temperature: float) -> torch.Tensor:
         norm = z.norm(dim=1, keepdim=True).clamp_min(1e-12)  # (B, 1)
         u = z / norm  # (B, d)
         ud = (u * d).sum(1, keepdim=True)  # (B, 1)
@@ -68,7 +79,7 @@ class _MoonLossFromDifference(torch.autograd.Function):
         return F.softplus(s).mean()
 
     @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
+    def backward(ctx: _MoonContext, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
         u, d, ud, norm, s = ctx.saved_tensors
         g = torch.sigmoid(s) * (grad_out / (s.shape[0] * ctx.temperature)) / norm  # (B, 1)
         grad_z = g * (d - ud * u) if ctx.needs_input_grad[0] else None
@@ -89,7 +100,10 @@ def moon_loss_from_difference(z: torch.Tensor, reference_difference: torch.Tenso
     if z.shape != reference_difference.shape or z.dim() != 2:
         raise ValueError(f"z and reference_difference must have the same shape (B, d), got "
                          f"{tuple(z.shape)} and {tuple(reference_difference.shape)}")
-    return _MoonLossFromDifference.apply(z, reference_difference.detach(), float(temperature))
+    # torch leaves Function.apply unannotated: here it returns the scalar loss
+    loss: torch.Tensor = _MoonLossFromDifference.apply(  # type: ignore[no-untyped-call]
+        z, reference_difference.detach(), float(temperature))
+    return loss
 
 
 def moon_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, *,

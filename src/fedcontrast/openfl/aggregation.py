@@ -21,11 +21,11 @@ import numpy as np
 import torch
 from openfl.interface.aggregation_functions.core import AggregationFunction
 
-from ..algorithms import InvalidUploadError, get_algorithm
+from ..algorithms import InvalidUploadError
 from ..algorithms.base import WEIGHT_PREFIX
 from ..atomic import atomic_torch_save
 from ..config import RunConfig
-from ..construction import load_public
+from ..construction import algorithm_class, load_public
 from ..devices import resolve_device
 from ..errors import FedContrastError
 from ..outputs import write_json
@@ -87,7 +87,7 @@ class PluginAggregation(AggregationFunction):
         shape = model_shape or {}
         device = resolve_device(self.config.device)
         public = None
-        if get_algorithm(self.config.algorithm).requires_public:  # e.g. FLESD distils on the public set here
+        if algorithm_class(self.config).requires_public:  # e.g. FLESD distils on the public set here
             public = load_public(self.config)  # the plan's public folder (fingerprint checked)
             public = public.to(device) if public is not None else None
         self.core = AggregatorRound(self.config, shape, public=public, device=device)  # fedcontrast.rounds

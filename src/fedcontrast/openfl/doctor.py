@@ -199,6 +199,7 @@ def check_shared(ws: Path, config: RunConfig) -> Check:
             verify_public_folder(config.public_data, ws)
             held.append(f"the public folder {config.public_data.folder} matches the plan's fingerprint "
                         f"{config.public_data.sha256[:16]}…")
+        refuse_unlisted_plugins(ws, config)
         check_shared_files(build_algorithm(config), ws)
     except FedContrastError as exc:
         return Check("shared files", FAIL, str(exc))
@@ -208,10 +209,22 @@ def check_shared(ws: Path, config: RunConfig) -> Check:
     return Check("shared files", OK, "; ".join(held) if held else "the plan shares no files among the sites")
 
 
+def refuse_unlisted_plugins(ws: Path, config: RunConfig) -> None:
+    """Raise :class:`SiteRefusal` (one sentence) when the workspace's site policy does not list a plugin
+    module the plan imports: the doctor imports none that the collaborator would refuse."""
+    from ..deploy.trust import check_policy_for_workspace
+    from ..privacy.policy import plugin_violation
+
+    unlisted = plugin_violation(config.plugins, check_policy_for_workspace(ws)) if config.plugins else None
+    if unlisted is not None:
+        raise SiteRefusal(unlisted)
+
+
 def check_code(ws: Path, plan: dict, config: RunConfig) -> Check:
     """The workspace holds no Python file, the plan names only installed components, this machine runs
     the versions ``requirements.txt`` pins; and a raw ``fx collaborator start`` here is checked the
     same way (the guard is installed)."""
+    from ..construction import algorithm_class
     from ..deploy.templates import template_problems
     from ..deploy.trust import code_files
     from ..provenance import code_lines, read_requirements
@@ -225,6 +238,11 @@ def check_code(ws: Path, plan: dict, config: RunConfig) -> Check:
     problems = template_problems(plan, "plan/plan.yaml")
     if problems:
         return Check("code", FAIL, "; ".join(problems) + "; refuse this plan and tell the operator")
+    try:
+        refuse_unlisted_plugins(ws, config)
+        algorithm_class(config)  # the plan's plugin modules, imported as the collaborator will import them
+    except FedContrastError as exc:
+        return Check("code", FAIL, str(exc))
     lines = code_lines(config.algorithm, read_requirements(ws / "requirements.txt"))
     differ = [f"requirements.txt pins {c.distribution}=={c.pinned} but this machine runs "
               f"{c.installed or 'none'}" for c in lines if c.mismatch]

@@ -45,8 +45,9 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
     ``policy``: this site's policy file, checked now and installed as the workspace's
     ``site_policy.yaml`` (else ``$FEDCONTRAST_SITE_POLICY``, if set, is checked). The package is
     refused before anything is unpacked if it carries code or key material, names a component this
-    site has not installed, pins code this site does not run, or turns TLS off (unless the policy
-    allows it: :func:`fedcontrast.deploy.trust.check_package`).
+    site has not installed, pins code this site does not run, turns TLS off (unless the policy
+    allows it: :func:`fedcontrast.deploy.trust.check_package`), or imports a plugin module the policy
+    does not list under ``plugins:``.
 
     The federation's CA (the package's ``cert/cert_chain.crt``) is pinned
     (:mod:`fedcontrast.deploy.anchor`) once the site confirmed its fingerprint: ``ca_fingerprint``,
@@ -59,7 +60,7 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
     from ..construction import build_algorithm
     from ..data.schema import folder_fingerprint, public_folder_path, summarise_folder
     from ..deploy.trust import check_package
-    from ..privacy.policy import POLICY_ENV, SitePolicy
+    from ..privacy.policy import POLICY_ENV, SitePolicy, plugin_violation
 
     archive = Path(package).resolve()
     policy_path = Path(policy).expanduser().resolve() if policy is not None else (
@@ -72,6 +73,9 @@ def join(package: str | Path, *, name: str, data: str | Path, public: str | Path
                   what=f"the package {archive.name}")
     config = package_config(archive)
     check_package(archive, package_plan(archive), site_policy)
+    unlisted = plugin_violation(config.plugins, site_policy)  # before build_algorithm below imports them
+    if unlisted is not None:
+        raise DeploymentError(f"{archive.name} is refused, nothing was unpacked: {unlisted}")
     if ca_fingerprint is None and cert_from is not None:  # the next experiment: the CA that site pinned before
         from ..deploy.anchor import read_pin
 

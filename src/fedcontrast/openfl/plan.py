@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from ..config import RunConfig, site_names
+from ..config.run import is_plugin_file
 from ..construction import build_algorithm, data_shape
 from ..deploy.workspace import EVALUATE_TASK, pin_shared_files
 from ..errors import ConfigError
@@ -81,6 +82,11 @@ def build_plan(config: RunConfig, *, shape: dict[str, int] | None = None,
     ``round_timeout``: seconds a round may take before the federation stops naming the sites that did
     not answer; ``min_sites``: how many answering sites let such a round be aggregated without the
     others instead (None: all are needed)."""
+    files = [plugin for plugin in config.plugins if is_plugin_file(plugin)]
+    if files:
+        raise ConfigError(f"plugins names the file {files[0]}, but every party of a federation imports the plan's "
+                          f"plugins by module name: name the module ({Path(files[0]).stem}) and install it on every "
+                          "host, or put its folder on PYTHONPATH")
     if config.secure_aggregation is not None and not network.get("tls", True):
         raise ConfigError("secure aggregation needs the federation's mutual TLS (each site signs its keys with its "
                           "certificate's private key): leave TLS on")
@@ -161,6 +167,9 @@ DATA_YAML_HEADER = ("# Each collaborator's data, one line per site on that site'
                     "#  `fedcontrast site join` writes this line). The operator holds no data.\n")
 SRC_README = ("The federation's code is the installed `fedcontrast` package (version {version}), named in\n"
               "../requirements.txt; the plan (plan/plan.yaml) says which of its classes run. Nothing here to edit.\n")
+PLUGINS_README = ("Every party (the aggregator and each site) also imports the plan's plugin module(s) {modules}\n"
+                  "by name before it builds the algorithm: install them on every host (or put their folder on\n"
+                  "PYTHONPATH). A site runs no code from this package.\n")
 
 
 def create_workspace(directory: str | Path, config: RunConfig, *, collaborators: int | None = None,
@@ -207,6 +216,7 @@ def create_workspace(directory: str | Path, config: RunConfig, *, collaborators:
     from ..provenance import requirements_text
 
     (ws / "requirements.txt").write_text(requirements_text(config.algorithm))
-    (ws / "src" / "README.md").write_text(SRC_README.format(version=__version__))
+    (ws / "src" / "README.md").write_text(SRC_README.format(version=__version__) + (
+        PLUGINS_README.format(modules=", ".join(config.plugins)) if config.plugins else ""))
     (ws / ".workspace").write_text("current_plan_name: default\n")
     return ws

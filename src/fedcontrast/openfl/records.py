@@ -28,6 +28,7 @@ from ..privacy.releases import (  # engine-free: Flower's ServerApp records the 
     metric_kind,
     withheld_metrics,
 )
+from ..rounds import records as rounds_records  # engine-free: Flower's ServerApp averages the same
 from . import aggregation
 from .packing import GLOBAL_PACKED, unpack
 from .plan import EVALUATE_TASK
@@ -85,11 +86,12 @@ def json_safe(value: Any, where: str = "") -> Any:
 def weighted_site_mean(sites: dict[str, dict[str, Any]], key: str = "accuracy",
                        samples: str = EVAL_SAMPLES) -> float | None:
     """The mean of the sites' evaluation ``key``, weighted by the size of each site's held-out split
-    (``samples``: the name of that size; = the figure pooled over every site's held-out samples)."""
-    pairs = [(v["evaluation"][key], v["evaluation"].get(samples, 1.0)) for v in sites.values()
-             if key in v.get("evaluation", {})]
-    total = sum(n for _, n in pairs)
-    return sum(a * n for a, n in pairs) / total if total else None
+    (``samples``: the name of that size, 1 where a site's record has none; = the figure pooled over
+    every site's held-out samples), over a record's ``sites``
+    (:func:`fedcontrast.rounds.records.weighted_site_mean`)."""
+    mean = rounds_records.weighted_site_mean((v.get("evaluation", {}) for v in sites.values()), key, samples,
+                                             default=1.0)
+    return None if mean is None else mean[0]
 
 
 NO_TEST_DATA = "the aggregator holds no test data"  # why a record has no global accuracy (record["no_global_accuracy"])

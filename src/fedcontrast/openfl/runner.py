@@ -6,7 +6,6 @@ import fcntl
 import functools
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +14,17 @@ import torch
 from openfl.federated.task.runner import TaskRunner
 from openfl.utilities import TensorKey
 
-from ..algorithms import ServerContext, SiteContext
-from ..atomic import atomic_torch_save
+from ..algorithms import ServerContext
 from ..config import RunConfig
 from ..construction import (
     build_algorithm_with_public,
     initial_model,
     server_seed,
     site_index,
-    site_privacy,
-    task_seed,
 )
 from ..devices import resolve_device
-from ..errors import CheckpointError, ConfigError, FedContrastError
-from ..rounds import evaluate_site, run_site_task
+from ..errors import ConfigError, FedContrastError
+from ..rounds import DiskStateStore, SiteSession
 from ..site.report import REPORT_DIR, SiteReport
 from .packing import GLOBAL_PACKED, PERSONAL_PACKED, UPLOAD_PACKED, pack, unpack
 from .plan import EVALUATE_TASK
@@ -38,7 +34,6 @@ logger = logging.getLogger(__name__)
 WEIGHT_METRIC = "fedcontrast_aggregation_weight"  # n_k, sent as a metric so the aggregator has it exactly
 PERSONAL_TAG = "personal"  # tags (site, "personal"): a downlink tensor meant for that site only
 EVAL_SAMPLES = "samples"  # metric of the evaluate task: the size of the site's held-out split
-EVALUATION_STREAM = 1 << 16  # task index of the evaluate task's seed (apart from every plugin task's)
 _HELD_LOCKS: dict[Path, Any] = {}  # state-folder locks this process holds (open files, kept for its life)
 
 
@@ -132,17 +127,12 @@ class PluginTaskRunner(TaskRunner):
         previous one). Metrics only; state unchanged. ``round_num`` is OpenFL's, counted from 0."""
         fl_round, round_num = round_num, round_num + 1  # fedcontrast counts rounds from 1
         loader = self.data_loader
-        index = self.site_index(col_name)
-        site = SiteContext(name=col_name, data=loader.train, model=self.model,
-                           training=self.config.training_at(round_num), round_num=round_num,
-                           seed=task_seed(self.config, round_num, index, EVALUATION_STREAM), device=self.device,
-                           state=self._round_state(col_name, round_num), public=loader.public, index=index)
+        self._claim(col_name)
         received = self._received(input_tensor_dict)
         released = self.releases.evaluation_metrics  # else kept on the site (its log, its report); nothing leaves
-        measured = evaluate_site(self.algorithm, site, received, loader.test, self._report(col_name),
-                                 config=self.config, shape=loader.shape,  # fedcontrast.rounds
-                                 sent_bytes=lambda m: 8 * (len(m) + 1) if released else 0,  # float64 scalars
-                                 validation=loader.validation)
+        measured = self._session(col_name).evaluate(round_num, received, self._store(col_name), self._report(col_name),
+                                                    shape=loader.shape,  # what leaves: float64 scalars
+                                                    sent_bytes=lambda m: 8 * (len(m) + 1) if released else 0)
         out = {}
         if released:
             out = {TensorKey(f"{EVALUATE_TASK}_{key}", col_name, fl_round, True, ("metric",)): np.array(value)
@@ -153,23 +143,14 @@ class PluginTaskRunner(TaskRunner):
                         input_tensor_dict: dict[str, np.ndarray], **kwargs: Any):
         """A plugin task of the round (``round_num`` is OpenFL's, counted from 0)."""
         fl_round, round_num = round_num, round_num + 1  # fedcontrast counts rounds from 1
-        loader = self.data_loader
-        index = self.site_index(col_name)
-        state = self._task_state(col_name, round_num, task)
+        self._claim(col_name)
         received = self._received(input_tensor_dict)
-        site = SiteContext(name=col_name, data=loader.train, model=self.model,
-                           training=self.config.training_at(round_num), round_num=round_num,
-                           seed=task_seed(self.config, round_num, index, self.algorithm.tasks.index(task)),
-                           device=self.device, state=state, public=loader.public, index=index,
-                           # DP noise from the operating system: the aggregator knows the plan's seed
-                           privacy=site_privacy(self.config, state, round_num, noise_seed=None))
-        done = run_site_task(self.algorithm, site, task, received, self.releases)  # fedcontrast.rounds
+        done = self._session(col_name).run_task(round_num, task, received, self._store(col_name))
         result, weight, metrics, epsilon = done.result, done.weight, done.released, done.epsilon
-        loader.reported_train_size = weight  # OpenFL also sends a "train" task's data size: the same value
-        if site.privacy is not None and self.config.privacy is not None:  # one with the other
+        self.data_loader.reported_train_size = weight  # OpenFL also sends a "train" task's data size: the same value
+        if self.config.privacy is not None:
             logger.info("%s, round %d: ε spent so far %.4g (δ = %g)", col_name, round_num,
                         epsilon.get("dp_epsilon", 0.0), self.config.privacy.delta)
-        self._save_state(col_name, site.state)
         # One packed upload per round, sent with the round's last task (two tasks uploading the
         # same tensor name in one round would confuse OpenFL's aggregation).
         pending = self._pending.setdefault(col_name, {})
@@ -241,13 +222,17 @@ class PluginTaskRunner(TaskRunner):
         return "plan_" + hashlib.sha256(json.dumps(self.config.to_dict(), sort_keys=True,
                                                    default=str).encode()).hexdigest()[:8]
 
-    # --- per-site state on the site's disk ------------------------------------------------------
-    def _state_path(self, col_name: str) -> Path:
-        return self.state_dir / f"{col_name}.pt"
+    # --- the site's session, its state on the site's disk ----------------------------------------
+    def _session(self, col_name: str) -> SiteSession:
+        """``col_name``'s side of the run; DP noise from the operating system: the aggregator knows the
+        plan's seed."""
+        loader = self.data_loader
+        return SiteSession(col_name, self.site_index(col_name), self.config, self.algorithm, self.model, self.device,
+                           self.releases, loader.train, loader.test, loader.validation, loader.public)
 
-    def _start_path(self, col_name: str, round_num: int, task: str) -> Path:
-        """The state as it was when ``task`` of ``round_num`` first started."""
-        return self.state_dir / f"{col_name}.round{round_num}.{task}.pt"
+    def _store(self, col_name: str) -> DiskStateStore:
+        """``col_name``'s state in ``state_dir`` (its files: the class's docstring)."""
+        return DiskStateStore(self.state_dir, col_name, self.device)
 
     def _claim(self, col_name: str) -> None:
         """One process per collaborator name: a second one would train on the same state file."""
@@ -271,50 +256,6 @@ class PluginTaskRunner(TaskRunner):
         lock.write(f"{os.getpid()}\n")
         lock.flush()
         _HELD_LOCKS[path] = lock
-
-    def _load_state(self, col_name: str, path: Path | None = None) -> dict[str, Any]:
-        path = path or self._state_path(col_name)
-        if not path.exists():
-            return {}
-        try:
-            state = torch.load(path, map_location=self.device, weights_only=True)
-        except Exception as exc:
-            state, problem = None, type(exc).__name__
-        else:
-            problem = f"it holds a {type(state).__name__}, not a site's state"
-        if not isinstance(state, dict):  # a plugin would fail on it with a message that names no file
-            raise CheckpointError(f"this site's state file {path} is corrupt ({problem}); "
-                                  "move it away to start the site afresh")
-        return state
-
-    def _round_state(self, col_name: str, round_num: int) -> dict[str, Any]:
-        """The state at the start of ``round_num`` (what the evaluate task sees), even after a lost
-        attempt at the round's first task saved a newer one."""
-        self._claim(col_name)
-        start = self._start_path(col_name, round_num, self.algorithm.tasks[0])
-        return self._load_state(col_name, start if start.exists() else None)
-
-    def _task_state(self, col_name: str, round_num: int, task: str) -> dict[str, Any]:
-        """The state ``task`` of ``round_num`` starts from. The first attempt keeps a copy of it; an
-        attempt whose upload never reached the aggregator (a crash after the state was saved) is
-        redone from that copy, not from what the lost attempt saved. A new task starting means the
-        tasks before it were accepted: their copies are deleted."""
-        self._claim(col_name)
-        start = self._start_path(col_name, round_num, task)
-        if start.exists():
-            return self._load_state(col_name, start)
-        state = self._load_state(col_name)
-        atomic_torch_save(state, start)
-        pattern = re.compile(rf"{re.escape(col_name)}\.round\d+\.\w+\.pt")
-        for old in self.state_dir.iterdir():
-            if old != start and pattern.fullmatch(old.name):
-                old.unlink(missing_ok=True)
-        return state
-
-    def _save_state(self, col_name: str, state: dict[str, Any]) -> None:
-        path = self._state_path(col_name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_torch_save(state, path)
 
 
 def _nbytes(tensors: dict[Any, Any]) -> int:

@@ -23,10 +23,12 @@ A policy is a small YAML file (see ``policies/example-site.yaml``)::
       hosp1: SHA256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae
       hosp2: SHA256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
       hosp3: SHA256:fcde2b2edba56bf408601fb721fe9b5c338d10ee429ea04fae5511b68fbf8fb9
+    plugins: [mylab.algorithms]           # the plugin modules a plan may make this site import
 
 Every key is optional; an absent key checks nothing, except TLS and client authentication, which a
-site requires unless its policy says ``false`` (and the sharing keys take their defaults). Anything at
-the policy's path that is not a readable policy file is an error, never "no policy".
+site requires unless its policy says ``false`` (and the sharing keys take their defaults), and
+``plugins``: a policy that lists none lets a plan import none. Anything at the policy's path that is
+not a readable policy file is an error, never "no policy".
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import MAX_DELTA, _finite, load_yaml
+from ..config.run import plugin_problem
 from ..config.sections import FEDERATION_ID, default_threshold, minimum_threshold
 from ..errors import ConfigError
 
@@ -82,6 +86,9 @@ class SitePolicy:
     # Under secure aggregation, how far one hostile site may move each value of the averaged model
     # (masked uploads cannot be checked; privacy/secagg_reach.py): a plan whose reach exceeds it is refused.
     max_hostile_reach: float | None = None
+    # The plugin modules a plan may make this site import (its ``plugins:``), as the site installed and
+    # reviewed them: a plan naming any other is refused before it is imported. None listed: none allowed.
+    plugins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.package_limits is not None:  # checked now: a policy with a wrong limit is refused when read
@@ -133,6 +140,14 @@ class SitePolicy:
             if not (isinstance(t, int) and not isinstance(t, bool) and low <= t <= (n or t)):
                 where = f"from {low} (a majority) to {n}, for the {n} members under peers:" if n else ">= 2"
                 raise ConfigError(f"policy secure_threshold must be an integer {where}, got {t!r}")
+        plugins = () if self.plugins is None else self.plugins  # `plugins:` with nothing after it: none
+        if not (isinstance(plugins, (list, tuple)) and all(isinstance(p, str) for p in plugins)):
+            raise ConfigError(f"policy plugins must be a list of plugin module names, got {self.plugins!r}")
+        for plugin in plugins:
+            problem = plugin_problem(plugin)
+            if problem is not None:
+                raise ConfigError(f"policy plugins: {problem}")
+        object.__setattr__(self, "plugins", tuple(plugins))
 
     @property
     def agreed_threshold(self) -> int | None:
@@ -244,6 +259,9 @@ def check_policy(report: AuditReport, policy: SitePolicy, *, sites: list[str] | 
             and report.secure_reach > policy.max_hostile_reach:
         violations.append(hostile_reach_violation(report.secure_reach, report.secure_reach_setting,
                                                   policy.max_hostile_reach))
+    refused = plugin_violation(report.plugins, policy)
+    if refused is not None:
+        violations.append(refused)
     violations += list(report.foreign_code)  # whatever else it says, a plan that runs code no one installed
     for line in report.code:
         if line.mismatch:
@@ -258,6 +276,22 @@ def check_policy(report: AuditReport, policy: SitePolicy, *, sites: list[str] | 
                           f"{report.class_minimum} samples but the policy requires at least {policy.min_class_count} "
                           f"(set {report.algorithm}.min_class_samples)")
     return violations
+
+
+def plugin_violation(plugins: Iterable[str], policy: SitePolicy | None) -> str | None:
+    """The sentence refusing a plan whose ``plugins`` (the modules every party imports) name one that
+    ``policy`` does not list under ``plugins:``; None when it lists them all, or without a policy (a site
+    without one accepts the plan, as it accepts every setting but TLS and client authentication).
+    Checked before a site imports any of them: the plan comes from the operator."""
+    if policy is None:
+        return None
+    unlisted = [p for p in plugins if p not in policy.plugins]
+    if not unlisted:
+        return None
+    many = len(unlisted) > 1
+    return (f"the plan makes this site import the plugin module{'s' if many else ''} {', '.join(unlisted)}, which "
+            f"its policy does not list under plugins: (add plugins: [{', '.join([*policy.plugins, *unlisted])}] to the "
+            f"policy once this site has reviewed and installed {'them' if many else 'it'})")
 
 
 def hostile_reach_violation(reach: float, setting: str | None, bound: float) -> str:

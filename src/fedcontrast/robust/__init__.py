@@ -42,8 +42,9 @@ upload is non-finite; older abnormal moves are stated as history (:meth:`UploadS
 """
 
 from .blame import ABNORMAL_SPREAD, BLAME_WINDOW, Move, abnormal_move, all_rejected_hint
+from .replay import upload_digest
 from .rules import coordinate_median, robust_average, trimmed_count, trimmed_mean
-from .screen import COUNT_NOISE_ALLOWANCE, RejectedUpload, UploadScreen, logger, upload_digest
+from .screen import COUNT_NOISE_ALLOWANCE, RejectedUpload, UploadScreen, logger
 from .updates import clip_update, update_cosines, update_norm, update_spreads
 
 __all__ = ["ABNORMAL_SPREAD", "BLAME_WINDOW", "COUNT_NOISE_ALLOWANCE", "Move", "RejectedUpload", "UploadScreen",

@@ -9,7 +9,7 @@ its mover when a rejection in the next :data:`BLAME_WINDOW` rounds may be explai
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -90,7 +90,7 @@ def abnormal_move(round_num: int, uploads: Mapping[str, Mapping[str, torch.Tenso
 
 
 def _update_blocks(uploads: Mapping[str, Mapping[str, torch.Tensor]], sites: list[str], names: list[str],
-                   flat_reference: torch.Tensor):
+                   flat_reference: torch.Tensor) -> Iterator[tuple[list[str], torch.Tensor]]:
     """(block of sites, their updates ``w_k − w`` over ``names`` flattened, one float64 row per site)
     for consecutive blocks of ``sites`` (:func:`~fedcontrast.aggregation.site_blocks`)."""
     for block in site_blocks(sites, flat_reference.numel()):

@@ -284,5 +284,5 @@ class ReplayMark(NamedTuple):
     """What an accepted upload leaves for replay detection: its digest and its sketch (:mod:`.replay`),
     and (its model tensors, the sketch of the global model it was made from over them) when known."""
     digest: str
-    sketch: tuple
+    sketch: tuple[torch.Tensor, float]
     received: tuple[tuple[str, ...], torch.Tensor | None] = ((), None)

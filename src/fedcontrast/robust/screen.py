@@ -9,7 +9,7 @@ import copy
 import logging
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -29,6 +29,9 @@ from .updates import (
     update_cosines,
     update_spreads,
 )
+
+if TYPE_CHECKING:
+    from ..algorithms.base import Downlink
 
 logger = logging.getLogger("fedcontrast.robust")  # the package's name: one logger for the screen, as before
 
@@ -302,23 +305,10 @@ class UploadScreen:
             out[site] = reason
         return out, ""
 
-    def settle(self, round_num: int, rejected: Mapping[str, str], accepted: Mapping) -> str | None:
-        """What the engines do with the round's rejections (round_num counted from 1, as everywhere):
-        with ``on_rejected: stop``, or nothing left to aggregate, raise :class:`RejectedUpload` naming
-        them (and the likely cause); else return their reasons, for the engine to report as it goes on
-        without them. None when nothing was rejected."""
-        if not rejected:
-            return None
-        rejected, hint = self.explain(round_num, rejected, bool(accepted))
-        reasons = "; ".join(rejected[s] for s in sorted(rejected))
-        if self.config.on_rejected == "stop" or not accepted:
-            raise RejectedUpload(reasons + ("" if accepted else "; no upload left to aggregate" + hint))
-        return reasons
-
     # the round
-    def screen(self, round_num: int, uploads: Mapping[str, Mapping[str, torch.Tensor]], weights: Mapping[str, Any],
-               reference: Mapping[str, torch.Tensor] | None,
-               facts: Mapping[str, UploadFacts] | None = None) -> tuple[dict, dict, dict[str, str]]:
+    def screen(self, round_num: int, uploads: Mapping[str, dict[str, torch.Tensor]], weights: Mapping[str, Any],
+               reference: Mapping[str, torch.Tensor] | None, facts: Mapping[str, UploadFacts] | None = None
+               ) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, float], dict[str, str]]:
         """``(accepted uploads, their weights, rejected site → reason)``; accepted uploads are clipped
         when the plan says so, and remembered for replay detection. ``round_num``: the round as the
         run's records count it (1 = the round that makes model 1). ``facts``: site → its upload as
@@ -389,8 +379,9 @@ class UploadScreen:
                        move.describe())
         return move
 
-    def aggregate(self, aggregate: Callable[[dict, dict], Any], uploads: dict, weights: dict,
-                  state: dict | None = None, round_num: int = 0) -> tuple[Any, dict[str, str]]:
+    def aggregate(self, aggregate: Callable[[Mapping[str, Mapping[str, torch.Tensor]], Mapping[str, float]], Downlink],
+                  uploads: Mapping[str, Mapping[str, torch.Tensor]], weights: Mapping[str, float],
+                  state: dict[str, Any] | None = None, round_num: int = 0) -> tuple[Downlink, dict[str, str]]:
         """``aggregate(uploads, weights)`` → the plugin's downlink; when it is not finite, the sites are
         left out one at a time, largest upload first, until it is (``state``, the server state, is
         restored before each attempt). Returns ``(downlink, rejected site → reason)``; the move of the

@@ -11,6 +11,7 @@ model, before the first round. An engine that counts from 0 (OpenFL) converts on
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,7 +128,8 @@ class AggregatorRound:
             valid[site] = upload
         return valid, rejected
 
-    def settle(self, round_num: int, rejected: dict[str, str], accepted: dict) -> tuple[dict[str, str], str | None]:
+    def settle(self, round_num: int, rejected: dict[str, str],
+               accepted: Mapping[str, Mapping[str, torch.Tensor]]) -> tuple[dict[str, str], str | None]:
         """Sites refused before a secure round: the sentences the records carry, and their reasons in
         one line (raises :class:`RejectedUpload` when none is left)."""
         return self._settle(round_num, rejected, accepted)
@@ -147,7 +149,8 @@ class AggregatorRound:
         stop = note if note and self.config.robustness.on_rejected == "stop" else None
         return RoundOutcome(downlink, {}, dict(sorted((rejected or {}).items())), None if stop else note, stop)
 
-    def _settle(self, round_num: int, rejected: dict[str, str], accepted: dict) -> tuple[dict[str, str], str | None]:
+    def _settle(self, round_num: int, rejected: dict[str, str],
+                accepted: Mapping[str, Mapping[str, torch.Tensor]]) -> tuple[dict[str, str], str | None]:
         """The rejections explained (the likely cause where the global model may explain them) and their
         reasons in one line; raises :class:`RejectedUpload` when nothing is left to aggregate."""
         if not rejected:

@@ -29,9 +29,7 @@ from ..construction import (
     derive_seed,
     load_splits,
     partition,
-    site_privacy,
     site_validation,
-    task_seed,
 )
 from ..devices import resolve_device
 from ..errors import ConfigError
@@ -39,7 +37,8 @@ from ..evaluation import linear_probe, local_model_accuracy, own_accuracy
 from ..outputs import GLOBAL_SITE, metric_row
 from ..privacy.releases import release_choices
 from ..robust import RejectedUpload
-from ..rounds import AggregatorRound, run_site_task
+from ..rounds import AggregatorRound, MemoryStateStore, RoundOutcome, SiteSession
+from ..rounds.transport import Replies, SecureSum, run_round
 
 __all__ = ["Federation", "build_algorithm", "derive_seed"]
 
@@ -160,12 +159,16 @@ class Federation:
         rng = np.random.default_rng([self.config.seed, round_num, 7919])
         return [self.sites[i] for i in sorted(rng.choice(k, m, replace=False))]
 
+    def session(self, site: Site) -> SiteSession:
+        """``site``'s side of the run (:class:`~fedcontrast.rounds.SiteSession`). Simulation only: DP
+        noise is seeded from each task's seed, so that runs are reproducible."""
+        test = self.test if self.site_tests is None else self.site_tests[site.index]
+        return SiteSession(site.name, site.index, self.config, self.algorithm, self.site_model, self.device,
+                           self.releases, site.data, test, self.site_validations[site.index], self.public,
+                           noise_stream=NOISE_STREAM)
+
     def site_context(self, site: Site, round_num: int, seed: int) -> SiteContext:
-        # Simulation only: the noise seed derives from the task seed, so runs are reproducible.
-        privacy = site_privacy(self.config, site.state, round_num, noise_seed=derive_seed(seed, NOISE_STREAM))
-        return SiteContext(name=site.name, data=site.data, model=self.site_model,
-                           training=self.config.training_at(round_num), round_num=round_num, seed=seed,
-                           device=self.device, state=site.state, public=self.public, index=site.index, privacy=privacy)
+        return self.session(site).context(round_num, seed, site.state)
 
     def personalized_evaluation(self, round_num: int, *, validation: bool = False) -> dict[str, float]:
         """Each site's own model on the test split (the site's own held-out samples where the data set
@@ -214,21 +217,17 @@ class Federation:
         ``reference``: the global downlink among what it received; given, the site measures its uploads
         against it for the aggregator's screen (:meth:`~fedcontrast.robust.UploadScreen.measure`), in
         its own process, so that the driver does not measure each site's upload again."""
-        cfg = self.config
         down = nbytes(received)
-        merged: dict[str, torch.Tensor] = {}
-        rows, weight = [], 0.0
-        for t, task in enumerate(self.algorithm.tasks):
-            ctx = self.site_context(site, round_num, task_seed(cfg, round_num, site.index, t))
-            done = run_site_task(self.algorithm, ctx, task, received, self.releases)
-            weight = done.weight  # the count as a deployment releases it: noised once under DP
-            merged.update({k: v.to(self.device) for k, v in done.uploads.items()})
-            measured = {**done.result.metrics, **done.epsilon}  # a simulation records everything a site measured
-            rows.append(metric_row(round_num, site.name, task, len(site.data), measured, done.bytes_sent,
-                                   down if t == 0 else 0))
+        store = MemoryStateStore(site.state)
+        tasks = self.session(site).run_round(round_num, received, store)
+        merged = {k: v.to(self.device) for done in tasks for k, v in done.uploads.items()}
+        rows = [metric_row(round_num, site.name, done.task, len(site.data),
+                           {**done.result.metrics, **done.epsilon},  # a simulation records everything a site measured
+                           done.bytes_sent, down if t == 0 else 0) for t, done in enumerate(tasks)]
         facts = (self.screen.measure(merged, reference)
-                 if reference is not None and cfg.secure_aggregation is None else None)
-        return SiteOutcome(merged, weight, rows, site.state, facts)
+                 if reference is not None and self.config.secure_aggregation is None else None)
+        # the weight: the count as a deployment releases it (noised once under DP)
+        return SiteOutcome(merged, tasks[-1].weight, rows, store.state, facts)
 
     def train_away(self, index: int, round_num: int, received: dict[str, torch.Tensor],
                    state: dict[str, Any], reference: dict[str, torch.Tensor] | None = None) -> SiteOutcome:
@@ -241,52 +240,12 @@ class Federation:
         finally:
             site.state = {}
 
-    def _send_ahead(self, round_num: int) -> None:
-        """An executor that trains sites elsewhere (:class:`~.ray_executor.RayExecutor`) gets round
-        ``round_num``'s sites as soon as the downlink they receive exists, so that they train while
-        this process evaluates the previous round, writes its checkpoint and metrics. The sites'
-        work depends only on the downlink and their states, both final by now: results are equal."""
-        start = getattr(self.executor, "start", None)
-        if start is not None and self.last_round is not None and round_num <= self.last_round:
-            self.ahead = (round_num, start(self, self.select_sites(round_num), round_num))
-
-    def cancel_ahead(self) -> None:
-        """Drops work sent ahead for a round that will not run here (the run stopped)."""
-        ahead, self.ahead = self.ahead, None
-        if ahead is not None:
-            self.executor.cancel(ahead[1])
-
-    def _secure_sum(self, round_num: int, uploads: dict, weights: dict, rows: list) -> tuple[Any, ...]:
-        """The secure sum of the plugin's terms over ``uploads``, every party in this process (each site
-        masks, say, ``n_k·u_k`` and ``n_k``: :meth:`~fedcontrast.algorithms.Algorithm.secure_terms`); its
-        cost goes into ``rows``. Returns the sum and the round's previous downlink, for the core."""
-        from ..privacy.secagg_protocol import session_digest
-        from ..privacy.secagg_sim import secure_terms_sum
-
-        session = session_digest(self.config.to_dict(), site_names(self.config), "simulator")
-        assert self.core.sum_layout is not None  # secure aggregation is on
-        total, cost = secure_terms_sum(self.algorithm, uploads, weights, self.config.secure_aggregation, round_num,
-                                       self.core.sum_layout, session=session)
-        rows.append(metric_row(round_num, "aggregator", "secure_aggregation", len(uploads),
-                               {"bytes_per_site": cost.bytes_per_site,
-                                "plain_bytes_per_site": cost.plain_bytes_per_site, "threshold": cost.threshold,
-                                "neighbours": cost.neighbours, "site_cpu_s": cost.site_seconds,
-                                "aggregator_cpu_s": cost.aggregator_seconds}))
-        return total, self.downlink.global_tensors
-
-    def received(self, site: Site) -> dict[str, torch.Tensor]:
-        """What ``site`` receives this round, on the run's device."""
-        return {k: v.to(self.device) for k, v in self.downlink.for_site(site.name).items()}
-
-    def run_round(self, round_num: int) -> list[dict[str, Any]]:
-        """Run round ``round_num`` (1 … rounds); returns its metrics rows."""
-        if round_num < 1:
-            raise ValueError(f"round {round_num}: rounds count from 1 (0 is the initial model)")
-        cfg = self.config
-        uploads: dict[str, dict[str, torch.Tensor]] = {}
-        weights: dict[str, float] = {}
-        facts: dict[str, Any] = {}
-        rows = []
+    # --- the round: this federation is its own transport (rounds/transport.py) and recorder ---------
+    def exchange(self, round_num: int, downlink: Downlink) -> Replies:
+        """Round ``round_num``'s sites, trained by the executor on ``downlink`` (sent ahead, while the
+        round before was recorded, where the executor trains them elsewhere): their uploads, weights,
+        uploads as each site measured them, and metrics rows."""
+        replies = Replies()
         selected = self.select_sites(round_num)
         ahead, self.ahead = self.ahead, None
         if ahead is not None and ahead[0] == round_num:  # sent while the previous round was evaluated
@@ -298,34 +257,76 @@ class Federation:
         for site in selected:
             outcome = outcomes[site.name]
             site.state = outcome.state
-            weights[site.name] = outcome.weight
-            rows.extend(outcome.rows)
-            uploads[site.name] = outcome.uploads
+            replies.weights[site.name] = outcome.weight
+            replies.rows.extend(outcome.rows)
+            replies.uploads[site.name] = outcome.uploads
             if outcome.measured is not None:
-                facts[site.name] = outcome.measured
-        received = self.downlink.global_tensors
-        if cfg.secure_aggregation is not None:  # the aggregator sees only the sum (privacy/secagg*.py)
-            uploads, rejected = self.core.validate(round_num, uploads, weights)
-            excluded, note = self.core.settle(round_num, rejected, uploads)
-            outcome = self.core.aggregate_secure(round_num, *self._secure_sum(round_num, uploads, weights, rows),
-                                                 rejected=excluded, note=note, survivors=len(uploads))
-        else:  # validation, the screen (bounds, the plugin's checks, replays, clipping), blame: the core's
-            outcome = self.core.aggregate(round_num, uploads, weights, received, facts=facts)
-        self.downlink = outcome.downlink
+                replies.facts[site.name] = outcome.measured
+        return replies
+
+    def secure_sum(self, round_num: int, replies: Replies, uploads: dict[str, dict[str, torch.Tensor]]) -> SecureSum:
+        """The secure sum of the plugin's terms over ``uploads``, every party in this process (each site
+        masks, say, ``n_k·u_k`` and ``n_k``: :meth:`~fedcontrast.algorithms.Algorithm.secure_terms`); its
+        cost goes into the round's rows."""
+        from ..privacy.secagg_protocol import session_digest
+        from ..privacy.secagg_sim import secure_terms_sum
+
+        session = session_digest(self.config.to_dict(), site_names(self.config), "simulator")
+        assert self.core.sum_layout is not None  # secure aggregation is on
+        total, cost = secure_terms_sum(self.algorithm, uploads, replies.weights, self.config.secure_aggregation,
+                                       round_num, self.core.sum_layout, session=session)
+        replies.rows.append(metric_row(round_num, "aggregator", "secure_aggregation", len(uploads),
+                                       {"bytes_per_site": cost.bytes_per_site,
+                                        "plain_bytes_per_site": cost.plain_bytes_per_site,
+                                        "threshold": cost.threshold, "neighbours": cost.neighbours,
+                                        "site_cpu_s": cost.site_seconds, "aggregator_cpu_s": cost.aggregator_seconds}))
+        return SecureSum(total, len(uploads))
+
+    def prepare(self, round_num: int, downlink: Downlink) -> None:
+        """The downlink of round ``round_num`` exists: kept, and sent ahead where the executor trains
+        sites elsewhere (:class:`~.ray_executor.RayExecutor`), so that they train while this process
+        evaluates the round before, writes its checkpoint and metrics. The sites' work depends only on
+        the downlink and their states, both final by now: results are equal."""
+        self.downlink = downlink
+        start = getattr(self.executor, "start", None)
+        if start is not None and self.last_round is not None and round_num <= self.last_round:
+            self.ahead = (round_num, start(self, self.select_sites(round_num), round_num))
+
+    def cancel_ahead(self) -> None:
+        """Drops work sent ahead for a round that will not run here (the run stopped)."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            self.executor.cancel(ahead[1])
+
+    def received(self, site: Site) -> dict[str, torch.Tensor]:
+        """What ``site`` receives this round, on the run's device."""
+        return {k: v.to(self.device) for k, v in self.downlink.for_site(site.name).items()}
+
+    def run_round(self, round_num: int) -> list[dict[str, Any]]:
+        """Run round ``round_num`` (1 … rounds); returns its metrics rows."""
+        replies, outcome = run_round(self.core, self, round_num, self.downlink)
+        self.record(round_num, replies, outcome)
+        if outcome.stop:  # on_rejected: stop — the round was aggregated without them; the run stops here
+            raise RoundStopped(str(outcome.stopped(round_num)), replies.rows)
+        return replies.rows
+
+    def record(self, round_num: int, replies: Replies, outcome: RoundOutcome) -> None:
+        """Round ``round_num``'s rows after its sites': who was left out and why, and the evaluation of
+        the new model (the test split, each site's own model, the uploaded local models, the sites'
+        validation parts, the linear probe)."""
+        rows = replies.rows
         if outcome.note:
             logger.warning("round %d aggregated without rejected upload(s): %s", round_num, outcome.note)
-        self._send_ahead(round_num + 1)
         rows.extend(metric_row(round_num, site, "rejected", 0, {}) for site in outcome.excluded)
         rows.extend(metric_row(round_num, site, "likely_cause", 0,
                                {"moved_round": m.round, "update_ratio": m.update_ratio, "spread": m.spread,
                                 "share": m.share, "move_ratio": m.move_ratio})
                     for site, m in sorted(self.screen.causes.get(round_num, {}).items()))
-        uploads = outcome.accepted if cfg.secure_aggregation is None else uploads
         evaluation = self.algorithm.evaluate(self.downlink, self.server, self.test)
         if isinstance(self.algorithm, PersonalEvaluation):  # the capability: each site's own model
             evaluation.update(self.personalized_evaluation(round_num))
         if self.local_evaluation:
-            evaluation.update(self.local_model_evaluation(uploads))
+            evaluation.update(self.local_model_evaluation(outcome.accepted))
         evaluation.update(self.validation_evaluation(round_num))
         if self.linear_probe and "probe_accuracy" not in evaluation:
             load_weights(self.server.model, self.downlink.global_tensors)
@@ -333,9 +334,6 @@ class Federation:
                                            module=self.server.model))
         rows.append(metric_row(round_num, GLOBAL_SITE, "evaluate", len(self.test),
                                {**evaluation, **self.downlink.metrics}))
-        if outcome.stop:  # on_rejected: stop — the round was aggregated without them; the run stops here
-            raise RoundStopped(str(outcome.stopped(round_num)), rows)
-        return rows
 
 
 _FEDERATIONS: dict[str, Federation] = {}  # one federation per configuration, per worker process

@@ -26,8 +26,10 @@ from ..outputs import (
     write_json,
     write_metrics_csv,
 )
+from ..rounds import RoundOutcome
+from ..rounds.transport import Replies, run_rounds
 from .checkpoint import ROWS_FILE, CheckpointWriter, append_round_rows, checkpoint_rows, load_checkpoint, new_run_id
-from .federation import Federation, RoundStopped
+from .federation import Federation
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +133,6 @@ def site_progress_for(progress: Progress | None):
 
 def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkpoint: dict[str, Any] | None,
                 progress: Progress | None, stop_after: int | None) -> dict[str, Any]:
-    ckpt_path = run_dir / "checkpoint.pt"
     start, elapsed = 0, 0.0
     tally = SummaryTally()  # summary.json and the plot after each round, from each round's rows once
     run_id = new_run_id() if checkpoint is None else checkpoint.get("run")  # every line of its rows names it
@@ -150,34 +151,10 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
     # done before that round's aggregation (Federation.before_aggregate); else now, as they train here
     writer = CheckpointWriter(background=getattr(federation.executor, "start", None) is not None)
     federation.before_aggregate = writer.join
+    recorder = RunRecorder(config, run_dir, federation, writer, tally, tb, progress, run_id, elapsed)
     try:
-        for r in range(start + 1, end + 1):  # rounds count from 1
-            t0 = time.perf_counter()
-            stopped: RoundStopped | None = None
-            try:
-                new_rows = federation.run_round(r)
-            except RoundStopped as exc:  # on_rejected: stop — the round is recorded, then the run stops
-                stopped, new_rows = exc, exc.rows
-            elapsed += time.perf_counter() - t0
-            # before the checkpoint that counts round r: its rows and the digests of its fresh uploads
-            append_round_rows(ckpt_path, r, new_rows, federation.screen.fresh, run=run_id)
-            writer.save(ckpt_path, {"config": config.to_dict(), "rounds_done": r, "elapsed": elapsed,
-                                    **({"run": run_id} if run_id is not None else {}),
-                                    "federation": federation.state_dict(digests=False)})
-            append_metrics_csv(run_dir / "metrics.csv", new_rows)  # the round's rows (a resume rewrites the file)
-            tally.add(new_rows)
-            write_json(run_dir / "summary.json", _timed(tally.summary(config=config.to_dict(), wall_time_s=elapsed,
-                                                                      rounds_total=config.rounds), elapsed, r))
-            glob = next(row for row in new_rows if row["site"] == GLOBAL_SITE)
-            sites = [row for row in new_rows if row["site"] != GLOBAL_SITE]
-            tb.scalars(r, {"test/accuracy": glob["accuracy"], "test/loss": glob["loss"],
-                               "train/loss": sum(s["loss"] for s in sites) / max(len(sites), 1),
-                               "bytes/uploaded": sum(s["bytes_uploaded"] for s in sites)})
-            if progress is not None:
-                progress(r, config.rounds, glob)
-            if stopped is not None:
-                writer.join()
-                raise stopped
+        # the round's loop (fedcontrast.rounds): the federation is the transport, the recorder writes each round
+        run_rounds(federation.core, federation, recorder, federation.downlink, start + 1, end)  # rounds count from 1
         writer.join()  # the last round's checkpoint, written (or its failure raised) before the run ends
     except BaseException:  # a kill or a full disk: report that, not a second failure of the outputs below
         with contextlib.suppress(Exception):
@@ -194,6 +171,7 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
         raise
     tb.close()
     _plot(config, run_dir, tally)
+    elapsed = recorder.elapsed
     summary = _timed(tally.summary(config=config.to_dict(), wall_time_s=elapsed, rounds_total=config.rounds), elapsed,
                      end)
     summary["threads_per_site"] = torch.get_num_threads()  # what the seed reproduces metrics at
@@ -202,6 +180,46 @@ def _run_rounds(config: RunConfig, run_dir: Path, federation: Federation, checkp
         summary["executor"] = described()
     write_json(run_dir / "summary.json", summary)
     return summary
+
+
+class RunRecorder:
+    """What ``fedcontrast simulate`` keeps of each round (:class:`~fedcontrast.rounds.transport.RoundRecorder`):
+    the federation's rows and evaluation, the rows and upload digests beside the checkpoint, the
+    checkpoint (written in the background while sites train elsewhere), metrics.csv, summary.json,
+    TensorBoard and the progress line. ``elapsed``: the rounds' own time so far (a resumed run's
+    earlier parts included), without what is written after each."""
+
+    def __init__(self, config: RunConfig, run_dir: Path, federation: Federation, writer: CheckpointWriter,
+                 tally: SummaryTally, tb: TensorBoardLog, progress: Progress | None, run_id: str | None,
+                 elapsed: float) -> None:
+        self.config, self.run_dir, self.federation, self.writer = config, run_dir, federation, writer
+        self.tally, self.tb, self.progress, self.run_id = tally, tb, progress, run_id
+        self.elapsed, self.mark = elapsed, time.perf_counter()
+
+    def record(self, round_num: int, replies: Replies, outcome: RoundOutcome) -> None:
+        config, run_dir, r = self.config, self.run_dir, round_num
+        self.federation.record(r, replies, outcome)
+        new_rows = replies.rows
+        self.elapsed += time.perf_counter() - self.mark
+        ckpt_path = run_dir / "checkpoint.pt"
+        # before the checkpoint that counts round r: its rows and the digests of its fresh uploads
+        append_round_rows(ckpt_path, r, new_rows, self.federation.screen.fresh, run=self.run_id)
+        self.writer.save(ckpt_path, {"config": config.to_dict(), "rounds_done": r, "elapsed": self.elapsed,
+                                     **({"run": self.run_id} if self.run_id is not None else {}),
+                                     "federation": self.federation.state_dict(digests=False)})
+        append_metrics_csv(run_dir / "metrics.csv", new_rows)  # the round's rows (a resume rewrites the file)
+        self.tally.add(new_rows)
+        write_json(run_dir / "summary.json", _timed(self.tally.summary(config=config.to_dict(),
+                                                                       wall_time_s=self.elapsed,
+                                                                       rounds_total=config.rounds), self.elapsed, r))
+        glob = next(row for row in new_rows if row["site"] == GLOBAL_SITE)
+        sites = [row for row in new_rows if row["site"] != GLOBAL_SITE]
+        self.tb.scalars(r, {"test/accuracy": glob["accuracy"], "test/loss": glob["loss"],
+                            "train/loss": sum(s["loss"] for s in sites) / max(len(sites), 1),
+                            "bytes/uploaded": sum(s["bytes_uploaded"] for s in sites)})
+        if self.progress is not None:
+            self.progress(r, config.rounds, glob)
+        self.mark = time.perf_counter()
 
 
 def _timed(summary: dict[str, Any], elapsed: float, rounds_done: int) -> dict[str, Any]:

@@ -19,11 +19,12 @@ def enforce_site_policy(config: RunConfig, network: dict[str, Any] | None, model
     """Raise :class:`SiteRefusal` (one sentence) when the plan violates this site's policy file
     (``policy_path`` when given, else :func:`~fedcontrast.privacy.policy.site_policy_path`: the
     ``$FEDCONTRAST_SITE_POLICY`` file or ``site_policy.yaml`` in ``cwd``); no file, no check but TLS and
-    client authentication, which are required unless a policy allows them off.
+    client authentication, which are required unless a policy allows them off. A plugin module of the
+    plan that the policy does not list is refused before anything imports it (the audit below would).
     Returns the policy (None without one): it also says what this site lets leave besides its uploads."""
     from ..audit.report import audit_plan
     from ..deploy.trust import transport_problems
-    from ..privacy.policy import SitePolicy, check_policy, site_policy_path
+    from ..privacy.policy import SitePolicy, check_policy, plugin_violation, site_policy_path
 
     path = Path(policy_path) if policy_path else site_policy_path(cwd)
     try:
@@ -35,6 +36,9 @@ def enforce_site_policy(config: RunConfig, network: dict[str, Any] | None, model
         if refused:
             raise SiteRefusal("; ".join(refused))
         return None
+    unlisted = plugin_violation(config.plugins, policy)  # before audit_plan, which imports the plan's plugins
+    if unlisted is not None:
+        raise SiteRefusal(f"this site's policy {path} refuses the plan before any data is read: {unlisted}")
     try:
         if network is None or model_shape is None:
             raise ConfigError("the plan does not give the data loader its network settings and model shape "
